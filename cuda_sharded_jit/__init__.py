@@ -1,0 +1,29 @@
+"""cuda_sharded_jit: multi-GPU sharded arrays whose algorithms run operators written in Python.
+
+Importing this package touches no GPU and does not import numba; the JIT compiler loads at
+the first operator that needs compiling.
+
+>>> import cuda_sharded_jit as sharded
+>>> g = sharded.PlaceGroup.by_devices()                                   # doctest: +SKIP
+>>> a = sharded.ShardedArray.from_numpy(g, np.arange(8, dtype=np.float32))  # doctest: +SKIP
+>>> sharded.transform(lambda x: x * x, a).to_numpy()                       # doctest: +SKIP
+"""
+
+from . import ops
+from ._cache import CacheWarning, cache_dir
+from ._dtypes import SUPPORTED_DTYPES
+from ._link import VersionSkewError
+from .algorithms.transform import transform
+from .array import ShardedArray, ShardView
+from .compiler import CompiledKernel, cache_info, clear_cache, compile
+from .op import Op, op
+from .places import PlaceGroup
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "PlaceGroup", "ShardedArray", "ShardView", "SUPPORTED_DTYPES",
+    "op", "Op", "compile", "CompiledKernel", "transform", "ops",
+    "cache_dir", "cache_info", "clear_cache", "CacheWarning", "VersionSkewError",
+    "__version__",
+]

@@ -1,0 +1,41 @@
+"""The element types arrays and operators use, and how Python values map onto them."""
+
+from __future__ import annotations
+
+import numpy as np
+
+SUPPORTED_DTYPES: tuple[np.dtype, ...] = tuple(
+    np.dtype(name) for name in ("float32", "float64", "int32", "int64", "uint32", "uint64")
+)
+_NAMES = ", ".join(dtype.name for dtype in SUPPORTED_DTYPES)
+
+
+def as_dtype(dtype, argument: str = "dtype") -> np.dtype:
+    """A supported numpy dtype, or TypeError naming `argument`."""
+    try:
+        resolved = np.dtype(dtype)
+    except TypeError:
+        raise TypeError(f"{argument}: {dtype!r} is not a dtype (expected one of {_NAMES})") from None
+    if resolved not in SUPPORTED_DTYPES:
+        raise TypeError(f"{argument}: unsupported dtype {resolved} (expected one of {_NAMES})")
+    return resolved
+
+
+def scalar_dtype(value, argument: str) -> np.dtype:
+    """The dtype a runtime scalar travels as: float -> float64, int -> int64, numpy -> its own."""
+    if isinstance(value, np.generic):
+        return as_dtype(value.dtype, argument)
+    if isinstance(value, bool):
+        raise TypeError(f"{argument}: bool scalars are not supported; pass 0 or 1 as an int")
+    if isinstance(value, int):
+        return np.dtype(np.int64)
+    if isinstance(value, float):
+        return np.dtype(np.float64)
+    raise TypeError(
+        f"{argument}: expected a ShardedArray or a scalar (int, float, numpy scalar), "
+        f"got {type(value).__name__}"
+    )
+
+
+def is_scalar(value) -> bool:
+    return isinstance(value, (int, float, np.generic)) and not isinstance(value, bool)

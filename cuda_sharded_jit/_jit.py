@@ -1,0 +1,171 @@
+"""numba-cuda front end: a Python operator becomes LTO-IR behind a C-ABI wrapper.
+
+The wrappers follow the pointer convention the shim's kernels call:
+    void <abi_name>(const T0* in0, ..., Tout* out, const S0* scalar0, ...)
+so values of any layout can cross. numba is imported here, at the first compile, never at
+package import.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+
+_state_lock = threading.Lock()
+_compile_lock = threading.RLock()
+_target = threading.local()
+_numba = None
+
+
+def _load_numba():
+    """Import numba-cuda once and let device helpers compile for an explicit `cc`.
+
+    numba-cuda compiles nested device functions for the *current device's* compute
+    capability, which needs a driver. While we compile, a thread-local target stands in for
+    the device, so compiling needs no GPU (CI, ahead-of-time builds).
+    """
+    global _numba
+    with _state_lock:
+        if _numba is not None:
+            return _numba
+        import numba
+        import numba.cuda
+        import numba.cuda.dispatcher as dispatcher_module
+        from numba import types
+
+        original = dispatcher_module.get_current_device
+
+        class _TargetDevice:
+            def __init__(self, cc):
+                self.compute_capability = cc
+
+        def get_current_device():
+            cc = getattr(_target, "cc", None)
+            return original() if cc is None else _TargetDevice(cc)
+
+        dispatcher_module.get_current_device = get_current_device
+        errors = [numba.core.errors.NumbaError]
+        try:
+            from numba.cuda.core import errors as cuda_errors
+
+            errors.append(cuda_errors.NumbaError)
+        except ImportError:
+            pass
+        _numba = (numba, types, tuple(errors))
+        return _numba
+
+
+class _TargetCC:
+    def __init__(self, cc):
+        self.cc = cc
+
+    def __enter__(self):
+        _compile_lock.acquire()
+        _target.cc = self.cc
+
+    def __exit__(self, *exc):
+        _target.cc = None
+        _compile_lock.release()
+
+
+_NUMPY_OF = {
+    "float32": "float32", "float64": "float64", "int32": "int32",
+    "int64": "int64", "uint32": "uint32", "uint64": "uint64",
+}
+
+
+def numba_type(dtype: np.dtype):
+    _, types, _ = _load_numba()
+    return getattr(types, _NUMPY_OF[np.dtype(dtype).name])
+
+
+# numba return types we can store, mapped to the array dtype they become.
+_RESULT_DTYPES = {
+    "float32": "float32", "float64": "float64", "float16": "float32",
+    "int64": "int64", "int32": "int32", "int16": "int32", "int8": "int32",
+    "uint64": "uint64", "uint32": "uint32", "uint16": "uint32", "uint8": "uint32",
+}
+
+
+def _describe(dtypes) -> str:
+    return "(" + ", ".join(np.dtype(d).name for d in dtypes) + ")"
+
+
+def _device_dispatcher(op):
+    # A fresh dispatcher per compile: numba freezes globals when it compiles, and a changed
+    # global must be seen (the cache key already tells the versions apart).
+    numba, _, _ = _load_numba()
+    return numba.cuda.jit(device=True)(op.func)
+
+
+def _type_error(op, arg_dtypes, error) -> TypeError:
+    return TypeError(
+        f"operator {op.name} cannot be compiled for argument types {_describe(arg_dtypes)}: "
+        f"numba says:\n{error}"
+    )
+
+
+def infer_result_dtype(op, arg_dtypes, cc) -> np.dtype:
+    """The dtype the operator returns for these argument dtypes (TypeError if unsupported)."""
+    _, _, numba_errors = _load_numba()
+    dispatcher = _device_dispatcher(op)
+    argtypes = tuple(numba_type(d) for d in arg_dtypes)
+    with _TargetCC(cc):
+        try:
+            result = dispatcher.compile_device(argtypes).signature.return_type
+        except numba_errors as error:
+            raise _type_error(op, arg_dtypes, error) from None
+    name = str(result)
+    if name not in _RESULT_DTYPES:
+        raise TypeError(
+            f"operator {op.name} returns {name} for argument types {_describe(arg_dtypes)}, "
+            f"which no array can hold; return a number or pass out= with the dtype you want"
+        )
+    return np.dtype(_RESULT_DTYPES[name])
+
+
+def compile_transform(op, arg_kinds, out_dtype, cc, max_scalars: int) -> bytes:
+    """LTO-IR of `csj_transform_op` for an operator whose arguments are arrays or scalars.
+
+    arg_kinds: per operator argument, ("array", dtype) or ("scalar", dtype), in call order.
+    """
+    numba, types, numba_errors = _load_numba()
+    dispatcher = _device_dispatcher(op)
+    array_params, scalar_params, call_args = [], [], []
+    signature = []
+    for kind, dtype in arg_kinds:
+        if kind == "array":
+            name = f"in{len(array_params)}"
+            array_params.append(name)
+        else:
+            name = f"s{len(scalar_params)}"
+            scalar_params.append(name)
+        call_args.append(f"{name}[0]")
+    for kind, dtype in arg_kinds:
+        if kind == "array":
+            signature.append(types.CPointer(numba_type(dtype)))
+    signature.append(types.CPointer(numba_type(out_dtype)))
+    for kind, dtype in arg_kinds:
+        if kind == "scalar":
+            signature.append(types.CPointer(numba_type(dtype)))
+    unused = [f"unused{k}" for k in range(max_scalars - len(scalar_params))]
+    signature.extend([types.voidptr] * len(unused))
+    params = ", ".join(array_params + ["out"] + scalar_params + unused)
+    source = (
+        f"def csj_transform_wrapper({params}):\n"
+        f"    out[0] = _cast(_op({', '.join(call_args)}))\n"
+    )
+    namespace = {"_op": dispatcher, "_cast": getattr(np, np.dtype(out_dtype).name)}
+    exec(compile(source, f"<sharded transform wrapper for {op.name}>", "exec"), namespace)
+    wrapper = namespace["csj_transform_wrapper"]
+    arg_dtypes = [dtype for _, dtype in arg_kinds]
+    with _TargetCC(cc):
+        try:
+            ltoir, _ = numba.cuda.compile(
+                wrapper, tuple(signature), device=True, abi="c",
+                abi_info={"abi_name": "csj_transform_op"}, output="ltoir", cc=cc,
+            )
+        except numba_errors as error:
+            raise _type_error(op, arg_dtypes, error) from None
+    return bytes(ltoir)

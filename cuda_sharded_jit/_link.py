@@ -1,0 +1,138 @@
+"""nvJitLink back end: kernel LTO-IR (built by nvcc, shipped in _kernels/) + operator LTO-IR
+(numba) -> SASS cubin for one architecture. Also the toolchain versions the caches key on."""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import importlib.metadata
+import json
+import os
+import sys
+from pathlib import Path
+
+_KERNEL_DIR = Path(__file__).with_name("_kernels")
+
+
+class VersionSkewError(RuntimeError):
+    """nvJitLink is older than the NVVM that produced the operator's LTO-IR."""
+
+
+@functools.lru_cache(maxsize=None)
+def kernel_module(name: str) -> bytes:
+    """The LTO-IR fatbin of one kernel module, e.g. "transform_o4_i4_4"."""
+    path = _KERNEL_DIR / f"{name}.fatbin"
+    try:
+        return path.read_bytes()
+    except FileNotFoundError:
+        raise RuntimeError(
+            f"kernel module {name} is missing from {_KERNEL_DIR}: the installation is incomplete"
+        ) from None
+
+
+@functools.lru_cache(maxsize=None)
+def kernel_module_digest(name: str) -> str:
+    return hashlib.sha256(kernel_module(name)).hexdigest()[:16]
+
+
+def _package_version(name: str) -> str | None:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _toolkit_nvvm_version() -> str | None:
+    """CUDA release of a toolkit's libnvvm (when it does not come from the nvidia-nvvm wheel)."""
+    for root in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"):
+        if not root:
+            continue
+        try:
+            info = json.loads((Path(root) / "version.json").read_text())
+        except (OSError, ValueError):
+            continue
+        for component in ("libnvvm", "cuda_nvcc", "cuda"):
+            if component in info:
+                return info[component]["version"]
+    return None
+
+
+@functools.lru_cache(maxsize=None)
+def nvvm_release() -> tuple[int, int] | None:
+    """(major, minor) CUDA release of the NVVM that numba-cuda uses, when it can be told."""
+    version = _package_version("nvidia-nvvm") or _toolkit_nvvm_version()
+    if not version:
+        return None
+    major, minor = version.split(".")[:2]
+    return int(major), int(minor)
+
+
+@functools.lru_cache(maxsize=None)
+def nvjitlink_release() -> tuple[int, int]:
+    from cuda.bindings import nvjitlink
+
+    return tuple(nvjitlink.version())
+
+
+@functools.lru_cache(maxsize=None)
+def toolchain_fingerprint() -> str:
+    """Everything outside the operator that changes generated code (part of disk keys)."""
+    parts = {
+        "python": sys.version.split()[0],
+        "numba": _package_version("numba"),
+        "numba-cuda": _package_version("numba-cuda"),
+        "cuda-bindings": _package_version("cuda-bindings"),
+        "nvvm": _package_version("nvidia-nvvm") or _toolkit_nvvm_version(),
+        "nvjitlink": _package_version("nvidia-nvjitlink"),
+        "shim": _package_version("cuda-sharded-jit"),
+    }
+    return json.dumps(parts, sort_keys=True)
+
+
+def check_version_skew() -> None:
+    """Raise before linking when nvJitLink cannot read the operator's LTO-IR."""
+    nvvm = nvvm_release()
+    linker = nvjitlink_release()
+    if nvvm is not None and tuple(linker) < nvvm:
+        raise VersionSkewError(
+            f"nvJitLink {linker[0]}.{linker[1]} is older than NVVM {nvvm[0]}.{nvvm[1]}, which "
+            f"compiles the operators: it cannot link their LTO-IR. Upgrade nvJitLink to at "
+            f"least {nvvm[0]}.{nvvm[1]}: pip install -U 'nvidia-nvjitlink>={nvvm[0]}.{nvvm[1]}'"
+        )
+
+
+def link(module: str, operator_ltoir: bytes, arch: str) -> bytes:
+    """Link a kernel module with an operator into a SASS cubin for `arch` ("sm_90")."""
+    from cuda.bindings import nvjitlink
+
+    check_version_skew()
+    kernel = kernel_module(module)
+    handle = nvjitlink.create(3, [f"-arch={arch}", "-lto", "-O3"])
+    try:
+        try:
+            nvjitlink.add_data(handle, nvjitlink.InputType.FATBIN, kernel, len(kernel), module)
+            nvjitlink.add_data(handle, nvjitlink.InputType.LTOIR, operator_ltoir,
+                               len(operator_ltoir), "operator")
+            nvjitlink.complete(handle)
+        except nvjitlink.nvJitLinkError as error:
+            log = ""
+            try:
+                size = nvjitlink.get_error_log_size(handle)
+                buffer = bytearray(size)
+                nvjitlink.get_error_log(handle, buffer)
+                log = buffer.decode(errors="replace").rstrip("\x00").strip()
+            except nvjitlink.nvJitLinkError:
+                pass
+            if "OUTDATED" in str(error) or "outdated" in log.lower():
+                linker = nvjitlink_release()
+                raise VersionSkewError(
+                    f"nvJitLink {linker[0]}.{linker[1]} is too old for the operator's LTO-IR "
+                    f"({error}); pip install -U nvidia-nvjitlink\n{log}"
+                ) from None
+            raise RuntimeError(f"nvJitLink failed to link {module} for {arch}: {error}\n{log}") from None
+        size = nvjitlink.get_linked_cubin_size(handle)
+        cubin = bytearray(size)
+        nvjitlink.get_linked_cubin(handle, cubin)
+        return bytes(cubin)
+    finally:
+        nvjitlink.destroy(handle)

@@ -1,0 +1,117 @@
+"""sharded.transform: out[i] = op(*args[i]) on every place."""
+
+from __future__ import annotations
+
+import struct
+
+import numpy as np
+
+from .. import _shim
+from .._dtypes import as_dtype, is_scalar, scalar_dtype
+from ..array import ShardedArray
+from ..compiler import kernel_libraries
+from ..op import as_op
+from ..ops import Descriptor
+
+_PACK = {
+    "float32": struct.Struct("<f4x"), "float64": struct.Struct("<d"),
+    "int32": struct.Struct("<i4x"), "int64": struct.Struct("<q"),
+    "uint32": struct.Struct("<I4x"), "uint64": struct.Struct("<Q"),
+}
+
+
+def pack_scalars(values, dtypes) -> bytes:
+    """One 8-byte slot per runtime scalar, in the dtype the operator sees."""
+    return b"".join(_PACK[dtype.name].pack(dtype.type(value)) for value, dtype in zip(values, dtypes))
+
+
+def _check_out(out, first: ShardedArray):
+    if out is None:
+        return None
+    if not isinstance(out, ShardedArray):
+        raise TypeError(f"out: expected a ShardedArray, got {type(out).__name__}")
+    if out.group is not first.group:
+        raise ValueError("out: belongs to another PlaceGroup than the inputs")
+    if out.shard_sizes != first.shard_sizes:
+        raise ValueError(f"out: shard sizes {out.shard_sizes} differ from the inputs' {first.shard_sizes}")
+    return out
+
+
+def transform(op, *args, out: ShardedArray | None = None) -> ShardedArray:
+    """out[i] = op(args[0][i], args[1][i], ...) for every element, on every place.
+
+    Arrays (1 to 4, any supported dtypes, same group and shard sizes) are read elementwise;
+    scalars among `args` are broadcast runtime arguments (a new value never recompiles).
+    The result has out's dtype when `out` is given (the value is cast), else the operator's
+    return type. `out` may alias an input. Returns at once (stream-ordered).
+
+    >>> c = transform(lambda x, y, a: a * x + y, a, b, 2.0)             # doctest: +SKIP
+    >>> transform(sharded.ops.axpy(2.0), a, b, out=b)                   # doctest: +SKIP
+    """
+    if isinstance(op, Descriptor):
+        return _transform_descriptor(op, args, out)
+    op = as_op(op)
+    op.check_arity(len(args), "transform")
+    arrays, scalars, scalar_dtypes, kinds = [], [], [], []
+    for position, value in enumerate(args):
+        if isinstance(value, ShardedArray):
+            arrays.append(value)
+            kinds.append(("array", value.dtype))
+        elif is_scalar(value):
+            dtype = scalar_dtype(value, f"args[{position}]")
+            scalars.append(value)
+            scalar_dtypes.append(dtype)
+            kinds.append(("scalar", dtype))
+        else:
+            raise TypeError(
+                f"args[{position}]: expected a ShardedArray or a scalar, got {type(value).__name__}"
+            )
+    if not arrays:
+        raise TypeError("transform: at least one argument must be a ShardedArray")
+    if len(arrays) > _shim.MAX_TRANSFORM_INPUTS:
+        raise ValueError(f"transform: at most {_shim.MAX_TRANSFORM_INPUTS} array arguments, got {len(arrays)}")
+    if len(scalars) > _shim.MAX_TRANSFORM_SCALARS:
+        raise ValueError(f"transform: at most {_shim.MAX_TRANSFORM_SCALARS} scalar arguments, got {len(scalars)}")
+    first = arrays[0]
+    for index, array in enumerate(arrays[1:], 1):
+        if array.group is not first.group:
+            raise ValueError(f"args: array {index} belongs to another PlaceGroup than array 0")
+        if array.shard_sizes != first.shard_sizes:
+            raise ValueError(
+                f"args: array {index} has shard sizes {array.shard_sizes}, array 0 has {first.shard_sizes}"
+            )
+    out = _check_out(out, first)
+    out_request = None if out is None else out.dtype
+    out_dtype, libraries = kernel_libraries(op, "transform", tuple(kinds), out_request, first.group.archs)
+    if out is None:
+        out = ShardedArray.allocate(first.group, list(first.shard_sizes), out_dtype)
+    _shim.transform(libraries, [array._impl for array in arrays], out._impl,
+                    pack_scalars(scalars, scalar_dtypes))
+    return out
+
+
+def _transform_descriptor(descriptor: Descriptor, args, out):
+    if len(args) != descriptor.arity:
+        raise TypeError(f"ops.{descriptor.name} takes {descriptor.arity} array argument"
+                        f"{'' if descriptor.arity == 1 else 's'}, got {len(args)}")
+    for position, value in enumerate(args):
+        if not isinstance(value, ShardedArray):
+            raise TypeError(f"args[{position}]: expected a ShardedArray, got {type(value).__name__}")
+    first = args[0]
+    dtype = first.dtype
+    for position, value in enumerate(args):
+        if value.dtype != dtype:
+            raise TypeError(f"args[{position}]: dtype {value.dtype} differs from args[0]'s {dtype}; "
+                            f"descriptor operators need one dtype (use a Python operator to mix)")
+    out = _check_out(out, first)
+    if out is not None and out.dtype != dtype:
+        raise TypeError(f"out: dtype {out.dtype} differs from the inputs' {dtype}")
+    if out is None:
+        out = ShardedArray.allocate(first.group, list(first.shard_sizes), dtype)
+    scalars = b""
+    if descriptor.scalar is not None:
+        value = np.asarray(descriptor.scalar).astype(dtype)
+        scalars = pack_scalars([value], [as_dtype(dtype)])
+    _shim.transform_builtin(getattr(_shim.BuiltinOp, descriptor.name), [a._impl for a in args],
+                            out._impl, scalars)
+    return out

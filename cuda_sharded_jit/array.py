@@ -1,0 +1,279 @@
+"""ShardedArray: a 1-D array split into shards, shard i on place i of a PlaceGroup."""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Sequence
+
+import numpy as np
+
+from . import _shim
+from ._dtypes import as_dtype
+from .places import PlaceGroup
+
+
+def _check_group(group) -> PlaceGroup:
+    if not isinstance(group, PlaceGroup):
+        raise TypeError(f"group: expected a PlaceGroup, got {type(group).__name__}")
+    return group
+
+
+def _shard_sizes(group: PlaceGroup, n_or_sizes, argument: str = "n") -> list[int]:
+    """Shard sizes from a total (even split, decided by the shim) or an explicit list."""
+    if isinstance(n_or_sizes, (int, np.integer)) and not isinstance(n_or_sizes, bool):
+        return _shim.ShardedArray.even_sizes(int(n_or_sizes), len(group))
+    if isinstance(n_or_sizes, Sequence) or isinstance(n_or_sizes, np.ndarray):
+        sizes = []
+        for index, size in enumerate(n_or_sizes):
+            if isinstance(size, bool) or not isinstance(size, (int, np.integer)):
+                raise TypeError(f"sizes[{index}]: expected an int, got {type(size).__name__}")
+            sizes.append(int(size))
+        return sizes
+    raise TypeError(
+        f"{argument}: expected a total size (int) or a list of shard sizes, "
+        f"got {type(n_or_sizes).__name__}"
+    )
+
+
+class ShardView:
+    """Zero-copy view of one shard: a 1-D device array with `__cuda_array_interface__` (v3).
+
+    Its `stream` is the place's stream, so CuPy, numba and torch order their work after
+    ours. The view keeps its array alive.
+    """
+
+    __slots__ = ("array", "place", "__cuda_array_interface__")
+
+    def __init__(self, array: ShardedArray, place: int):
+        self.array = array
+        self.place = place
+        impl = array._impl
+        self.__cuda_array_interface__ = {
+            "shape": (impl.shard_sizes[place],),
+            "typestr": array.dtype.str,
+            "data": (impl.shard_pointer(place), False),
+            "strides": None,
+            "version": 3,
+            "stream": array.group.stream(place),
+        }
+
+    @property
+    def device(self) -> int:
+        return self.array.group.devices[self.place]
+
+    @property
+    def shape(self) -> tuple[int]:
+        return self.__cuda_array_interface__["shape"]
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self.array.dtype
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def __repr__(self) -> str:
+        return (f"ShardView(place={self.place}, device=cuda:{self.device}, size={len(self)}, "
+                f"dtype={self.dtype})")
+
+
+class ShardedArray:
+    """A 1-D array whose shard i lives on place i of its group, in global index order.
+
+    >>> g = PlaceGroup.by_devices([0, 0])                                 # doctest: +SKIP
+    >>> a = ShardedArray.from_numpy(g, np.arange(10, dtype=np.float32))  # doctest: +SKIP
+    >>> a.shard_sizes, a.to_numpy()[-1]                                   # doctest: +SKIP
+    ((5, 5), 9.0)
+    """
+
+    __slots__ = ("_impl", "_group", "_dtype", "_keepalive", "__weakref__")
+
+    def __init__(self, impl, group: PlaceGroup, keepalive=None):
+        if not isinstance(impl, _shim.ShardedArray):
+            raise TypeError("use ShardedArray.allocate / from_numpy / adopt to make an array")
+        self._impl = impl
+        self._group = group
+        self._dtype = np.dtype(impl.dtype)
+        self._keepalive = keepalive
+
+    # ---- construction -------------------------------------------------------------------
+    @classmethod
+    def allocate(cls, group: PlaceGroup, n, dtype) -> ShardedArray:
+        """Uninitialised array: `n` elements split evenly (the first n % P shards get one
+        more), or explicit per-shard sizes (zero allowed); one allocation per shard.
+
+        >>> a = ShardedArray.allocate(g, [600, 400], np.float32)          # doctest: +SKIP
+        """
+        group = _check_group(group)
+        dtype = as_dtype(dtype)
+        return cls(_shim.ShardedArray.allocate(group._impl, _shard_sizes(group, n), dtype.name, False),
+                   group)
+
+    @classmethod
+    def allocate_contiguous(cls, group: PlaceGroup, n, dtype) -> ShardedArray:
+        """Like `allocate`, but all shards lie in one virtual address range (CUDA VMM).
+
+        Shard i starts at base + offset_i. Physical memory follows the shards: each place
+        backs the part of the range from its shard's start, rounded to the nearest
+        allocation granule (2 MiB on current GPUs), to the next shard's rounded start, on
+        its own device; so at most half a granule at each end of a shard lives on a
+        neighbour. Every device of the group can read and write the whole range, which
+        needs peer access between all of them.
+
+        >>> a = ShardedArray.allocate_contiguous(g, 1 << 20, np.float32)   # doctest: +SKIP
+        """
+        group = _check_group(group)
+        dtype = as_dtype(dtype)
+        return cls(_shim.ShardedArray.allocate(group._impl, _shard_sizes(group, n), dtype.name, True),
+                   group)
+
+    @classmethod
+    def from_numpy(cls, group: PlaceGroup, host, sizes=None, contiguous: bool = False) -> ShardedArray:
+        """Copy a 1-D numpy array to the group (even split unless `sizes` is given).
+
+        >>> a = ShardedArray.from_numpy(g, np.arange(5.0))                # doctest: +SKIP
+        """
+        group = _check_group(group)
+        host = np.asarray(host)
+        if host.ndim != 1:
+            raise ValueError(f"host: expected a 1-D array, got {host.ndim} dimensions {host.shape}")
+        dtype = as_dtype(host.dtype, "host")
+        if sizes is not None:
+            shard_sizes = _shard_sizes(group, sizes, "sizes")
+            if sum(shard_sizes) != host.size:
+                raise ValueError(
+                    f"sizes: shard sizes sum to {sum(shard_sizes)}, but host has {host.size} elements"
+                )
+        else:
+            shard_sizes = host.size
+        make = cls.allocate_contiguous if contiguous else cls.allocate
+        array = make(group, shard_sizes, dtype)
+        host = np.ascontiguousarray(host)
+        array._impl.copy_from_host(host.ctypes.data, host.nbytes)
+        return array
+
+    @classmethod
+    def adopt(cls, group: PlaceGroup, buffers: Sequence) -> ShardedArray:
+        """Zero-copy array over device buffers you own, one per place, each on that place's
+        device: any object with `__cuda_array_interface__` (CuPy, numba, torch), contiguous,
+        of one supported dtype. The buffers are kept alive and never freed by us.
+
+        >>> a = ShardedArray.adopt(g, [cupy.zeros(5, cupy.float32)])      # doctest: +SKIP
+        """
+        group = _check_group(group)
+        buffers = list(buffers)
+        if len(buffers) != len(group):
+            raise ValueError(f"buffers: expected one buffer per place ({len(group)}), got {len(buffers)}")
+        pointers, sizes, streams, dtype = [], [], [], None
+        for index, buffer in enumerate(buffers):
+            interface = getattr(buffer, "__cuda_array_interface__", None)
+            if interface is None:
+                raise TypeError(
+                    f"buffers[{index}]: {type(buffer).__name__} has no __cuda_array_interface__"
+                )
+            shape = tuple(interface["shape"])
+            itemsize = np.dtype(interface["typestr"]).itemsize
+            buffer_dtype = as_dtype(np.dtype(interface["typestr"]), f"buffers[{index}]")
+            strides = interface.get("strides")
+            if strides is not None:
+                expected, step = [], itemsize
+                for extent in reversed(shape):
+                    expected.append(step)
+                    step *= extent
+                if tuple(reversed(expected)) != tuple(strides) and int(np.prod(shape)) > 1:
+                    raise ValueError(f"buffers[{index}]: not C-contiguous (strides {tuple(strides)})")
+            if interface.get("mask") is not None:
+                raise ValueError(f"buffers[{index}]: masked arrays are not supported")
+            if dtype is None:
+                dtype = buffer_dtype
+            elif buffer_dtype != dtype:
+                raise TypeError(f"buffers[{index}]: dtype {buffer_dtype} differs from buffers[0]'s {dtype}")
+            pointers.append(int(interface["data"][0]))
+            sizes.append(int(np.prod(shape)) if shape else 1)
+            streams.append(interface.get("stream") or 0)
+        impl = _shim.ShardedArray.adopt(group._impl, pointers, sizes, dtype.name)
+        # Our streams start after whatever the producers queued on theirs (CAI v3 contract).
+        for place, stream in enumerate(streams):
+            group._impl.wait_for_stream(place, int(stream))
+        return cls(impl, group, keepalive=tuple(buffers))
+
+    # ---- data out -----------------------------------------------------------------------
+    def to_numpy(self) -> np.ndarray:
+        """Copy the whole array to a new 1-D numpy array (waits for queued work)."""
+        host = np.empty(self.size, dtype=self._dtype)
+        self._impl.copy_to_host(host.ctypes.data, host.nbytes)
+        return host
+
+    def __array__(self, dtype=None, copy=None):
+        if copy is False:
+            raise ValueError("a ShardedArray lives on GPUs: converting it to numpy always copies")
+        host = self.to_numpy()
+        return host if dtype is None else host.astype(dtype, copy=False)
+
+    def shard(self, place: int) -> ShardView:
+        """Zero-copy view of shard `place` with `__cuda_array_interface__` (v3, with stream)."""
+        place = operator.index(place)
+        if not 0 <= place < self.num_shards:
+            raise IndexError(f"place: {place} out of range for {self.num_shards} shards")
+        return ShardView(self, place)
+
+    def free(self) -> None:
+        """Release device memory now (adopted buffers are only let go). Idempotent; any later
+        use raises ValueError."""
+        self._impl.free()
+        self._keepalive = None
+
+    # ---- properties ---------------------------------------------------------------------
+    @property
+    def group(self) -> PlaceGroup:
+        return self._group
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self._dtype
+
+    @property
+    def size(self) -> int:
+        return self._impl.size
+
+    @property
+    def shape(self) -> tuple[int]:
+        return (self._impl.size,)
+
+    def __len__(self) -> int:
+        return self._impl.size
+
+    @property
+    def shard_sizes(self) -> tuple[int, ...]:
+        return tuple(self._impl.shard_sizes)
+
+    @property
+    def shard_offsets(self) -> tuple[int, ...]:
+        """Global index of each shard's first element."""
+        return tuple(self._impl.shard_offsets)
+
+    @property
+    def num_shards(self) -> int:
+        return self._impl.num_shards
+
+    @property
+    def is_contiguous(self) -> bool:
+        """True when all shards lie in one virtual address range (allocate_contiguous)."""
+        return self._impl.storage == "contiguous"
+
+    @property
+    def storage(self) -> str:
+        """"separate", "contiguous" or "adopted"."""
+        return self._impl.storage
+
+    @property
+    def base_pointer(self) -> int:
+        """Start of the virtual range of a contiguous array (0 otherwise)."""
+        return self._impl.base_pointer
+
+    @property
+    def is_freed(self) -> bool:
+        return self._impl.is_freed
+
+    def __repr__(self) -> str:
+        return self._impl.describe()

@@ -1,0 +1,95 @@
+"""PlaceGroup: the ordered places (one GPU and one stream each) that arrays are sharded over."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from . import _shim
+
+
+class PlaceGroup:
+    """An ordered list of places; place i holds shard i of every array of the group.
+
+    The group itself lives in the C++ shim; this class is a thin, documented view of it.
+
+    >>> g = PlaceGroup.by_devices([0, 0])       # two places on one GPU  # doctest: +SKIP
+    >>> len(g), g.devices                                                # doctest: +SKIP
+    (2, (0, 0))
+    """
+
+    __slots__ = ("_impl", "_archs", "__weakref__")
+
+    def __init__(self, impl: _shim.PlaceGroup):
+        if not isinstance(impl, _shim.PlaceGroup):
+            raise TypeError(
+                "use PlaceGroup.by_devices(...) or PlaceGroup.by_locality_domains() to make a group"
+            )
+        self._impl = impl
+        self._archs = None
+
+    @classmethod
+    def by_devices(cls, devices: Sequence[int] | None = None) -> PlaceGroup:
+        """One place per listed device, in order (all visible devices when None).
+
+        A device may appear several times: several places, each with its own stream, on one
+        GPU. That is how a single-GPU machine runs every cross-place code path.
+
+        >>> g = PlaceGroup.by_devices([0, 0, 0])                  # doctest: +SKIP
+        """
+        if devices is not None:
+            if isinstance(devices, (str, bytes)) or not isinstance(devices, Sequence):
+                raise TypeError(f"devices: expected a list of device ids, got {type(devices).__name__}")
+            devices = list(devices)
+            for index, device in enumerate(devices):
+                if isinstance(device, bool) or not isinstance(device, int):
+                    raise TypeError(
+                        f"devices[{index}]: expected an int device id, got {type(device).__name__}"
+                    )
+        return cls(_shim.PlaceGroup.by_devices(devices))
+
+    @classmethod
+    def by_locality_domains(cls) -> PlaceGroup:
+        """Every visible device, one place each, ordered so that the devices of one host NUMA
+        domain are adjacent (then by device id). `locality_domains` gives each place's domain.
+
+        >>> g = PlaceGroup.by_locality_domains()                  # doctest: +SKIP
+        >>> g.locality_domains                                    # doctest: +SKIP
+        (0, 0, 1, 1)
+        """
+        return cls(_shim.PlaceGroup.by_locality_domains())
+
+    def __len__(self) -> int:
+        return len(self._impl)
+
+    @property
+    def devices(self) -> tuple[int, ...]:
+        """The CUDA device id of each place."""
+        return tuple(self._impl.devices)
+
+    @property
+    def locality_domains(self) -> tuple[int, ...]:
+        """The host NUMA domain of each place's device (0 where the platform reports none)."""
+        return tuple(self._impl.locality_domains)
+
+    def stream(self, place: int) -> int:
+        """The place's cudaStream_t, as an int (non-blocking stream, owned by the group)."""
+        return self._impl.stream(place)
+
+    def sync(self) -> None:
+        """Wait until all work queued on every place's stream has finished."""
+        self._impl.sync()
+
+    @property
+    def archs(self) -> tuple[str, ...]:
+        """The SASS architecture of each place's device, e.g. ("sm_90", "sm_90")."""
+        if self._archs is None:
+            self._archs = tuple(f"sm_{major}{minor}" for major, minor in
+                                (self._impl.compute_capability(place) for place in range(len(self))))
+        return self._archs
+
+    def __repr__(self) -> str:
+        places = ", ".join(
+            f"{place}: cuda:{device} (numa {domain})"
+            for place, (device, domain) in enumerate(zip(self.devices, self.locality_domains))
+        )
+        return f"PlaceGroup([{places}])"

@@ -1,0 +1,137 @@
+// Python bindings of the shim (nanobind). CUDA-free: compiled by the host compiler against the
+// shim's CUDA-free headers. Every call that can block on the GPU releases the GIL.
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/pair.h>
+#include <nanobind/stl/shared_ptr.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include "csj/dtype.hpp"
+#include "csj/place_group.hpp"
+#include "csj/sharded_array.hpp"
+#include "csj/transform.hpp"
+
+namespace nb = nanobind;
+using namespace nb::literals;
+
+namespace {
+
+const char* storage_name(csj::Storage storage) {
+  switch (storage) {
+    case csj::Storage::separate: return "separate";
+    case csj::Storage::contiguous: return "contiguous";
+    case csj::Storage::adopted: return "adopted";
+  }
+  return "?";
+}
+
+std::string to_string(const nb::bytes& data) { return std::string(data.c_str(), data.size()); }
+
+}  // namespace
+
+NB_MODULE(_shim, m) {
+  m.doc() = "C++ shim of cuda_sharded_jit: places, sharded containers, kernel launches.";
+
+  m.def("visible_device_count", &csj::visible_device_count,
+        nb::call_guard<nb::gil_scoped_release>());
+
+  nb::class_<csj::PlaceGroup>(m, "PlaceGroup")
+      .def_static("by_devices", &csj::PlaceGroup::by_devices, "devices"_a = nb::none(),
+                  nb::call_guard<nb::gil_scoped_release>())
+      .def_static("by_locality_domains", &csj::PlaceGroup::by_locality_domains,
+                  nb::call_guard<nb::gil_scoped_release>())
+      .def("__len__", &csj::PlaceGroup::size)
+      .def_prop_ro("devices", &csj::PlaceGroup::devices)
+      .def_prop_ro("locality_domains", &csj::PlaceGroup::locality_domains)
+      .def("device", &csj::PlaceGroup::device, "place"_a)
+      .def("stream", &csj::PlaceGroup::stream, "place"_a)
+      .def("locality_domain", &csj::PlaceGroup::locality_domain, "place"_a)
+      .def("can_access_peer", &csj::PlaceGroup::can_access_peer, "from_device"_a, "to_device"_a)
+      .def("compute_capability", &csj::PlaceGroup::compute_capability, "place"_a)
+      .def("wait_for_stream", &csj::PlaceGroup::wait_for_stream, "place"_a, "stream"_a,
+           nb::call_guard<nb::gil_scoped_release>())
+      .def("sync", &csj::PlaceGroup::sync, nb::call_guard<nb::gil_scoped_release>())
+      .def("describe", &csj::PlaceGroup::describe);
+
+  nb::class_<csj::ShardedArray>(m, "ShardedArray")
+      .def_static("even_sizes", &csj::ShardedArray::even_sizes, "n"_a, "places"_a)
+      .def_static(
+          "allocate",
+          [](std::shared_ptr<csj::PlaceGroup> group, std::vector<std::int64_t> sizes,
+             const std::string& dtype, bool contiguous) {
+            const csj::DType type = csj::dtype_from_name(dtype);
+            nb::gil_scoped_release release;
+            return contiguous
+                       ? csj::ShardedArray::allocate_contiguous(std::move(group), std::move(sizes), type)
+                       : csj::ShardedArray::allocate(std::move(group), std::move(sizes), type);
+          },
+          "group"_a, "sizes"_a, "dtype"_a, "contiguous"_a = false)
+      .def_static(
+          "adopt",
+          [](std::shared_ptr<csj::PlaceGroup> group, const std::vector<std::uintptr_t>& pointers,
+             std::vector<std::int64_t> sizes, const std::string& dtype) {
+            const csj::DType type = csj::dtype_from_name(dtype);
+            nb::gil_scoped_release release;
+            return csj::ShardedArray::adopt(std::move(group), pointers, std::move(sizes), type);
+          },
+          "group"_a, "pointers"_a, "sizes"_a, "dtype"_a)
+      .def_prop_ro("group", &csj::ShardedArray::group)
+      .def_prop_ro("dtype", [](const csj::ShardedArray& a) { return csj::dtype_name(a.dtype()); })
+      .def_prop_ro("storage", [](const csj::ShardedArray& a) { return storage_name(a.storage()); })
+      .def_prop_ro("size", &csj::ShardedArray::size)
+      .def_prop_ro("num_shards", &csj::ShardedArray::num_shards)
+      .def_prop_ro("shard_sizes", &csj::ShardedArray::shard_sizes)
+      .def_prop_ro("shard_offsets", &csj::ShardedArray::shard_offsets)
+      .def_prop_ro("physical_chunk_bytes", &csj::ShardedArray::physical_chunk_bytes)
+      .def_prop_ro("base_pointer", &csj::ShardedArray::base_pointer)
+      .def_prop_ro("is_freed", &csj::ShardedArray::is_freed)
+      .def("shard_pointer", &csj::ShardedArray::shard_pointer, "shard"_a)
+      .def("copy_from_host", &csj::ShardedArray::copy_from_host, "host"_a, "nbytes"_a,
+           nb::call_guard<nb::gil_scoped_release>())
+      .def("copy_to_host", &csj::ShardedArray::copy_to_host, "host"_a, "nbytes"_a,
+           nb::call_guard<nb::gil_scoped_release>())
+      .def("free", &csj::ShardedArray::free, nb::call_guard<nb::gil_scoped_release>())
+      .def("check_alive", &csj::ShardedArray::check_alive, "what"_a)
+      .def("describe", &csj::ShardedArray::describe);
+
+  nb::class_<csj::KernelLibrary>(m, "KernelLibrary")
+      .def(
+          "__init__",
+          [](csj::KernelLibrary* self, const nb::bytes& cubin, const std::vector<std::string>& entries) {
+            std::string image = to_string(cubin);
+            nb::gil_scoped_release release;
+            new (self) csj::KernelLibrary(image, entries);
+          },
+          "cubin"_a, "entries"_a);
+
+  nb::enum_<csj::BuiltinOp>(m, "BuiltinOp")
+      .value("negate", csj::BuiltinOp::negate)
+      .value("scale", csj::BuiltinOp::scale)
+      .value("add_scalar", csj::BuiltinOp::add_scalar)
+      .value("add", csj::BuiltinOp::add)
+      .value("mul", csj::BuiltinOp::mul)
+      .value("axpy", csj::BuiltinOp::axpy);
+  m.def("builtin_arity", &csj::builtin_arity, "op"_a);
+  m.attr("MAX_TRANSFORM_INPUTS") = csj::max_transform_inputs();
+  m.attr("MAX_TRANSFORM_SCALARS") = csj::max_transform_scalars();
+
+  m.def(
+      "transform",
+      [](const std::vector<const csj::KernelLibrary*>& libraries, const csj::ArrayList& inputs,
+         csj::ShardedArray& out, const nb::bytes& scalars) {
+        std::string packed = to_string(scalars);
+        nb::gil_scoped_release release;
+        csj::transform(libraries, inputs, out, packed);
+      },
+      "libraries"_a, "inputs"_a, "out"_a, "scalars"_a);
+  m.def(
+      "transform_builtin",
+      [](csj::BuiltinOp op, const csj::ArrayList& inputs, csj::ShardedArray& out,
+         const nb::bytes& scalars) {
+        std::string packed = to_string(scalars);
+        nb::gil_scoped_release release;
+        csj::transform_builtin(op, inputs, out, packed);
+      },
+      "op"_a, "inputs"_a, "out"_a, "scalars"_a);
+}

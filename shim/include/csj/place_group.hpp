@@ -1,0 +1,59 @@
+// A place is one (device, stream) pair; a PlaceGroup is an ordered list of places.
+// CUDA-free header: the bindings include it, streams travel as integers.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace csj {
+
+class PlaceGroup {
+ public:
+  // One place per listed device, in order; a device may repeat. nullopt: every visible device.
+  static std::shared_ptr<PlaceGroup> by_devices(const std::optional<std::vector<int>>& devices);
+  // Every visible device, ordered by host NUMA domain, then by device id.
+  static std::shared_ptr<PlaceGroup> by_locality_domains();
+
+  PlaceGroup(const PlaceGroup&) = delete;
+  PlaceGroup& operator=(const PlaceGroup&) = delete;
+  ~PlaceGroup();
+
+  std::size_t size() const { return devices_.size(); }
+  const std::vector<int>& devices() const { return devices_; }
+  int device(std::size_t place) const;
+  std::uintptr_t stream(std::size_t place) const;
+  // Host NUMA domain of the place's device (0 where the platform does not say).
+  int locality_domain(std::size_t place) const;
+  const std::vector<int>& locality_domains() const { return domains_; }
+  // Distinct devices of the group, in first-appearance order.
+  const std::vector<int>& unique_devices() const { return unique_devices_; }
+  // Whether kernels on device `from` can read memory of device `to` (true when equal).
+  bool can_access_peer(int from, int to) const;
+  // (major, minor) compute capability of the place's device.
+  std::pair<int, int> compute_capability(std::size_t place) const;
+  // Makes the place's stream wait for work already queued on a foreign stream of its device
+  // (the `stream` of a __cuda_array_interface__ we consume). 0 means no stream: nothing to do.
+  void wait_for_stream(std::size_t place, std::uintptr_t foreign_stream) const;
+  // Blocks until every place's stream has drained (call with the GIL released).
+  void sync() const;
+  std::string describe() const;
+
+ private:
+  PlaceGroup(std::vector<int> devices, std::vector<int> domains);
+
+  std::vector<int> devices_;
+  std::vector<int> domains_;
+  std::vector<int> unique_devices_;
+  std::vector<std::uintptr_t> streams_;
+  std::vector<std::vector<bool>> peer_;  // indexed by device id
+};
+
+// Number of visible devices; std::runtime_error that says why when there is no driver or GPU.
+int visible_device_count();
+
+}  // namespace csj

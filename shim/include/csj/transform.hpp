@@ -1,0 +1,54 @@
+// Elementwise transforms on every place: with a run-time linked operator (a KernelLibrary
+// built by nvJitLink) or with a built-in descriptor operator compiled into the shim.
+// CUDA-free header.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "csj/sharded_array.hpp"
+
+namespace csj {
+
+// A cubin loaded once per process with context-independent loading (cuLibraryLoadData):
+// usable on every device whose architecture it was linked for.
+class KernelLibrary {
+ public:
+  // Loads `cubin` and resolves each `extern "C" __global__` entry point it names.
+  KernelLibrary(const std::string& cubin, const std::vector<std::string>& entries);
+  KernelLibrary(const KernelLibrary&) = delete;
+  KernelLibrary& operator=(const KernelLibrary&) = delete;
+  ~KernelLibrary();
+  // The CUkernel of a resolved entry point, as an opaque handle (immutable: thread-safe).
+  void* kernel(const std::string& name) const;
+
+ private:
+  void* library_ = nullptr;
+  std::unordered_map<std::string, void*> kernels_;
+};
+
+enum class BuiltinOp { negate, scale, add_scalar, add, mul, axpy };
+int builtin_arity(BuiltinOp op);
+
+// Limits of the transform kernels (mirrored from shim/kernels/params.hpp).
+int max_transform_inputs();
+int max_transform_scalars();
+
+using ArrayList = std::vector<std::shared_ptr<ShardedArray>>;
+
+// out[i] = op(inputs[0][i], ..., scalars...) on every place, stream-ordered, returns at once.
+// `scalars` holds one 8-byte slot per runtime scalar, already in the operator's types.
+// `libraries` holds the linked transform for each place (one per place, repeats allowed:
+// places of one architecture share a library).
+void transform(const std::vector<const KernelLibrary*>& libraries, const ArrayList& inputs,
+               ShardedArray& out, const std::string& scalars);
+void transform_builtin(BuiltinOp op, const ArrayList& inputs, ShardedArray& out,
+                       const std::string& scalars);
+
+// Throws std::invalid_argument unless every array shares `out`'s group and shard sizes.
+void check_conformable(const ArrayList& inputs, const ShardedArray& out);
+
+}  // namespace csj

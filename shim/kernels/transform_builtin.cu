@@ -1,0 +1,93 @@
+// Descriptor operators (sharded.ops.*): the transform kernel of transform.cuh instantiated at
+// build time with C++ operators, one per dtype, so they run without JIT.
+#include <cstdint>
+
+#include "builtin_kernels.hpp"
+#include "transform.cuh"
+
+namespace csj::kernels {
+namespace {
+
+template <class T>
+__device__ __forceinline__ T scalar(const ScalarPack& scalars, int slot) {
+  return *reinterpret_cast<const T*>(scalars.bytes + slot * kScalarSlot);
+}
+
+template <class T>
+struct Negate {
+  __device__ void operator()(const void* a, void* out, const ScalarPack&) const {
+    *static_cast<T*>(out) = static_cast<T>(-*static_cast<const T*>(a));
+  }
+};
+template <class T>
+struct Scale {
+  __device__ void operator()(const void* a, void* out, const ScalarPack& s) const {
+    *static_cast<T*>(out) = static_cast<T>(scalar<T>(s, 0) * *static_cast<const T*>(a));
+  }
+};
+template <class T>
+struct AddScalar {
+  __device__ void operator()(const void* a, void* out, const ScalarPack& s) const {
+    *static_cast<T*>(out) = static_cast<T>(*static_cast<const T*>(a) + scalar<T>(s, 0));
+  }
+};
+template <class T>
+struct Add {
+  __device__ void operator()(const void* a, const void* b, void* out, const ScalarPack&) const {
+    *static_cast<T*>(out) = static_cast<T>(*static_cast<const T*>(a) + *static_cast<const T*>(b));
+  }
+};
+template <class T>
+struct Mul {
+  __device__ void operator()(const void* a, const void* b, void* out, const ScalarPack&) const {
+    *static_cast<T*>(out) = static_cast<T>(*static_cast<const T*>(a) * *static_cast<const T*>(b));
+  }
+};
+template <class T>
+struct Axpy {
+  __device__ void operator()(const void* x, const void* y, void* out, const ScalarPack& s) const {
+    *static_cast<T*>(out) =
+        static_cast<T>(scalar<T>(s, 0) * *static_cast<const T*>(x) + *static_cast<const T*>(y));
+  }
+};
+
+template <template <class> class Op, class T>
+__global__ void __launch_bounds__(kTransformBlock)
+    unary_kernel(const __grid_constant__ TransformParams params) {
+  transform<Op<T>, sizeof(T), sizeof(T)>(params);
+}
+
+template <template <class> class Op, class T>
+__global__ void __launch_bounds__(kTransformBlock)
+    binary_kernel(const __grid_constant__ TransformParams params) {
+  transform<Op<T>, sizeof(T), sizeof(T), sizeof(T)>(params);
+}
+
+template <class T>
+const void* kernel_for(BuiltinKernel op) {
+  switch (op) {
+    case BuiltinKernel::negate: return reinterpret_cast<const void*>(&unary_kernel<Negate, T>);
+    case BuiltinKernel::scale: return reinterpret_cast<const void*>(&unary_kernel<Scale, T>);
+    case BuiltinKernel::add_scalar: return reinterpret_cast<const void*>(&unary_kernel<AddScalar, T>);
+    case BuiltinKernel::add: return reinterpret_cast<const void*>(&binary_kernel<Add, T>);
+    case BuiltinKernel::mul: return reinterpret_cast<const void*>(&binary_kernel<Mul, T>);
+    case BuiltinKernel::axpy: return reinterpret_cast<const void*>(&binary_kernel<Axpy, T>);
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+const void* builtin_transform_kernel(BuiltinKernel op, int dtype) {
+  switch (dtype) {
+    case 0: return kernel_for<float>(op);
+    case 1: return kernel_for<double>(op);
+    case 2: return kernel_for<std::int32_t>(op);
+    case 3: return kernel_for<std::int64_t>(op);
+    case 4: return kernel_for<std::uint32_t>(op);
+    case 5: return kernel_for<std::uint64_t>(op);
+  }
+  return nullptr;
+}
+
+}  // namespace csj::kernels

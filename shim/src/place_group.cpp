@@ -1,0 +1,232 @@
+#include "csj/place_group.hpp"
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <fstream>
+#include <numeric>
+#include <sstream>
+#include <stdexcept>
+
+#include "cuda_check.hpp"
+
+namespace csj {
+namespace {
+
+using detail::check;
+
+// Host NUMA node of a device from sysfs; 0 where the platform does not report one.
+int numa_node_of(int device) {
+  char bus_id[32] = {};
+  if (cudaDeviceGetPCIBusId(bus_id, sizeof(bus_id), device) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  std::string id(bus_id);
+  std::transform(id.begin(), id.end(), id.begin(), [](unsigned char c) { return std::tolower(c); });
+  // sysfs names carry a 4-digit domain ("0000:3b:00.0"); CUDA may print 8 digits.
+  if (id.size() > 12 && id.find(':') == 8) id = id.substr(4);
+  std::ifstream file("/sys/bus/pci/devices/" + id + "/numa_node");
+  int node = -1;
+  if (file >> node && node >= 0) return node;
+  return 0;
+}
+
+}  // namespace
+
+int visible_device_count() {
+  int count = 0;
+  check(cudaGetDeviceCount(&count), "cudaGetDeviceCount");
+  if (count == 0) {
+    throw std::runtime_error("no CUDA GPU is visible on this machine");
+  }
+  return count;
+}
+
+std::shared_ptr<PlaceGroup> PlaceGroup::by_devices(const std::optional<std::vector<int>>& devices) {
+  if (devices && devices->empty()) {
+    throw std::invalid_argument("devices: expected at least one device id, got an empty list");
+  }
+  const int count = visible_device_count();
+  std::vector<int> chosen;
+  if (devices) {
+    chosen = *devices;
+  } else {
+    chosen.resize(count);
+    std::iota(chosen.begin(), chosen.end(), 0);
+  }
+  for (int device : chosen) {
+    if (device < 0 || device >= count) {
+      throw std::invalid_argument("devices: unknown device id " + std::to_string(device) + " (" +
+                                  std::to_string(count) + " visible: 0.." +
+                                  std::to_string(count - 1) + ")");
+    }
+  }
+  std::vector<int> domains;
+  for (int device : chosen) domains.push_back(numa_node_of(device));
+  return std::shared_ptr<PlaceGroup>(new PlaceGroup(std::move(chosen), std::move(domains)));
+}
+
+std::shared_ptr<PlaceGroup> PlaceGroup::by_locality_domains() {
+  const int count = visible_device_count();
+  std::vector<std::pair<int, int>> order;  // (domain, device)
+  for (int device = 0; device < count; ++device) order.emplace_back(numa_node_of(device), device);
+  std::stable_sort(order.begin(), order.end());
+  std::vector<int> devices, domains;
+  for (auto [domain, device] : order) {
+    devices.push_back(device);
+    domains.push_back(domain);
+  }
+  return std::shared_ptr<PlaceGroup>(new PlaceGroup(std::move(devices), std::move(domains)));
+}
+
+PlaceGroup::PlaceGroup(std::vector<int> devices, std::vector<int> domains)
+    : devices_(std::move(devices)), domains_(std::move(domains)) {
+  for (int device : devices_) {
+    if (std::find(unique_devices_.begin(), unique_devices_.end(), device) == unique_devices_.end()) {
+      unique_devices_.push_back(device);
+    }
+  }
+  int max_device = *std::max_element(devices_.begin(), devices_.end());
+  peer_.assign(max_device + 1, std::vector<bool>(max_device + 1, false));
+
+  // Peer access (kernels reading a neighbour's memory) and stream-ordered pools that keep
+  // freed memory cached instead of returning it to the driver at every synchronisation.
+  for (int device : unique_devices_) {
+    detail::DeviceGuard guard(device);
+    peer_[device][device] = true;
+    cudaMemPool_t pool;
+    check(cudaDeviceGetDefaultMemPool(&pool, device), "cudaDeviceGetDefaultMemPool");
+    std::uint64_t threshold = UINT64_MAX;
+    check(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &threshold),
+          "cudaMemPoolSetAttribute");
+    for (int other : unique_devices_) {
+      if (other == device) continue;
+      int can = 0;
+      check(cudaDeviceCanAccessPeer(&can, device, other), "cudaDeviceCanAccessPeer");
+      if (!can) continue;
+      cudaError_t status = cudaDeviceEnablePeerAccess(other, 0);
+      if (status == cudaErrorPeerAccessAlreadyEnabled) {
+        cudaGetLastError();
+      } else {
+        check(status, "cudaDeviceEnablePeerAccess");
+      }
+      peer_[device][other] = true;
+    }
+  }
+  // Let each device read the stream-ordered pool of every peer it can reach.
+  for (int owner : unique_devices_) {
+    cudaMemPool_t pool;
+    check(cudaDeviceGetDefaultMemPool(&pool, owner), "cudaDeviceGetDefaultMemPool");
+    for (int reader : unique_devices_) {
+      if (reader == owner || !peer_[reader][owner]) continue;
+      cudaMemAccessDesc access{};
+      access.location.type = cudaMemLocationTypeDevice;
+      access.location.id = reader;
+      access.flags = cudaMemAccessFlagsProtReadWrite;
+      check(cudaMemPoolSetAccess(pool, &access, 1), "cudaMemPoolSetAccess");
+    }
+  }
+
+  streams_.reserve(devices_.size());
+  try {
+    for (int device : devices_) {
+      detail::DeviceGuard guard(device);
+      cudaStream_t stream;
+      check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
+      streams_.push_back(reinterpret_cast<std::uintptr_t>(stream));
+    }
+  } catch (...) {
+    for (std::size_t place = 0; place < streams_.size(); ++place) {
+      cudaStreamDestroy(reinterpret_cast<cudaStream_t>(streams_[place]));
+    }
+    throw;
+  }
+}
+
+PlaceGroup::~PlaceGroup() {
+  for (std::size_t place = 0; place < streams_.size(); ++place) {
+    int previous = 0;
+    cudaGetDevice(&previous);
+    cudaSetDevice(devices_[place]);
+    auto stream = reinterpret_cast<cudaStream_t>(streams_[place]);
+    cudaStreamSynchronize(stream);
+    cudaStreamDestroy(stream);
+    cudaSetDevice(previous);
+  }
+}
+
+int PlaceGroup::device(std::size_t place) const {
+  if (place >= devices_.size()) {
+    throw std::out_of_range("place " + std::to_string(place) + " out of range for a group of " +
+                            std::to_string(devices_.size()) + " places");
+  }
+  return devices_[place];
+}
+
+std::uintptr_t PlaceGroup::stream(std::size_t place) const {
+  device(place);  // range check
+  return streams_[place];
+}
+
+int PlaceGroup::locality_domain(std::size_t place) const {
+  device(place);
+  return domains_[place];
+}
+
+bool PlaceGroup::can_access_peer(int from, int to) const {
+  if (from == to) return true;
+  if (from < 0 || to < 0 || from >= static_cast<int>(peer_.size()) ||
+      to >= static_cast<int>(peer_.size())) {
+    return false;
+  }
+  return peer_[from][to];
+}
+
+std::pair<int, int> PlaceGroup::compute_capability(std::size_t place) const {
+  const int id = device(place);
+  int major = 0, minor = 0;
+  check(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, id), "cudaDeviceGetAttribute");
+  check(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, id), "cudaDeviceGetAttribute");
+  return {major, minor};
+}
+
+void PlaceGroup::wait_for_stream(std::size_t place, std::uintptr_t foreign_stream) const {
+  const int id = device(place);
+  if (foreign_stream == 0 || foreign_stream == streams_[place]) return;
+  detail::DeviceGuard guard(id);
+  // CAI streams: 1 is the legacy default stream, 2 the per-thread default stream.
+  cudaStream_t producer = foreign_stream == 1   ? cudaStreamLegacy
+                          : foreign_stream == 2 ? cudaStreamPerThread
+                                                : reinterpret_cast<cudaStream_t>(foreign_stream);
+  cudaEvent_t event;
+  check(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), "cudaEventCreateWithFlags");
+  cudaError_t status = cudaEventRecord(event, producer);
+  if (status == cudaSuccess) {
+    status = cudaStreamWaitEvent(reinterpret_cast<cudaStream_t>(streams_[place]), event, 0);
+  }
+  cudaEventDestroy(event);
+  check(status, "waiting for a foreign stream");
+}
+
+void PlaceGroup::sync() const {
+  for (std::size_t place = 0; place < streams_.size(); ++place) {
+    detail::DeviceGuard guard(devices_[place]);
+    check(cudaStreamSynchronize(reinterpret_cast<cudaStream_t>(streams_[place])),
+          "cudaStreamSynchronize");
+  }
+}
+
+std::string PlaceGroup::describe() const {
+  std::ostringstream out;
+  out << "PlaceGroup(" << devices_.size() << " place" << (devices_.size() == 1 ? "" : "s") << ": ";
+  for (std::size_t place = 0; place < devices_.size(); ++place) {
+    if (place) out << ", ";
+    out << place << "->cuda:" << devices_[place];
+  }
+  out << ")";
+  return out.str();
+}
+
+}  // namespace csj

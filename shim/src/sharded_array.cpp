@@ -1,0 +1,330 @@
+#include "csj/sharded_array.hpp"
+
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <numeric>
+#include <sstream>
+#include <stdexcept>
+
+#include "cuda_check.hpp"
+#include "driver_api.hpp"
+
+namespace csj {
+namespace {
+
+using detail::check;
+using detail::driver;
+
+void validate_sizes(const std::vector<std::int64_t>& sizes, std::size_t places) {
+  if (sizes.size() != places) {
+    throw std::invalid_argument("sizes: expected one size per place (" + std::to_string(places) +
+                                "), got " + std::to_string(sizes.size()));
+  }
+  for (std::size_t shard = 0; shard < sizes.size(); ++shard) {
+    if (sizes[shard] < 0) {
+      throw std::invalid_argument("sizes: shard " + std::to_string(shard) +
+                                  " has negative size " + std::to_string(sizes[shard]));
+    }
+  }
+}
+
+std::size_t round_up(std::size_t value, std::size_t granule) {
+  return (value + granule - 1) / granule * granule;
+}
+
+}  // namespace
+
+std::vector<std::int64_t> ShardedArray::even_sizes(std::int64_t n, std::size_t places) {
+  if (n < 0) throw std::invalid_argument("n: expected a non-negative size, got " + std::to_string(n));
+  if (places == 0) throw std::invalid_argument("group: has no places");
+  std::vector<std::int64_t> sizes(places, n / static_cast<std::int64_t>(places));
+  const auto extra = static_cast<std::size_t>(n % static_cast<std::int64_t>(places));
+  for (std::size_t shard = 0; shard < extra; ++shard) ++sizes[shard];
+  return sizes;
+}
+
+ShardedArray::ShardedArray(std::shared_ptr<PlaceGroup> group, std::vector<std::int64_t> sizes,
+                           DType dtype, Storage storage)
+    : group_(std::move(group)), dtype_(dtype), storage_(storage), shard_sizes_(std::move(sizes)) {
+  if (!group_) throw std::invalid_argument("group: expected a PlaceGroup, got None");
+  validate_sizes(shard_sizes_, group_->size());
+  shard_offsets_.resize(shard_sizes_.size());
+  std::exclusive_scan(shard_sizes_.begin(), shard_sizes_.end(), shard_offsets_.begin(),
+                      std::int64_t{0});
+  size_ = std::accumulate(shard_sizes_.begin(), shard_sizes_.end(), std::int64_t{0});
+  shard_pointers_.assign(shard_sizes_.size(), 0);
+}
+
+std::shared_ptr<ShardedArray> ShardedArray::allocate(std::shared_ptr<PlaceGroup> group,
+                                                     std::vector<std::int64_t> sizes,
+                                                     DType dtype) {
+  std::shared_ptr<ShardedArray> array(
+      new ShardedArray(std::move(group), std::move(sizes), dtype, Storage::separate));
+  const PlaceGroup& places = *array->group_;
+  const std::size_t element = itemsize(dtype);
+  for (std::size_t shard = 0; shard < array->num_shards(); ++shard) {
+    const std::int64_t count = array->shard_sizes_[shard];
+    if (count == 0) continue;
+    detail::DeviceGuard guard(places.device(shard));
+    void* pointer = nullptr;
+    // On failure the destructor of `array` frees the shards allocated so far.
+    check(cudaMallocAsync(&pointer, static_cast<std::size_t>(count) * element,
+                          reinterpret_cast<cudaStream_t>(places.stream(shard))),
+          "cudaMallocAsync");
+    array->shard_pointers_[shard] = reinterpret_cast<std::uintptr_t>(pointer);
+  }
+  return array;
+}
+
+std::shared_ptr<ShardedArray> ShardedArray::allocate_contiguous(std::shared_ptr<PlaceGroup> group,
+                                                                std::vector<std::int64_t> sizes,
+                                                                DType dtype) {
+  std::shared_ptr<ShardedArray> array(
+      new ShardedArray(std::move(group), std::move(sizes), dtype, Storage::contiguous));
+  const PlaceGroup& places = *array->group_;
+  const std::size_t element = itemsize(dtype);
+  const std::size_t total = static_cast<std::size_t>(array->size_) * element;
+  array->chunk_bytes_.assign(places.size(), 0);
+  if (total == 0) return array;
+
+  for (int reader : places.unique_devices()) {
+    for (int owner : places.unique_devices()) {
+      if (!places.can_access_peer(reader, owner)) {
+        throw std::invalid_argument(
+            "group: allocate_contiguous needs peer access between every pair of its devices; "
+            "device " + std::to_string(reader) + " cannot access device " + std::to_string(owner));
+      }
+    }
+  }
+
+  const detail::DriverApi& api = driver();
+  CUmemAllocationProp prop{};
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  std::size_t granule = 0;
+  for (int device : places.unique_devices()) {
+    prop.location.id = device;
+    std::size_t device_granule = 0;
+    check(api.cuMemGetAllocationGranularity(&device_granule, &prop,
+                                            CU_MEM_ALLOC_GRANULARITY_RECOMMENDED),
+          "cuMemGetAllocationGranularity");
+    granule = std::max(granule, device_granule);
+  }
+  const std::size_t reserved = round_up(total, granule);
+
+  // Physical chunk boundaries: each shard's start rounded to the nearest granule, so place i
+  // backs [boundary_i, boundary_{i+1}) on its own device.
+  std::vector<std::size_t> boundary(places.size() + 1, 0);
+  for (std::size_t place = 1; place < places.size(); ++place) {
+    const std::size_t start = static_cast<std::size_t>(array->shard_offsets_[place]) * element;
+    const std::size_t nearest = (start + granule / 2) / granule * granule;
+    boundary[place] = std::clamp(nearest, boundary[place - 1], reserved);
+  }
+  boundary[places.size()] = reserved;
+
+  CUdeviceptr base = 0;
+  check(api.cuMemAddressReserve(&base, reserved, granule, 0, 0), "cuMemAddressReserve");
+  array->va_base_ = static_cast<std::uintptr_t>(base);
+  array->va_bytes_ = reserved;
+  // From here on, a throw leaves cleanup to the destructor (release_storage).
+  for (std::size_t place = 0; place < places.size(); ++place) {
+    const std::size_t bytes = boundary[place + 1] - boundary[place];
+    if (bytes == 0) continue;
+    prop.location.id = places.device(place);
+    CUmemGenericAllocationHandle handle = 0;
+    check(api.cuMemCreate(&handle, bytes, &prop, 0), "cuMemCreate");
+    array->chunk_handles_.push_back(handle);
+    array->chunk_bytes_[place] = static_cast<std::int64_t>(bytes);
+    check(api.cuMemMap(base + boundary[place], bytes, 0, handle, 0), "cuMemMap");
+  }
+  std::vector<CUmemAccessDesc> access;
+  for (int device : places.unique_devices()) {
+    CUmemAccessDesc desc{};
+    desc.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    desc.location.id = device;
+    desc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    access.push_back(desc);
+  }
+  check(api.cuMemSetAccess(base, reserved, access.data(), access.size()), "cuMemSetAccess");
+  for (std::size_t shard = 0; shard < array->num_shards(); ++shard) {
+    if (array->shard_sizes_[shard] == 0) continue;
+    array->shard_pointers_[shard] =
+        array->va_base_ + static_cast<std::uintptr_t>(array->shard_offsets_[shard]) * element;
+  }
+  return array;
+}
+
+std::shared_ptr<ShardedArray> ShardedArray::adopt(std::shared_ptr<PlaceGroup> group,
+                                                  const std::vector<std::uintptr_t>& pointers,
+                                                  std::vector<std::int64_t> sizes, DType dtype) {
+  if (group && pointers.size() != group->size()) {
+    throw std::invalid_argument("buffers: expected one buffer per place (" +
+                                std::to_string(group->size()) + "), got " +
+                                std::to_string(pointers.size()));
+  }
+  std::shared_ptr<ShardedArray> array(
+      new ShardedArray(std::move(group), std::move(sizes), dtype, Storage::adopted));
+  const std::size_t element = itemsize(dtype);
+  for (std::size_t shard = 0; shard < pointers.size(); ++shard) {
+    if (array->shard_sizes_[shard] == 0) continue;
+    const std::uintptr_t pointer = pointers[shard];
+    if (pointer == 0) {
+      throw std::invalid_argument("buffers[" + std::to_string(shard) + "]: null data pointer");
+    }
+    if (pointer % element != 0) {
+      throw std::invalid_argument("buffers[" + std::to_string(shard) +
+                                  "]: data pointer is not aligned to the element size");
+    }
+    cudaPointerAttributes attributes{};
+    cudaError_t status = cudaPointerGetAttributes(&attributes, reinterpret_cast<void*>(pointer));
+    if (status != cudaSuccess) {
+      cudaGetLastError();
+      throw std::invalid_argument("buffers[" + std::to_string(shard) +
+                                  "]: not a CUDA device pointer");
+    }
+    const int expected = array->group_->device(shard);
+    if (attributes.type != cudaMemoryTypeDevice && attributes.type != cudaMemoryTypeManaged) {
+      throw std::invalid_argument("buffers[" + std::to_string(shard) +
+                                  "]: host memory, expected memory of device " +
+                                  std::to_string(expected));
+    }
+    if (attributes.type == cudaMemoryTypeDevice && attributes.device != expected) {
+      throw std::invalid_argument("buffers[" + std::to_string(shard) + "]: lives on device " +
+                                  std::to_string(attributes.device) + ", expected device " +
+                                  std::to_string(expected) + " (place " + std::to_string(shard) +
+                                  ")");
+    }
+    array->shard_pointers_[shard] = pointer;
+  }
+  return array;
+}
+
+ShardedArray::~ShardedArray() { release_storage(); }
+
+void ShardedArray::release_storage() noexcept {
+  if (storage_ == Storage::separate) {
+    for (std::size_t shard = 0; shard < shard_pointers_.size(); ++shard) {
+      if (!shard_pointers_[shard]) continue;
+      int previous = 0;
+      cudaGetDevice(&previous);
+      cudaSetDevice(group_->devices()[shard]);
+      cudaFreeAsync(reinterpret_cast<void*>(shard_pointers_[shard]),
+                    reinterpret_cast<cudaStream_t>(group_->stream(shard)));
+      cudaSetDevice(previous);
+    }
+  } else if (storage_ == Storage::contiguous && va_base_) {
+    // Unmapping must wait for work still reading the range.
+    for (std::size_t place = 0; place < group_->size(); ++place) {
+      int previous = 0;
+      cudaGetDevice(&previous);
+      cudaSetDevice(group_->devices()[place]);
+      cudaStreamSynchronize(reinterpret_cast<cudaStream_t>(group_->stream(place)));
+      cudaSetDevice(previous);
+    }
+    const detail::DriverApi& api = driver();
+    api.cuMemUnmap(static_cast<CUdeviceptr>(va_base_), va_bytes_);
+    for (auto handle : chunk_handles_) api.cuMemRelease(handle);
+    api.cuMemAddressFree(static_cast<CUdeviceptr>(va_base_), va_bytes_);
+    chunk_handles_.clear();
+    va_base_ = 0;
+  }
+  std::fill(shard_pointers_.begin(), shard_pointers_.end(), 0);
+  cudaGetLastError();
+}
+
+std::int64_t ShardedArray::shard_size(std::size_t shard) const {
+  if (shard >= num_shards()) {
+    throw std::out_of_range("shard " + std::to_string(shard) + " out of range for " +
+                            std::to_string(num_shards()) + " shards");
+  }
+  return shard_sizes_[shard];
+}
+
+std::int64_t ShardedArray::shard_offset(std::size_t shard) const {
+  shard_size(shard);
+  return shard_offsets_[shard];
+}
+
+std::uintptr_t ShardedArray::shard_pointer(std::size_t shard) const {
+  shard_size(shard);
+  check_alive("shard");
+  return shard_pointers_[shard];
+}
+
+std::uintptr_t ShardedArray::base_pointer() const {
+  check_alive("base_pointer");
+  return va_base_;
+}
+
+void ShardedArray::copy_from_host(std::uintptr_t host, std::size_t nbytes) {
+  check_alive("copy_from_host");
+  const std::size_t element = itemsize(dtype_);
+  if (nbytes != static_cast<std::size_t>(size_) * element) {
+    throw std::invalid_argument("host: expected " + std::to_string(size_ * element) +
+                                " bytes, got " + std::to_string(nbytes));
+  }
+  for (std::size_t shard = 0; shard < num_shards(); ++shard) {
+    if (shard_sizes_[shard] == 0) continue;
+    detail::DeviceGuard guard(group_->device(shard));
+    check(cudaMemcpyAsync(reinterpret_cast<void*>(shard_pointers_[shard]),
+                          reinterpret_cast<const void*>(host + shard_offsets_[shard] * element),
+                          shard_sizes_[shard] * element, cudaMemcpyHostToDevice,
+                          reinterpret_cast<cudaStream_t>(group_->stream(shard))),
+          "cudaMemcpyAsync (host to device)");
+  }
+  group_->sync();
+}
+
+void ShardedArray::copy_to_host(std::uintptr_t host, std::size_t nbytes) const {
+  check_alive("copy_to_host");
+  const std::size_t element = itemsize(dtype_);
+  if (nbytes != static_cast<std::size_t>(size_) * element) {
+    throw std::invalid_argument("host: expected " + std::to_string(size_ * element) +
+                                " bytes, got " + std::to_string(nbytes));
+  }
+  for (std::size_t shard = 0; shard < num_shards(); ++shard) {
+    if (shard_sizes_[shard] == 0) continue;
+    detail::DeviceGuard guard(group_->device(shard));
+    check(cudaMemcpyAsync(reinterpret_cast<void*>(host + shard_offsets_[shard] * element),
+                          reinterpret_cast<const void*>(shard_pointers_[shard]),
+                          shard_sizes_[shard] * element, cudaMemcpyDeviceToHost,
+                          reinterpret_cast<cudaStream_t>(group_->stream(shard))),
+          "cudaMemcpyAsync (device to host)");
+  }
+  group_->sync();
+}
+
+void ShardedArray::free() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (freed_) return;
+  release_storage();
+  freed_ = true;
+}
+
+bool ShardedArray::is_freed() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return freed_;
+}
+
+void ShardedArray::check_alive(const char* what) const {
+  if (is_freed()) {
+    throw std::invalid_argument(std::string(what) + ": the array was freed with free()");
+  }
+}
+
+std::string ShardedArray::describe() const {
+  std::ostringstream out;
+  out << "ShardedArray(size=" << size_ << ", dtype=" << dtype_name(dtype_) << ", "
+      << (storage_ == Storage::separate ? "separate" : storage_ == Storage::contiguous ? "contiguous" : "adopted")
+      << ", shards=[";
+  for (std::size_t shard = 0; shard < num_shards(); ++shard) {
+    if (shard) out << ", ";
+    out << shard_sizes_[shard] << "@cuda:" << group_->devices()[shard];
+  }
+  out << "]" << (freed_ ? ", freed" : "") << ")";
+  return out.str();
+}
+
+}  // namespace csj
