@@ -35,6 +35,27 @@ def kernel_module_digest(name: str) -> str:
     return hashlib.sha256(kernel_module(name)).hexdigest()[:16]
 
 
+@functools.lru_cache(maxsize=None)
+def lto_archs() -> tuple[int, ...]:
+    """Architectures (as 90, 100, ...) the shipped kernel LTO-IR was built for."""
+    try:
+        info = json.loads((_KERNEL_DIR / "build_info.json").read_text())
+    except (OSError, ValueError):
+        raise RuntimeError(f"{_KERNEL_DIR}/build_info.json is missing: the installation is incomplete") from None
+    return tuple(sorted(info["lto_archs"]))
+
+
+def check_arch(arch: str) -> None:
+    """LTO-IR links for its own or a newer architecture, never an older one."""
+    target = int(arch[3:])
+    if not any(built <= target for built in lto_archs()):
+        built = ", ".join(f"sm_{a}" for a in lto_archs())
+        raise ValueError(
+            f"arch: {arch} is older than every architecture this build carries ({built}); "
+            f"rebuild with CMAKE_ARGS=-DCMAKE_CUDA_ARCHITECTURES=<list including {arch[3:]}>"
+        )
+
+
 def _package_version(name: str) -> str | None:
     try:
         return importlib.metadata.version(name)
@@ -105,6 +126,7 @@ def link(module: str, operator_ltoir: bytes, arch: str) -> bytes:
     """Link a kernel module with an operator into a SASS cubin for `arch` ("sm_90")."""
     from cuda.bindings import nvjitlink
 
+    check_arch(arch)
     check_version_skew()
     kernel = kernel_module(module)
     handle = nvjitlink.create(3, [f"-arch={arch}", "-lto", "-O3"])

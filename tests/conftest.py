@@ -1,0 +1,76 @@
+"""Shared fixtures. GPU tests carry the `gpu` marker and skip where no GPU is visible."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+
+import numpy as np
+import pytest
+
+# Keep the suite's compiled kernels out of the user's cache.
+os.environ.setdefault("CUDA_SHARDED_JIT_CACHE_DIR", tempfile.mkdtemp(prefix="csj-test-cache-"))
+
+import cuda_sharded_jit as sharded  # noqa: E402
+from cuda_sharded_jit import _shim  # noqa: E402
+
+ALL_DTYPES = [np.float32, np.float64, np.int32, np.int64, np.uint32, np.uint64]
+
+
+def _device_count() -> int:
+    try:
+        return _shim.visible_device_count()
+    except RuntimeError:
+        return 0
+
+
+DEVICE_COUNT = _device_count()
+
+
+def pytest_collection_modifyitems(config, items):
+    if DEVICE_COUNT:
+        return
+    skip = pytest.mark.skip(reason="no CUDA GPU is visible")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+def sample(dtype, n, seed=0):
+    """Random values of `dtype` that stay exact through small arithmetic."""
+    rng = np.random.default_rng(seed)
+    dtype = np.dtype(dtype)
+    if dtype.kind == "f":
+        return rng.standard_normal(n).astype(dtype)
+    if dtype.kind == "u":
+        return rng.integers(0, 1000, n).astype(dtype)
+    return rng.integers(-1000, 1000, n).astype(dtype)
+
+
+@pytest.fixture(scope="session")
+def one_place():
+    return sharded.PlaceGroup.by_devices([0])
+
+
+@pytest.fixture(scope="session")
+def three_places():
+    """Three places on device 0: every cross-place path on one GPU."""
+    return sharded.PlaceGroup.by_devices([0, 0, 0])
+
+
+@pytest.fixture(scope="session")
+def all_devices():
+    return sharded.PlaceGroup.by_devices()
+
+
+@pytest.fixture(scope="session", params=["one", "three", "all"])
+def group(request, one_place, three_places, all_devices):
+    return {"one": one_place, "three": three_places, "all": all_devices}[request.param]
+
+
+def needs_devices(count: int):
+    return pytest.mark.skipif(DEVICE_COUNT < count, reason=f"needs {count} GPUs")
+
+
+def cupy_or_skip():
+    return pytest.importorskip("cupy")

@@ -1,0 +1,267 @@
+"""CPU tests of the JIT path: numba -> LTO-IR -> nvJitLink -> sm_90 SASS, and its caches.
+None of these needs a GPU."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import cuda_sharded_jit as sharded
+from cuda_sharded_jit import _cache, _link, compiler
+
+ARCH = "sm_90"
+
+
+@pytest.fixture
+def fresh_cache(tmp_path, monkeypatch):
+    """An empty disk cache directory and an empty memory cache for one test."""
+    monkeypatch.setenv(_cache.ENV_CACHE_DIR, str(tmp_path / "cache"))
+    monkeypatch.delenv(_cache.ENV_DISABLE, raising=False)
+    sharded.clear_cache(memory=True, disk=False)
+    yield tmp_path / "cache"
+    sharded.clear_cache(memory=True, disk=False)
+
+
+def test_operator_is_inlined_in_sass(fresh_cache):
+    @sharded.op
+    def saxpy(x, y, alpha):
+        return alpha * x + y
+
+    kernel = sharded.compile(saxpy, "transform", (np.float32, np.float32, np.float32),
+                             arch=ARCH, scalars=(2,))
+    assert kernel.cubin[:4] == b"\x7fELF"
+    assert kernel.ltoir and kernel.out_dtype == np.float32 and not kernel.cache_hit
+    sass = kernel.sass()
+    assert "csj_transform" in sass
+    assert "CALL" not in sass
+    assert "FFMA" in sass
+    assert "LDG.E.128" in sass  # vectorised loads survive linking
+
+
+@pytest.mark.parametrize("arity", [1, 2, 3, 4])
+def test_every_arity_links(fresh_cache, arity):
+    op = [None, lambda a: a, lambda a, b: a - b, lambda a, b, c: a * b + c,
+          lambda a, b, c, d: a + b + c + d][arity]
+    dtypes = [np.float32, np.int64, np.uint32, np.float64][:arity]
+    kernel = sharded.compile(op, "transform", dtypes, arch=ARCH)
+    expected = np.result_type(*dtypes) if arity > 1 else np.dtype(dtypes[0])
+    assert kernel.out_dtype == expected
+    assert "CALL" not in kernel.sass()
+
+
+def test_inferred_and_requested_result_types(fresh_cache):
+    assert sharded.compile(lambda x: x + 1.0, "transform", (np.int32,), arch=ARCH).out_dtype == np.float64
+    assert sharded.compile(lambda x: x * 2, "transform", (np.uint32,), arch=ARCH).out_dtype == np.int64
+    requested = sharded.compile(lambda x: x + 1.0, "transform", (np.int32,), arch=ARCH,
+                                out_dtype=np.int32)
+    assert requested.out_dtype == np.int32 and requested.module == "transform_o4_i4"
+    with pytest.raises(TypeError, match="returns bool"):
+        sharded.compile(lambda x: x > 0, "transform", (np.float32,), arch=ARCH)
+
+
+def test_untypable_operator_is_a_type_error_with_numba_message(fresh_cache):
+    def broken(x):
+        return x.no_such_attribute
+
+    with pytest.raises(TypeError) as info:
+        sharded.compile(broken, "transform", (np.float32,), arch=ARCH)
+    message = str(info.value)
+    assert "broken" in message and "(float32)" in message and "no_such_attribute" in message
+
+
+def test_wrong_arity_fails_before_compiling(fresh_cache):
+    with pytest.raises(TypeError, match="takes 2 arguments"):
+        sharded.compile(lambda x, y: x, "transform", (np.float32,), arch=ARCH)
+    assert len(compiler._kernels) == 0
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="algorithm"):
+        sharded.compile(lambda x: x, "no-such-algorithm", (np.float32,), arch=ARCH)
+    with pytest.raises(ValueError, match="arch"):
+        sharded.compile(lambda x: x, "transform", (np.float32,), arch="hopper")
+    with pytest.raises(TypeError, match=r"dtypes\[0\]"):
+        sharded.compile(lambda x: x, "transform", (np.float16,), arch=ARCH)
+
+
+def _key(op, dtypes=(np.float32,)):
+    return sharded.compile(op, "transform", dtypes, arch=ARCH).cache_key
+
+
+def test_key_tells_int_and_float_constants_apart(fresh_cache):
+    assert _key(lambda x: x + 1) != _key(lambda x: x + 1.0)
+    assert _key(lambda x: x + 1) != _key(lambda x: x + True)
+    assert _key(lambda x: x + 1) == _key(lambda x: x + 1)
+
+
+def test_key_follows_closure_values(fresh_cache):
+    def make(k):
+        return lambda x: x * k
+
+    assert _key(make(2.0)) != _key(make(3.0))
+    assert _key(make(2.0)) == _key(make(2.0))
+
+
+SCALE = 2.0
+
+
+def _uses_global(x):
+    return x * SCALE
+
+
+def test_key_follows_globals(fresh_cache):
+    global SCALE
+    before = _key(_uses_global)
+    SCALE = 5.0
+    try:
+        after = _key(_uses_global)
+    finally:
+        SCALE = 2.0
+    assert before != after
+    assert _key(_uses_global) == before
+
+
+def test_key_follows_dtypes_and_arch(fresh_cache):
+    assert _key(lambda x: x, (np.float32,)) != _key(lambda x: x, (np.float64,))
+    a = sharded.compile(lambda x: x, "transform", (np.float32,), arch="sm_90")
+    b = sharded.compile(lambda x: x, "transform", (np.float32,), arch="sm_120")
+    assert a.cache_key != b.cache_key and a.cubin != b.cubin
+
+
+def test_too_old_arch_names_the_built_ones(fresh_cache):
+    with pytest.raises(ValueError, match="sm_75 is older than every architecture"):
+        sharded.compile(lambda x: x, "transform", (np.float32,), arch="sm_75")
+
+
+_CHILD = textwrap.dedent("""
+    import numpy as np, cuda_sharded_jit as sharded
+    k = sharded.compile(lambda x, y: x * y + 1.0, "transform", (np.float32, np.float32), arch="sm_90")
+    print(k.cache_key, k.cache_hit)
+""")
+
+
+def _child(cache: Path) -> tuple[str, bool]:
+    env = dict(os.environ, CUDA_SHARDED_JIT_CACHE_DIR=str(cache))
+    result = subprocess.run([sys.executable, "-c", _CHILD], capture_output=True, text=True,
+                            env=env, check=True, cwd=cache.parent)
+    key, hit = result.stdout.split()
+    return key, hit == "True"
+
+
+def test_disk_cache_is_shared_across_processes(fresh_cache):
+    key1, hit1 = _child(fresh_cache)
+    key2, hit2 = _child(fresh_cache)
+    assert key1 == key2
+    assert (hit1, hit2) == (False, True)
+    assert len(list(fresh_cache.glob("*.kernel"))) == 1
+
+
+def test_two_processes_racing_leave_one_valid_entry(fresh_cache):
+    env = dict(os.environ, CUDA_SHARDED_JIT_CACHE_DIR=str(fresh_cache))
+    children = [subprocess.Popen([sys.executable, "-c", _CHILD], env=env, stdout=subprocess.PIPE,
+                                 text=True, cwd=fresh_cache.parent) for _ in range(2)]
+    keys = {child.communicate()[0].split()[0] for child in children}
+    assert all(child.returncode == 0 for child in children)
+    assert len(keys) == 1
+    entries = list(fresh_cache.glob("*.kernel"))
+    assert len(entries) == 1 and not list(fresh_cache.glob(".*.tmp"))
+    assert _cache.read_entry(entries[0].name[: -len(".kernel")]) is not None
+
+
+@pytest.mark.parametrize("damage", ["truncate", "garbage", "flip"])
+def test_corrupt_entry_is_recompiled_and_replaced(fresh_cache, damage):
+    op = sharded.op(lambda x: x - 3.0)
+    first = sharded.compile(op, "transform", (np.float64,), arch=ARCH)
+    path = fresh_cache / f"{first.cache_key}.kernel"
+    data = path.read_bytes()
+    if damage == "truncate":
+        path.write_bytes(data[: len(data) // 2])
+    elif damage == "garbage":
+        path.write_bytes(b"not a kernel at all")
+    else:
+        path.write_bytes(data[:-10] + bytes(b ^ 0xFF for b in data[-10:]))
+    sharded.clear_cache(memory=True, disk=False)
+    with pytest.warns(sharded.CacheWarning, match="corrupt"):
+        again = sharded.compile(op, "transform", (np.float64,), arch=ARCH)
+    assert not again.cache_hit and again.cubin == first.cubin
+    sharded.clear_cache(memory=True, disk=False)
+    assert sharded.compile(op, "transform", (np.float64,), arch=ARCH).cache_hit
+
+
+def test_unwritable_cache_directory_only_warns(tmp_path, monkeypatch):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    monkeypatch.setenv(_cache.ENV_CACHE_DIR, str(blocker / "cache"))
+    sharded.clear_cache(memory=True, disk=False)
+    with pytest.warns(sharded.CacheWarning, match="not writable"):
+        kernel = sharded.compile(lambda x: x + 7, "transform", (np.int32,), arch=ARCH)
+    assert kernel.cubin
+
+
+def test_disk_cache_can_be_disabled(tmp_path, monkeypatch):
+    monkeypatch.setenv(_cache.ENV_CACHE_DIR, str(tmp_path / "cache"))
+    monkeypatch.setenv(_cache.ENV_DISABLE, "1")
+    sharded.clear_cache(memory=True, disk=False)
+    assert sharded.cache_dir() is None
+    sharded.compile(lambda x: x + 8, "transform", (np.int32,), arch=ARCH)
+    assert not (tmp_path / "cache").exists()
+
+
+def test_clear_cache_and_cache_info(fresh_cache):
+    sharded.compile(lambda x: x + 9, "transform", (np.int32,), arch=ARCH)
+    info = sharded.cache_info()
+    assert info["directory"] == str(fresh_cache)
+    assert info["disk_entries"] == 1 and info["memory_entries"] == 1 and info["disk_bytes"] > 0
+    assert sharded.clear_cache() == 1
+    assert sharded.cache_info()["disk_entries"] == 0 and sharded.cache_info()["memory_entries"] == 0
+
+
+def test_memory_hit_is_fast_and_reported(fresh_cache):
+    op = sharded.op(lambda x: x * 4)
+    assert not sharded.compile(op, "transform", (np.int64,), arch=ARCH).cache_hit
+    assert sharded.compile(op, "transform", (np.int64,), arch=ARCH).cache_hit
+
+
+def test_concurrent_first_calls_compile_once(fresh_cache, monkeypatch):
+    builds = []
+    original = compiler._build
+
+    def counting_build(*args, **kwargs):
+        builds.append(1)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(compiler, "_build", counting_build)
+    op = sharded.op(lambda x, y: x * y - x)
+    results, barrier = [], threading.Barrier(8)
+
+    def worker():
+        barrier.wait()
+        results.append(sharded.compile(op, "transform", (np.float32, np.float32), arch=ARCH).cubin)
+
+    threads = [threading.Thread(target=worker) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(builds) == 1
+    assert len(results) == 8 and len(set(results)) == 1
+
+
+def test_version_skew_is_detected_before_linking(fresh_cache, monkeypatch):
+    monkeypatch.setattr(_link, "nvvm_release", lambda: (99, 1))
+    with pytest.raises(sharded.VersionSkewError, match=r"nvJitLink \d+\.\d+ is older than NVVM 99\.1.*nvidia-nvjitlink"):
+        sharded.compile(lambda x: x + 10, "transform", (np.int32,), arch=ARCH)
+
+
+def test_debug_dump(fresh_cache, tmp_path, monkeypatch):
+    monkeypatch.setenv(compiler.ENV_DUMP, str(tmp_path / "dump"))
+    sharded.compile(lambda x: x + 11, "transform", (np.int32,), arch=ARCH)
+    suffixes = sorted(path.suffix for path in (tmp_path / "dump").iterdir())
+    assert suffixes == [".cubin", ".ltoir"]

@@ -1,0 +1,81 @@
+"""CPU tests: the package imports anywhere, without numba and without a GPU."""
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import cuda_sharded_jit as sharded
+from cuda_sharded_jit import _shim
+
+from conftest import DEVICE_COUNT
+
+
+def test_import_does_not_import_numba(tmp_path):
+    code = "import sys, cuda_sharded_jit; print('numba' in sys.modules, 'numba_cuda' in sys.modules)"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            check=True, cwd=tmp_path)
+    assert result.stdout.split() == ["False", "False"]
+
+
+def test_public_names():
+    for name in ["PlaceGroup", "ShardedArray", "op", "compile", "transform", "ops",
+                 "cache_dir", "clear_cache"]:
+        assert hasattr(sharded, name), name
+
+
+@pytest.mark.skipif(DEVICE_COUNT > 0, reason="a GPU is visible")
+def test_no_gpu_is_a_clear_runtime_error():
+    with pytest.raises(RuntimeError, match="no usable NVIDIA driver and GPU|no CUDA GPU"):
+        sharded.PlaceGroup.by_devices()
+    with pytest.raises(RuntimeError, match="GPU"):
+        sharded.PlaceGroup.by_locality_domains()
+
+
+def test_even_split_puts_extra_elements_first():
+    assert _shim.ShardedArray.even_sizes(10, 3) == [4, 3, 3]
+    assert _shim.ShardedArray.even_sizes(2, 4) == [1, 1, 0, 0]
+    assert _shim.ShardedArray.even_sizes(0, 2) == [0, 0]
+    with pytest.raises(ValueError, match="n: expected a non-negative"):
+        _shim.ShardedArray.even_sizes(-1, 2)
+
+
+def test_device_list_validation_needs_no_gpu():
+    with pytest.raises(TypeError, match="devices"):
+        sharded.PlaceGroup.by_devices("0")
+    with pytest.raises(TypeError, match=r"devices\[1\]"):
+        sharded.PlaceGroup.by_devices([0, 1.5])
+
+
+def test_dtype_validation():
+    from cuda_sharded_jit._dtypes import as_dtype
+
+    assert as_dtype("float32") == np.float32
+    with pytest.raises(TypeError, match="dtype: unsupported dtype float16"):
+        as_dtype(np.float16)
+    with pytest.raises(TypeError, match="dtype: .* is not a dtype"):
+        as_dtype(object())
+
+
+def test_operators_validate_before_compiling():
+    with pytest.raises(TypeError, match="expected a Python function"):
+        sharded.op(42)
+    with pytest.raises(TypeError, match="plain positional"):
+        sharded.op(lambda *xs: xs[0])
+    square = sharded.op(lambda x: x * x)
+    assert square(3) == 9
+    with pytest.raises(TypeError, match="takes 1 argument, but transform passes 2"):
+        square.check_arity(2, "transform")
+
+
+def test_array_constructors_reject_non_groups():
+    with pytest.raises(TypeError, match="group: expected a PlaceGroup"):
+        sharded.ShardedArray.allocate(None, 10, np.float32)
+    with pytest.raises(TypeError, match="use ShardedArray.allocate"):
+        sharded.ShardedArray(None, None)
+
+
+def test_descriptor_repr():
+    assert repr(sharded.ops.axpy(2.0)) == "sharded.ops.axpy(2.0)"
+    assert sharded.ops.add.arity == 2 and sharded.ops.negate.arity == 1
