@@ -79,6 +79,11 @@ class PlaceGroup:
         """Wait until all work queued on every place's stream has finished."""
         self._impl.sync()
 
+    def release_cached_memory(self) -> None:
+        """Wait for every place, then hand the device memory that freed arrays left cached in
+        the stream-ordered pools (kept for fast reuse) back to the driver."""
+        self._impl.release_cached_memory()
+
     @property
     def archs(self) -> tuple[str, ...]:
         """The SASS architecture of each place's device, e.g. ("sm_90", "sm_90")."""

@@ -174,38 +174,46 @@ def _free_bytes(device=0):
 @pytest.mark.parametrize("contiguous", [False, True])
 def test_allocation_failure_is_memory_error_and_leaks_nothing(contiguous):
     group = sharded.PlaceGroup.by_devices([0, 0])
-    group.sync()
+    group.release_cached_memory()
     before = _free_bytes()
     make = sharded.ShardedArray.allocate_contiguous if contiguous else sharded.ShardedArray.allocate
     # the second shard cannot fit after the first: a failure half way
     with pytest.raises(MemoryError):
         make(group, [1 << 20, 200 << 27], np.float64)  # 200 GiB on one 141 GiB GPU
-    group.sync()
+    group.release_cached_memory()
     assert abs(_free_bytes() - before) < (64 << 20)
 
 
 def test_free_releases_memory_and_blocks_reuse(one_place):
+    one_place.release_cached_memory()
+    before = _free_bytes()
     array = sharded.ShardedArray.allocate(one_place, 1 << 28, np.float32)  # 1 GiB
     one_place.sync()
-    before = _free_bytes()
+    assert _free_bytes() <= before - (1 << 30) + (64 << 20)
     array.free()
     array.free()  # idempotent
-    one_place.sync()
-    # the stream-ordered pool keeps the memory cached for reuse, so allocating it again
-    # must not need more device memory
-    again = sharded.ShardedArray.allocate(one_place, 1 << 28, np.float32)
-    one_place.sync()
+    one_place.release_cached_memory()
     assert _free_bytes() >= before - (64 << 20)
     assert array.is_freed
     with pytest.raises(ValueError, match="freed"):
         array.to_numpy()
     with pytest.raises(ValueError, match="freed"):
         array.shard(0)
-    again.free()
+
+
+def test_collected_arrays_release_memory(one_place):
+    one_place.release_cached_memory()
+    before = _free_bytes()
+    for _ in range(3):
+        array = sharded.ShardedArray.allocate(one_place, 1 << 28, np.float32)
+        del array
+    gc.collect()
+    one_place.release_cached_memory()
+    assert _free_bytes() >= before - (64 << 20)
 
 
 def test_contiguous_free_returns_memory(one_place):
-    one_place.sync()
+    one_place.release_cached_memory()
     before = _free_bytes()
     array = sharded.ShardedArray.allocate_contiguous(one_place, 1 << 28, np.float32)
     assert _free_bytes() <= before - (1 << 30) + (64 << 20)

@@ -52,6 +52,8 @@ NB_MODULE(_shim, m) {
       .def("wait_for_stream", &csj::PlaceGroup::wait_for_stream, "place"_a, "stream"_a,
            nb::call_guard<nb::gil_scoped_release>())
       .def("sync", &csj::PlaceGroup::sync, nb::call_guard<nb::gil_scoped_release>())
+      .def("release_cached_memory", &csj::PlaceGroup::release_cached_memory,
+           nb::call_guard<nb::gil_scoped_release>())
       .def("describe", &csj::PlaceGroup::describe);
 
   nb::class_<csj::ShardedArray>(m, "ShardedArray")

@@ -4,9 +4,8 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <fstream>
+#include <cstdio>
 #include <numeric>
-#include <sstream>
 #include <stdexcept>
 
 #include "cuda_check.hpp"
@@ -27,10 +26,15 @@ int numa_node_of(int device) {
   std::transform(id.begin(), id.end(), id.begin(), [](unsigned char c) { return std::tolower(c); });
   // sysfs names carry a 4-digit domain ("0000:3b:00.0"); CUDA may print 8 digits.
   if (id.size() > 12 && id.find(':') == 8) id = id.substr(4);
-  std::ifstream file("/sys/bus/pci/devices/" + id + "/numa_node");
+  // stdio, not iostreams: the extension may share a process with other C++ runtimes whose
+  // locale facets iostreams would touch.
+  const std::string path = "/sys/bus/pci/devices/" + id + "/numa_node";
+  std::FILE* file = std::fopen(path.c_str(), "r");
+  if (!file) return 0;
   int node = -1;
-  if (file >> node && node >= 0) return node;
-  return 0;
+  const int read = std::fscanf(file, "%d", &node);
+  std::fclose(file);
+  return read == 1 && node >= 0 ? node : 0;
 }
 
 }  // namespace
@@ -218,15 +222,23 @@ void PlaceGroup::sync() const {
   }
 }
 
-std::string PlaceGroup::describe() const {
-  std::ostringstream out;
-  out << "PlaceGroup(" << devices_.size() << " place" << (devices_.size() == 1 ? "" : "s") << ": ";
-  for (std::size_t place = 0; place < devices_.size(); ++place) {
-    if (place) out << ", ";
-    out << place << "->cuda:" << devices_[place];
+void PlaceGroup::release_cached_memory() const {
+  sync();
+  for (int device : unique_devices_) {
+    cudaMemPool_t pool;
+    check(cudaDeviceGetDefaultMemPool(&pool, device), "cudaDeviceGetDefaultMemPool");
+    check(cudaMemPoolTrimTo(pool, 0), "cudaMemPoolTrimTo");
   }
-  out << ")";
-  return out.str();
+}
+
+std::string PlaceGroup::describe() const {
+  std::string out = "PlaceGroup(" + std::to_string(devices_.size()) + " place" +
+                    (devices_.size() == 1 ? "" : "s") + ": ";
+  for (std::size_t place = 0; place < devices_.size(); ++place) {
+    if (place) out += ", ";
+    out += std::to_string(place) + "->cuda:" + std::to_string(devices_[place]);
+  }
+  return out + ")";
 }
 
 }  // namespace csj

@@ -5,7 +5,6 @@
 
 #include <algorithm>
 #include <numeric>
-#include <sstream>
 #include <stdexcept>
 
 #include "cuda_check.hpp"
@@ -315,16 +314,16 @@ void ShardedArray::check_alive(const char* what) const {
 }
 
 std::string ShardedArray::describe() const {
-  std::ostringstream out;
-  out << "ShardedArray(size=" << size_ << ", dtype=" << dtype_name(dtype_) << ", "
-      << (storage_ == Storage::separate ? "separate" : storage_ == Storage::contiguous ? "contiguous" : "adopted")
-      << ", shards=[";
+  const char* storage = storage_ == Storage::separate     ? "separate"
+                        : storage_ == Storage::contiguous ? "contiguous"
+                                                          : "adopted";
+  std::string out = "ShardedArray(size=" + std::to_string(size_) + ", dtype=" +
+                    dtype_name(dtype_) + ", " + storage + ", shards=[";
   for (std::size_t shard = 0; shard < num_shards(); ++shard) {
-    if (shard) out << ", ";
-    out << shard_sizes_[shard] << "@cuda:" << group_->devices()[shard];
+    if (shard) out += ", ";
+    out += std::to_string(shard_sizes_[shard]) + "@cuda:" + std::to_string(group_->devices()[shard]);
   }
-  out << "]" << (freed_ ? ", freed" : "") << ")";
-  return out.str();
+  return out + "]" + (is_freed() ? ", freed" : "") + ")";
 }
 
 }  // namespace csj

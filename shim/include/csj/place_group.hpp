@@ -41,6 +41,9 @@ class PlaceGroup {
   void wait_for_stream(std::size_t place, std::uintptr_t foreign_stream) const;
   // Blocks until every place's stream has drained (call with the GIL released).
   void sync() const;
+  // Waits for the places' streams, then returns the memory that the stream-ordered pools of
+  // the group's devices keep cached for reuse to the driver.
+  void release_cached_memory() const;
   std::string describe() const;
 
  private:
