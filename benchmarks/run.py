@@ -1,6 +1,6 @@
 """One command for the benchmark suite (needs a GPU, CuPy; cuda.compute when importable):
 
-    python benchmarks/run.py [--only transform,compile] [--log2n 28] [--reps 20]
+    python benchmarks/run.py [--only transform,reduce,compile] [--log2n 28] [--reps 20]
 
 Prints a markdown table and writes it, with every raw figure and the environment, to
 benchmarks/results/ (results.md, results.json).
@@ -18,7 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-SUITES = ("transform", "compile")
+SUITES = ("transform", "reduce", "compile")
 
 
 def environment(cp) -> dict:
@@ -82,6 +82,10 @@ def main(argv=None) -> int:
             import bench_transform
 
             measures += bench_transform.run(cp, args.log2n, args.reps, devices)
+        elif suite == "reduce":
+            import bench_reduce
+
+            measures += bench_reduce.run(cp, args.log2n, args.reps, devices)
         elif suite == "compile":
             import bench_compile
 

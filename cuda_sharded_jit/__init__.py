@@ -13,6 +13,17 @@ from . import ops
 from ._cache import CacheWarning, cache_dir
 from ._dtypes import SUPPORTED_DTYPES
 from ._link import VersionSkewError
+from .algorithms.reduce import (
+    adjacent_difference,
+    count_if,
+    exclusive_scan,
+    inclusive_scan,
+    max,
+    min,
+    reduce,
+    sum,
+    transform_reduce,
+)
 from .algorithms.transform import transform
 from .array import ShardedArray, ShardView
 from .compiler import CompiledKernel, cache_info, clear_cache, compile
@@ -24,6 +35,8 @@ __version__ = "0.1.0"
 __all__ = [
     "PlaceGroup", "ShardedArray", "ShardView", "SUPPORTED_DTYPES",
     "op", "Op", "compile", "CompiledKernel", "transform", "ops",
+    "reduce", "sum", "min", "max", "transform_reduce", "count_if",
+    "inclusive_scan", "exclusive_scan", "adjacent_difference",
     "cache_dir", "cache_info", "clear_cache", "CacheWarning", "VersionSkewError",
     "__version__",
 ]

@@ -169,3 +169,62 @@ def compile_transform(op, arg_kinds, out_dtype, cc, max_scalars: int) -> bytes:
         except numba_errors as error:
             raise _type_error(op, arg_dtypes, error) from None
     return bytes(ltoir)
+
+
+def _compile_wrapper(source: str, name: str, abi_name: str, namespace: dict, signature, cc,
+                     op, arg_dtypes) -> bytes:
+    numba, _, numba_errors = _load_numba()
+    exec(compile(source, f"<sharded {abi_name} wrapper for {name}>", "exec"), namespace)
+    with _TargetCC(cc):
+        try:
+            ltoir, _ = numba.cuda.compile(
+                namespace[abi_name], tuple(signature), device=True, abi="c",
+                abi_info={"abi_name": abi_name}, output="ltoir", cc=cc,
+            )
+        except numba_errors as error:
+            raise _type_error(op, arg_dtypes, error) from None
+    return bytes(ltoir)
+
+
+def infer_map_dtype(map_spec, in_dtype, cc) -> np.dtype:
+    """Accumulator dtype a map specification produces from `in_dtype`."""
+    kind, map_op = map_spec
+    if kind == "value":
+        return np.dtype(in_dtype)
+    if kind == "predicate":
+        return np.dtype(np.int64)
+    if kind == "call_index":
+        return infer_result_dtype(map_op, [in_dtype, np.dtype(np.int64)], cc)
+    return infer_result_dtype(map_op, [in_dtype], cc)
+
+
+def compile_reduction(op, map_spec, in_dtype, acc_dtype, cc) -> tuple[bytes, bytes]:
+    """LTO-IR of `csj_op` (acc, acc -> acc) and `csj_map` (input -> acc) for the reduce and
+    scan modules.
+
+    map_spec: ("value", None) casts each element; ("call", op) applies a map operator;
+    ("call_index", op) applies map(value, global_index); ("predicate", op) gives 1 where
+    op(value) is true, else 0.
+    """
+    _, types, _ = _load_numba()
+    acc_type = types.CPointer(numba_type(acc_dtype))
+    in_type = types.CPointer(numba_type(in_dtype))
+    cast = getattr(np, np.dtype(acc_dtype).name)
+    op_source = "def csj_op(a, b, out):\n    out[0] = _cast(_op(a[0], b[0]))\n"
+    op_ir = _compile_wrapper(op_source, op.name, "csj_op",
+                             {"_op": _device_dispatcher(op), "_cast": cast},
+                             (acc_type, acc_type, acc_type), cc, op, [acc_dtype, acc_dtype])
+    kind, map_op = map_spec
+    body = {
+        "value": "_cast(value[0])",
+        "call": "_cast(_map(value[0]))",
+        "call_index": "_cast(_map(value[0], index))",
+        "predicate": "_cast(1) if _map(value[0]) else _cast(0)",
+    }[kind]
+    map_source = f"def csj_map(value, index, out):\n    out[0] = {body}\n"
+    namespace = {"_cast": cast}
+    if map_op is not None:
+        namespace["_map"] = _device_dispatcher(map_op)
+    map_ir = _compile_wrapper(map_source, (map_op or op).name, "csj_map", namespace,
+                              (in_type, types.int64, acc_type), cc, map_op or op, [in_dtype])
+    return op_ir, map_ir

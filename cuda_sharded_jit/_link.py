@@ -122,8 +122,8 @@ def check_version_skew() -> None:
         )
 
 
-def link(module: str, operator_ltoir: bytes, arch: str) -> bytes:
-    """Link a kernel module with an operator into a SASS cubin for `arch` ("sm_90")."""
+def link(module: str, operator_ltoirs, arch: str) -> bytes:
+    """Link a kernel module with operator wrappers into a SASS cubin for `arch` ("sm_90")."""
     from cuda.bindings import nvjitlink
 
     check_arch(arch)
@@ -133,8 +133,9 @@ def link(module: str, operator_ltoir: bytes, arch: str) -> bytes:
     try:
         try:
             nvjitlink.add_data(handle, nvjitlink.InputType.FATBIN, kernel, len(kernel), module)
-            nvjitlink.add_data(handle, nvjitlink.InputType.LTOIR, operator_ltoir,
-                               len(operator_ltoir), "operator")
+            for index, ltoir in enumerate(operator_ltoirs):
+                nvjitlink.add_data(handle, nvjitlink.InputType.LTOIR, ltoir, len(ltoir),
+                                   f"operator{index}")
             nvjitlink.complete(handle)
         except nvjitlink.nvJitLinkError as error:
             log = ""

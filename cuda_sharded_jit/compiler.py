@@ -18,7 +18,8 @@ from . import _cache, _link, _shim
 from ._dtypes import as_dtype
 from .op import Op, as_op
 
-ALGORITHMS = ("transform",)
+ALGORITHMS = ("transform", "reduce", "scan")
+VALUE_MAP = ("value", None)
 ENV_DUMP = "CUDA_SHARDED_JIT_DUMP"
 
 
@@ -38,10 +39,11 @@ class CompiledKernel:
     arch: str
     module: str
     cubin: bytes = field(repr=False)
-    ltoir: bytes = field(repr=False)
+    ltoir: bytes = field(repr=False)  # the operator's wrapper
     cache_key: str
     cache_hit: bool
     compile_seconds: float
+    map_ltoir: bytes = field(default=b"", repr=False)  # reduce / scan: the map wrapper
 
     @property
     def dtypes(self) -> tuple[np.dtype, ...]:
@@ -93,45 +95,62 @@ def _transform_module(arg_kinds, out_dtype) -> str:
     return f"transform_o{np.dtype(out_dtype).itemsize}_i{sizes}"
 
 
-def _build(op: Op, algorithm: str, arg_kinds: tuple, out_request, arch: str, key: str):
+def _build(op: Op, key: tuple, map_spec) -> CompiledKernel:
     from . import _jit
 
+    algorithm, _, _, arg_kinds, out_request, arch = key
     cc = _arch_cc(arch)
     started = time.perf_counter()
+    map_ltoir = b""
     if algorithm == "transform":
         arg_dtypes = [dtype for _, dtype in arg_kinds]
         out_dtype = out_request if out_request is not None else _jit.infer_result_dtype(op, arg_dtypes, cc)
         module = _transform_module(arg_kinds, out_dtype)
-        ltoir = _jit.compile_transform(op, arg_kinds, out_dtype, cc, _shim.MAX_TRANSFORM_SCALARS)
-    else:  # pragma: no cover - guarded by callers
-        raise ValueError(f"algorithm: unknown algorithm {algorithm!r}")
-    cubin = _link.link(module, ltoir, arch)
+        ltoirs = [_jit.compile_transform(op, arg_kinds, out_dtype, cc, _shim.MAX_TRANSFORM_SCALARS)]
+    else:  # reduce, scan: one input array, accumulator = out_request or the map's type
+        in_dtype = arg_kinds[0][1]
+        out_dtype = out_request if out_request is not None else _jit.infer_map_dtype(map_spec, in_dtype, cc)
+        module = f"{algorithm}_a{out_dtype.itemsize}_i{in_dtype.itemsize}"
+        op_ltoir, map_ltoir = _jit.compile_reduction(op, map_spec, in_dtype, out_dtype, cc)
+        ltoirs = [op_ltoir, map_ltoir]
+    cubin = _link.link(module, ltoirs, arch)
     seconds = time.perf_counter() - started
-    _dump(op, module, arch, ltoir, cubin)
+    _dump(op, module, arch, ltoirs, cubin)
     return CompiledKernel(algorithm, op.name, arg_kinds, np.dtype(out_dtype), arch, module,
-                          cubin, ltoir, key, False, seconds)
+                          cubin, ltoirs[0], "", False, seconds, map_ltoir)
 
 
-def _dump(op: Op, module: str, arch: str, ltoir: bytes, cubin: bytes) -> None:
+def _dump(op: Op, module: str, arch: str, ltoirs, cubin: bytes) -> None:
     directory = os.environ.get(ENV_DUMP)
     if not directory:
         return
     path = Path(directory)
     path.mkdir(parents=True, exist_ok=True)
     stem = f"{op.name.replace('<', '').replace('>', '')}.{module}.{arch}"
-    (path / f"{stem}.ltoir").write_bytes(ltoir)
+    for index, ltoir in enumerate(ltoirs):
+        (path / f"{stem}{'' if index == 0 else f'.{index}'}.ltoir").write_bytes(ltoir)
     (path / f"{stem}.cubin").write_bytes(cubin)
 
 
-_kernels = _cache.MemoryCache()     # (algorithm, identity, kinds, out, arch) -> CompiledKernel
-_libraries = _cache.MemoryCache()   # (base key, archs) -> (out dtype, [KernelLibrary per place])
-_loaded = _cache.MemoryCache()      # kernel key -> KernelLibrary (one load per process)
-_ENTRY_POINTS = {"transform": ["csj_transform"]}
+# key: (algorithm, operator identity, map identity, arg kinds, out request, arch)
+_kernels = _cache.MemoryCache()     # key -> CompiledKernel
+_libraries = _cache.MemoryCache()   # (key less arch, archs) -> (out dtype, [KernelLibrary per place])
+_loaded = _cache.MemoryCache()      # key -> KernelLibrary (one load per process)
+_ENTRY_POINTS = {
+    "transform": ["csj_transform"],
+    "reduce": ["csj_reduce", "csj_fold"],
+    "scan": ["csj_reduce", "csj_fold", "csj_scan_init", "csj_scan"],
+}
 
 
-def _lookup(op: Op, key: tuple) -> CompiledKernel:
+def _map_identity(map_spec) -> tuple:
+    kind, map_op = map_spec
+    return (kind, None if map_op is None else map_op.identity())
+
+
+def _lookup(op: Op, key: tuple, map_spec=VALUE_MAP) -> CompiledKernel:
     """The kernel for a full key (memory, then disk, then compile)."""
-    algorithm, _, arg_kinds, out_request, arch = key
+    algorithm, _, _, arg_kinds, _, arch = key
 
     def build() -> CompiledKernel:
         digest = _cache.disk_key(repr(key) + _link.toolchain_fingerprint())
@@ -139,14 +158,16 @@ def _lookup(op: Op, key: tuple) -> CompiledKernel:
         stored = _cache.read_entry(digest)
         if stored is not None:
             header, body = stored
-            cubin_size = header["cubin_size"]
+            cubin_end = header["cubin_size"]
+            ltoir_end = cubin_end + header["ltoir_size"]
             return CompiledKernel(algorithm, op.name, arg_kinds, np.dtype(header["out_dtype"]), arch,
-                                  header["module"], body[:cubin_size], body[cubin_size:], digest,
-                                  True, time.perf_counter() - started)
-        kernel = _build(op, algorithm, arg_kinds, out_request, arch, digest)
+                                  header["module"], body[:cubin_end], body[cubin_end:ltoir_end],
+                                  digest, True, time.perf_counter() - started, body[ltoir_end:])
+        kernel = replace(_build(op, key, map_spec), cache_key=digest)
         _cache.write_entry(digest, {"algorithm": algorithm, "op": op.name, "arch": arch,
                                     "module": kernel.module, "out_dtype": kernel.out_dtype.name,
-                                    "cubin_size": len(kernel.cubin)}, kernel.cubin + kernel.ltoir)
+                                    "cubin_size": len(kernel.cubin), "ltoir_size": len(kernel.ltoir)},
+                           kernel.cubin + kernel.ltoir + kernel.map_ltoir)
         return kernel
 
     return _kernels.get_or_build(key, build)
@@ -165,14 +186,17 @@ def _normalise_kinds(dtypes, scalars) -> tuple:
                  for position, dtype in enumerate(dtypes))
 
 
-def compile(op, algorithm: str, dtypes, arch: str | None = None, *, scalars=(), out_dtype=None
-            ) -> CompiledKernel:  # noqa: A001 - the public name of the build step
+def compile(op, algorithm: str, dtypes, arch: str | None = None, *, scalars=(), out_dtype=None,
+            map_op=None) -> CompiledKernel:  # noqa: A001 - the public name of the build step
     """Build (or fetch from cache) the kernel an algorithm runs for an operator.
 
-    dtypes: the operator's argument dtypes in order; `scalars` lists positions that are
-    runtime scalars rather than arrays. `arch` ("sm_90") is required with no GPU; by
-    default it is device 0's. Works with no GPU: for inspection, AOT builds and CI.
-    `cache_hit` tells whether the kernel came from a cache (memory or disk).
+    transform: `dtypes` are the operator's argument dtypes in order; `scalars` lists the
+    positions that are runtime scalars rather than arrays; `out_dtype` fixes the result type.
+    reduce / scan: `dtypes` is the input dtype; `out_dtype` the accumulator (default: the
+    input's, or `map_op`'s result, the map applied to each element first).
+    `arch` ("sm_90") is required with no GPU; by default it is device 0's. Works with no
+    GPU: for inspection, AOT builds and CI. `cache_hit` tells whether the kernel came from a
+    cache (memory or disk).
 
     >>> k = compile(lambda x, a: a * x, "transform", (np.float32, np.float64),
     ...             arch="sm_90", scalars=(1,))                          # doctest: +SKIP
@@ -183,26 +207,37 @@ def compile(op, algorithm: str, dtypes, arch: str | None = None, *, scalars=(), 
         raise ValueError(f"algorithm: expected one of {', '.join(ALGORITHMS)}, got {algorithm!r}")
     op = as_op(op)
     arg_kinds = _normalise_kinds(dtypes, scalars)
-    op.check_arity(len(arg_kinds), f"dtypes ({len(arg_kinds)} entries)")
+    map_spec = VALUE_MAP
+    if algorithm == "transform":
+        op.check_arity(len(arg_kinds), f"dtypes ({len(arg_kinds)} entries)")
+    else:
+        if len(arg_kinds) != 1 or scalars:
+            raise ValueError(f"dtypes: {algorithm} takes one input dtype")
+        op.check_arity(2, algorithm)
+        if map_op is not None:
+            map_op = as_op(map_op, "map_op")
+            map_op.check_arity(1, "the map of a reduction")
+            map_spec = ("call", map_op)
     if arch is None:
         from .places import PlaceGroup
 
         arch = PlaceGroup.by_devices([0]).archs[0]
     _arch_cc(arch)
     out_request = None if out_dtype is None else as_dtype(out_dtype, "out_dtype")
-    key = (algorithm, op.identity(), arg_kinds, out_request, arch)
+    key = (algorithm, op.identity(), _map_identity(map_spec), arg_kinds, out_request, arch)
     cached = _kernels.get(key)
     if cached is not None:
         return replace(cached, cache_hit=True)
-    return _lookup(op, key)
+    return _lookup(op, key, map_spec)
 
 
-def kernel_libraries(op: Op, algorithm: str, arg_kinds: tuple, out_request, archs: tuple):
+def kernel_libraries(op: Op, algorithm: str, arg_kinds: tuple, out_request, archs: tuple,
+                     map_spec=VALUE_MAP):
     """(out dtype, one loaded KernelLibrary per place) for a group whose places have `archs`.
 
     The hit path is one identity computation and one dict lookup.
     """
-    base = (algorithm, op.identity(), arg_kinds, out_request)
+    base = (algorithm, op.identity(), _map_identity(map_spec), arg_kinds, out_request)
     found = _libraries.get((base, archs))
     if found is not None:
         return found
@@ -211,7 +246,7 @@ def kernel_libraries(op: Op, algorithm: str, arg_kinds: tuple, out_request, arch
         libraries, out_dtype = [], None
         for arch in archs:
             key = base + (arch,)
-            kernel = _lookup(op, key)
+            kernel = _lookup(op, key, map_spec)
             library = _loaded.get_or_build(
                 key, lambda: _shim.KernelLibrary(kernel.cubin, _ENTRY_POINTS[algorithm]))
             libraries.append(library)

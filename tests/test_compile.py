@@ -265,3 +265,24 @@ def test_debug_dump(fresh_cache, tmp_path, monkeypatch):
     sharded.compile(lambda x: x + 11, "transform", (np.int32,), arch=ARCH)
     suffixes = sorted(path.suffix for path in (tmp_path / "dump").iterdir())
     assert suffixes == [".cubin", ".ltoir"]
+
+
+@pytest.mark.parametrize("algorithm", ["reduce", "scan"])
+@pytest.mark.parametrize("dtype", [np.float32, np.int64])
+def test_reduce_and_scan_operators_are_inlined(fresh_cache, algorithm, dtype):
+    kernel = sharded.compile(lambda a, b: max(abs(a), abs(b)), algorithm, (dtype,), arch=ARCH)
+    sass = kernel.sass()
+    assert "csj_reduce" in sass and "csj_fold" in sass
+    if algorithm == "scan":
+        assert "csj_scan" in sass
+    assert "CALL" not in sass
+    assert kernel.out_dtype == np.dtype(dtype) and kernel.map_ltoir
+
+
+def test_reduce_with_map_infers_accumulator(fresh_cache):
+    kernel = sharded.compile(lambda a, b: a + b, "reduce", (np.int32,), arch=ARCH,
+                             map_op=lambda x: x * 0.5)
+    assert kernel.out_dtype == np.float64 and kernel.module == "reduce_a8_i4"
+    assert "CALL" not in kernel.sass()
+    with pytest.raises(TypeError, match="takes 1 argument"):
+        sharded.compile(lambda a: a, "reduce", (np.int32,), arch=ARCH)

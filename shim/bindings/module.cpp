@@ -9,6 +9,7 @@
 
 #include "csj/dtype.hpp"
 #include "csj/place_group.hpp"
+#include "csj/reduce.hpp"
 #include "csj/sharded_array.hpp"
 #include "csj/transform.hpp"
 
@@ -127,6 +128,62 @@ NB_MODULE(_shim, m) {
         csj::transform(libraries, inputs, out, packed);
       },
       "libraries"_a, "inputs"_a, "out"_a, "scalars"_a);
+  m.def("adjacent_difference", &csj::adjacent_difference, "difference"_a, "first"_a, "a"_a,
+        "out"_a, nb::call_guard<nb::gil_scoped_release>());
+
+  nb::enum_<csj::BuiltinReduction>(m, "BuiltinReduction")
+      .value("sum", csj::BuiltinReduction::sum)
+      .value("min", csj::BuiltinReduction::min)
+      .value("max", csj::BuiltinReduction::max);
+
+  // Reductions return (valid, accumulator bytes).
+  auto result_tuple = [](const csj::ReduceResult& result) {
+    return nb::make_tuple(result.valid, nb::bytes(result.value.data(), result.value.size()));
+  };
+  m.def(
+      "reduce",
+      [result_tuple](const std::vector<const csj::KernelLibrary*>& libraries,
+                     const csj::ShardedArray& in, int acc_size, const nb::bytes& init) {
+        std::string init_bytes = to_string(init);
+        csj::ReduceResult result;
+        {
+          nb::gil_scoped_release release;
+          result = csj::reduce(libraries, in, acc_size, init_bytes);
+        }
+        return result_tuple(result);
+      },
+      "libraries"_a, "a"_a, "acc_size"_a, "init"_a);
+  m.def(
+      "reduce_builtin",
+      [result_tuple](csj::BuiltinReduction op, const csj::ShardedArray& in, const nb::bytes& init) {
+        std::string init_bytes = to_string(init);
+        csj::ReduceResult result;
+        {
+          nb::gil_scoped_release release;
+          result = csj::reduce_builtin(op, in, init_bytes);
+        }
+        return result_tuple(result);
+      },
+      "op"_a, "a"_a, "init"_a);
+  m.def(
+      "scan",
+      [](const std::vector<const csj::KernelLibrary*>& libraries, const csj::ShardedArray& in,
+         csj::ShardedArray& out, int acc_size, const nb::bytes& init, bool exclusive) {
+        std::string init_bytes = to_string(init);
+        nb::gil_scoped_release release;
+        csj::scan(libraries, in, out, acc_size, init_bytes, exclusive);
+      },
+      "libraries"_a, "a"_a, "out"_a, "acc_size"_a, "init"_a, "exclusive"_a);
+  m.def(
+      "scan_builtin",
+      [](csj::BuiltinReduction op, const csj::ShardedArray& in, csj::ShardedArray& out,
+         const nb::bytes& init, bool exclusive) {
+        std::string init_bytes = to_string(init);
+        nb::gil_scoped_release release;
+        csj::scan_builtin(op, in, out, init_bytes, exclusive);
+      },
+      "op"_a, "a"_a, "out"_a, "init"_a, "exclusive"_a);
+
   m.def(
       "transform_builtin",
       [](csj::BuiltinOp op, const csj::ArrayList& inputs, csj::ShardedArray& out,

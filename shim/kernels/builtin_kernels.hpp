@@ -10,4 +10,17 @@ enum class BuiltinKernel { negate, scale, add_scalar, add, mul, axpy };
 // launch with cudaLaunchKernel and one TransformParams argument.
 const void* builtin_transform_kernel(BuiltinKernel op, int dtype);
 
+// Same order as csj::BuiltinReduction.
+enum class BuiltinReduction { sum, min, max };
+
+// The reduce / fold / scan-init / scan __global__ functions of one built-in operator and
+// dtype (accumulator = input dtype).
+struct BuiltinReduceKernels {
+  const void* reduce;
+  const void* fold;
+  const void* scan_init;
+  const void* scan;
+};
+BuiltinReduceKernels builtin_reduce_kernels(BuiltinReduction op, int dtype);
+
 }  // namespace csj::kernels

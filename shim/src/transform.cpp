@@ -10,6 +10,7 @@
 #include "../kernels/params.hpp"
 #include "cuda_check.hpp"
 #include "driver_api.hpp"
+#include "launch.hpp"
 
 namespace csj {
 namespace {
@@ -106,8 +107,9 @@ int builtin_arity(BuiltinOp op) {
 int max_transform_inputs() { return kernels::kMaxInputs; }
 int max_transform_scalars() { return kernels::kMaxScalars; }
 
-void check_conformable(const ArrayList& inputs, const ShardedArray& out) {
-  if (inputs.empty() || inputs.size() > static_cast<std::size_t>(kernels::kMaxInputs)) {
+void check_conformable(const ArrayList& inputs, const ShardedArray& out, bool allow_no_inputs) {
+  if ((inputs.empty() && !allow_no_inputs) ||
+      inputs.size() > static_cast<std::size_t>(kernels::kMaxInputs)) {
     throw std::invalid_argument("inputs: expected 1 to " + std::to_string(kernels::kMaxInputs) +
                                 " arrays, got " + std::to_string(inputs.size()));
   }
@@ -133,20 +135,84 @@ void transform(const std::vector<const KernelLibrary*>& libraries, const ArrayLi
                                 std::to_string(out.group()->size()) + "), got " +
                                 std::to_string(libraries.size()));
   }
-  std::vector<CUfunction> kernels;
+  std::vector<detail::KernelHandle> kernels;
   for (const KernelLibrary* library : libraries) {
     if (!library) throw std::invalid_argument("libraries: None");
-    kernels.push_back(static_cast<CUfunction>(library->kernel("csj_transform")));
+    kernels.push_back(detail::KernelHandle::linked(library->kernel("csj_transform")));
   }
-  const auto& api = detail::driver();
   for_each_place(inputs, out, scalars,
                  [&](TransformParams& params, unsigned grid, std::size_t place, std::uintptr_t stream) {
-                   CUfunction kernel = kernels[place];
-                   void* args[] = {&params};
-                   check(api.cuLaunchKernel(kernel, grid, 1, 1, kernels::kTransformBlock, 1, 1,
-                                            0, reinterpret_cast<CUstream>(stream), args, nullptr),
-                         "cuLaunchKernel (transform)");
+                   detail::launch(kernels[place], grid, kernels::kTransformBlock,
+                                  reinterpret_cast<cudaStream_t>(stream), params,
+                                  "launching transform");
                  });
+}
+
+void adjacent_difference(const std::vector<const KernelLibrary*>& difference,
+                         const std::vector<const KernelLibrary*>& first, const ShardedArray& in,
+                         ShardedArray& out) {
+  const PlaceGroup& group = *in.group();
+  if (difference.size() != group.size() || first.size() != group.size()) {
+    throw std::invalid_argument("libraries: expected one per place");
+  }
+  check_conformable({}, out, /*allow_no_inputs=*/true);
+  in.check_alive("a");
+  if (in.group() != out.group()) throw std::invalid_argument("out: belongs to another PlaceGroup than a");
+  if (in.shard_sizes() != out.shard_sizes()) throw std::invalid_argument("out: shard sizes differ from a's");
+  for (std::size_t place = 0; place < group.size(); ++place) {
+    if (in.shard_size(place) > 0 && in.shard_pointer(place) == out.shard_pointer(place)) {
+      throw std::invalid_argument("out: must not alias a (each element reads its predecessor)");
+    }
+  }
+  const std::size_t element = itemsize(in.dtype());
+  long long previous = -1;  // last non-empty place so far
+  for (std::size_t place = 0; place < group.size(); ++place) {
+    const long long n = in.shard_size(place);
+    if (n == 0) continue;
+    const int device = group.device(place);
+    const auto stream = reinterpret_cast<cudaStream_t>(group.stream(place));
+    const auto* data = reinterpret_cast<const unsigned char*>(in.shard_pointer(place));
+    auto* result = reinterpret_cast<unsigned char*>(out.shard_pointer(place));
+    const auto diff_kernel = detail::KernelHandle::linked(difference[place]->kernel("csj_transform"));
+    const auto first_kernel = detail::KernelHandle::linked(first[place]->kernel("csj_transform"));
+    auto run = [&](const detail::KernelHandle& kernel, const void* a, const void* b, void* to,
+                   long long count) {
+      TransformParams params{};
+      params.inputs[0] = a;
+      params.inputs[1] = b;
+      params.out = to;
+      params.n = count;
+      const auto grid = static_cast<unsigned>((count + kTileElements - 1) / kTileElements);
+      detail::launch(kernel, grid, kernels::kTransformBlock, stream, params, "launching adjacent_difference");
+    };
+    const auto out_element = itemsize(out.dtype());
+    detail::DeviceGuard guard(device);
+    if (n > 1) run(diff_kernel, data + element, data, result + out_element, n - 1);
+    if (previous < 0) {
+      run(first_kernel, data, nullptr, result, 1);
+    } else {
+      // the predecessor of this shard's first element lives at the end of another shard
+      const auto prior = static_cast<std::size_t>(previous);
+      const auto prior_stream = reinterpret_cast<cudaStream_t>(group.stream(prior));
+      cudaEvent_t ready;
+      check(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming), "cudaEventCreateWithFlags");
+      {
+        detail::DeviceGuard prior_guard(group.device(prior));
+        check(cudaEventRecord(ready, prior_stream), "cudaEventRecord");
+      }
+      check(cudaStreamWaitEvent(stream, ready, 0), "cudaStreamWaitEvent");
+      cudaEventDestroy(ready);
+      void* slot = nullptr;
+      check(cudaMallocAsync(&slot, 16, stream), "cudaMallocAsync");
+      const auto* last = reinterpret_cast<const unsigned char*>(in.shard_pointer(prior)) +
+                         (in.shard_size(prior) - 1) * element;
+      check(cudaMemcpyPeerAsync(slot, device, last, group.device(prior), element, stream),
+            "cudaMemcpyPeerAsync (predecessor)");
+      run(diff_kernel, data, slot, result, 1);
+      check(cudaFreeAsync(slot, stream), "cudaFreeAsync");
+    }
+    previous = static_cast<long long>(place);
+  }
 }
 
 void transform_builtin(BuiltinOp op, const ArrayList& inputs, ShardedArray& out,
@@ -162,14 +228,13 @@ void transform_builtin(BuiltinOp op, const ArrayList& inputs, ShardedArray& out,
                                   dtype_name(out.dtype()));
     }
   }
-  const void* kernel = kernels::builtin_transform_kernel(static_cast<kernels::BuiltinKernel>(op),
-                                                         static_cast<int>(out.dtype()));
+  const auto kernel = detail::KernelHandle::builtin(kernels::builtin_transform_kernel(
+      static_cast<kernels::BuiltinKernel>(op), static_cast<int>(out.dtype())));
   for_each_place(inputs, out, scalars,
                  [&](TransformParams& params, unsigned grid, std::size_t, std::uintptr_t stream) {
-                   void* args[] = {&params};
-                   check(cudaLaunchKernel(kernel, dim3(grid), dim3(kernels::kTransformBlock), args,
-                                          0, reinterpret_cast<cudaStream_t>(stream)),
-                         "cudaLaunchKernel (built-in transform)");
+                   detail::launch(kernel, grid, kernels::kTransformBlock,
+                                  reinterpret_cast<cudaStream_t>(stream), params,
+                                  "launching built-in transform");
                  });
 }
 

@@ -48,7 +48,15 @@ void transform(const std::vector<const KernelLibrary*>& libraries, const ArrayLi
 void transform_builtin(BuiltinOp op, const ArrayList& inputs, ShardedArray& out,
                        const std::string& scalars);
 
+// out[0] = first(in[0]); out[i] = difference(in[i], in[i-1]) across shard boundaries (shard i
+// reads the last element of the previous non-empty shard). `first` and `difference` are
+// linked unary and binary transforms, one library per place. `out` must not alias `in`.
+void adjacent_difference(const std::vector<const KernelLibrary*>& difference,
+                         const std::vector<const KernelLibrary*>& first, const ShardedArray& in,
+                         ShardedArray& out);
+
 // Throws std::invalid_argument unless every array shares `out`'s group and shard sizes.
-void check_conformable(const ArrayList& inputs, const ShardedArray& out);
+void check_conformable(const ArrayList& inputs, const ShardedArray& out,
+                       bool allow_no_inputs = false);
 
 }  // namespace csj

@@ -1,0 +1,231 @@
+"""Reductions, scans, counts and differences whose operators are Python functions.
+
+Operators need only be associative: shards are folded in shard order and every block of
+work in element order, so a non-commutative operator gives the sequential answer, and the
+same input on the same group gives bitwise-identical results run after run.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .. import _shim
+from .._dtypes import as_dtype
+from ..array import ShardedArray
+from ..compiler import VALUE_MAP, kernel_libraries
+from ..op import Op, as_op
+
+_BUILTIN = {"sum": _shim.BuiltinReduction.sum, "min": _shim.BuiltinReduction.min,
+            "max": _shim.BuiltinReduction.max}
+
+
+def _add(a, b):
+    return a + b
+
+
+def _min(a, b):  # NaN propagates, as in numpy
+    return a if (a < b or a != a) else b
+
+
+def _max(a, b):
+    return a if (a > b or a != a) else b
+
+
+_PYTHON_OPS = {"sum": Op(_add), "min": Op(_min), "max": Op(_max)}
+_ADD = _PYTHON_OPS["sum"]
+
+
+def _check_array(a, argument: str = "a") -> ShardedArray:
+    if not isinstance(a, ShardedArray):
+        raise TypeError(f"{argument}: expected a ShardedArray, got {type(a).__name__}")
+    return a
+
+
+def _accumulator(dtype: np.dtype, init) -> np.dtype:
+    """The input dtype, or init's when it is an explicitly typed (numpy) value and wider.
+
+    Python scalars are weak, as in numpy: `reduce(float32_array, op, init=0.0)` stays
+    float32; `init=np.float64(0)` accumulates in float64.
+    """
+    if init is None or isinstance(init, (bool, int, float)):
+        return dtype
+    init_dtype = as_dtype(np.asarray(init).dtype, "init")
+    return init_dtype if np.promote_types(dtype, init_dtype) == init_dtype else dtype
+
+
+def _pack(value, dtype: np.dtype) -> bytes:
+    if value is None:
+        return b""
+    return np.asarray(value).astype(dtype).tobytes()
+
+
+def _operator(op, arity: int, what: str):
+    """A built-in name or an Op; TypeError before any compile for a wrong arity."""
+    if isinstance(op, str):
+        if op not in _BUILTIN:
+            raise ValueError(f"op: expected an operator or one of {', '.join(_BUILTIN)}, got {op!r}")
+        return op
+    op = as_op(op)
+    op.check_arity(arity, what)
+    return op
+
+
+def _result(valid: bool, raw: bytes, dtype: np.dtype, op, what: str):
+    if not valid:
+        if op == "sum":
+            return dtype.type(0)
+        raise ValueError(f"{what}: the array is empty and no init was given, and the operator "
+                         f"has no known identity; pass init=")
+    return np.frombuffer(raw, dtype=dtype)[0]
+
+
+def reduce(a: ShardedArray, op="sum", init=None):
+    """Fold every element with an associative operator, in global order; a numpy scalar.
+
+    `op`: an operator (or plain callable) of two accumulators, or "sum", "min", "max"
+    (built in, no JIT). The accumulator has a's dtype, or init's when init is a wider numpy
+    value. An empty array gives `init`; with no init, "sum" gives 0 and others ValueError.
+
+    >>> sharded.reduce(a, op=lambda x, y: max(abs(x), abs(y)), init=0.0)   # doctest: +SKIP
+    """
+    _check_array(a)
+    op = _operator(op, 2, "reduce")
+    acc = _accumulator(a.dtype, init)
+    if isinstance(op, str):
+        if acc == a.dtype:
+            valid, raw = _shim.reduce_builtin(_BUILTIN[op], a._impl, _pack(init, acc))
+            return _result(valid, raw, acc, op, "reduce")
+        name, op = op, _PYTHON_OPS[op]
+    else:
+        name = None
+    _, libraries = kernel_libraries(op, "reduce", (("array", a.dtype),), acc, a.group.archs)
+    valid, raw = _shim.reduce(libraries, a._impl, acc.itemsize, _pack(init, acc))
+    return _result(valid, raw, acc, name, "reduce")
+
+
+def sum(a: ShardedArray):  # noqa: A001 - numpy's name
+    """Sum of all elements in a's dtype (built in). `sharded.sum(a)`"""
+    return reduce(a, "sum")
+
+
+def min(a: ShardedArray):  # noqa: A001
+    """Smallest element (NaN if any is NaN); ValueError when empty. `sharded.min(a)`"""
+    return reduce(a, "min")
+
+
+def max(a: ShardedArray):  # noqa: A001
+    """Largest element (NaN if any is NaN); ValueError when empty. `sharded.max(a)`"""
+    return reduce(a, "max")
+
+
+def transform_reduce(a: ShardedArray, map_op, reduce_op, init):
+    """reduce(map_op(x) for x in a) in one pass (nothing is written in between).
+
+    The accumulator is map_op's result type, or init's dtype when init is a numpy value.
+
+    >>> sharded.transform_reduce(a, lambda x: x * x, lambda x, y: x + y, 0.0)  # L2 norm²  # doctest: +SKIP
+    """
+    _check_array(a)
+    map_op = as_op(map_op, "map_op")
+    map_op.check_arity(1, "transform_reduce's map")
+    reduce_op = _operator(reduce_op, 2, "transform_reduce")
+    if isinstance(reduce_op, str):
+        reduce_op = _PYTHON_OPS[reduce_op]
+    request = None if init is None or isinstance(init, (bool, int, float)) else as_dtype(
+        np.asarray(init).dtype, "init")
+    acc, libraries = kernel_libraries(reduce_op, "reduce", (("array", a.dtype),), request,
+                                      a.group.archs, ("call", map_op))
+    valid, raw = _shim.reduce(libraries, a._impl, acc.itemsize, _pack(init, acc))
+    return _result(valid, raw, acc, None, "transform_reduce")
+
+
+def count_if(a: ShardedArray, pred) -> int:
+    """Number of elements where `pred(x)` is true.
+
+    >>> sharded.count_if(a, lambda x: x != x)   # NaNs           # doctest: +SKIP
+    """
+    _check_array(a)
+    pred = as_op(pred, "pred")
+    pred.check_arity(1, "count_if")
+    int64 = np.dtype(np.int64)
+    _, libraries = kernel_libraries(_ADD, "reduce", (("array", a.dtype),), int64, a.group.archs,
+                                    ("predicate", pred))
+    valid, raw = _shim.reduce(libraries, a._impl, 8, b"")
+    return int(np.frombuffer(raw, dtype=int64)[0]) if valid else 0
+
+
+def _scan(a, op, init, out, exclusive: bool, what: str) -> ShardedArray:
+    _check_array(a)
+    op = _operator(op, 2, what)
+    if out is not None:
+        _check_array(out, "out")
+        acc = out.dtype
+    else:
+        acc = _accumulator(a.dtype, init)
+        out = ShardedArray.allocate(a.group, list(a.shard_sizes), acc)
+    if isinstance(op, str):
+        if acc == a.dtype:
+            _shim.scan_builtin(_BUILTIN[op], a._impl, out._impl, _pack(init, acc), exclusive)
+            return out
+        op = _PYTHON_OPS[op]
+    _, libraries = kernel_libraries(op, "scan", (("array", a.dtype),), acc, a.group.archs)
+    _shim.scan(libraries, a._impl, out._impl, acc.itemsize, _pack(init, acc), exclusive)
+    return out
+
+
+def inclusive_scan(a: ShardedArray, op="sum", out: ShardedArray | None = None, init=None) -> ShardedArray:
+    """out[i] = init op a[0] op ... op a[i] (without init when None). `out` may be `a`.
+
+    The accumulator (and result) dtype is out's when given, else a's (or init's when it is a
+    wider numpy value). Stream-ordered: returns at once.
+
+    >>> running_max = sharded.inclusive_scan(a, lambda x, y: x if x > y else y)  # doctest: +SKIP
+    """
+    return _scan(a, op, init, out, False, "inclusive_scan")
+
+
+def exclusive_scan(a: ShardedArray, op, init, out: ShardedArray | None = None) -> ShardedArray:
+    """out[0] = init, out[i] = init op a[0] op ... op a[i-1]. `out` may be `a`.
+
+    >>> offsets = sharded.exclusive_scan(counts, "sum", 0)                     # doctest: +SKIP
+    """
+    if init is None:
+        raise ValueError("init: an exclusive scan needs an initial value")
+    return _scan(a, op, init, out, True, "exclusive_scan")
+
+
+def _subtract(x, previous):
+    return x - previous
+
+
+_SUBTRACT = Op(_subtract)
+_IDENTITY = Op(lambda x: x)
+
+
+def adjacent_difference(a: ShardedArray, out: ShardedArray | None = None, op=None) -> ShardedArray:
+    """out[0] = a[0]; out[i] = op(a[i], a[i-1]) (default a[i] - a[i-1]), across shards.
+
+    The result dtype is out's when given, else a's for the default operator and the
+    operator's return type otherwise. `out` must not be `a` (each element reads its
+    predecessor): ValueError.
+
+    >>> d = sharded.adjacent_difference(a)                                   # doctest: +SKIP
+    """
+    _check_array(a)
+    if out is not None:
+        _check_array(out, "out")
+        if out is a:
+            raise ValueError("out: must not alias a (each element reads its predecessor)")
+    if op is None:
+        op, request = _SUBTRACT, (out.dtype if out is not None else a.dtype)
+    else:
+        op = as_op(op)
+        op.check_arity(2, "adjacent_difference")
+        request = None if out is None else out.dtype
+    kinds = (("array", a.dtype), ("array", a.dtype))
+    out_dtype, difference = kernel_libraries(op, "transform", kinds, request, a.group.archs)
+    _, first = kernel_libraries(_IDENTITY, "transform", kinds[:1], out_dtype, a.group.archs)
+    if out is None:
+        out = ShardedArray.allocate(a.group, list(a.shard_sizes), out_dtype)
+    _shim.adjacent_difference(difference, first, a._impl, out._impl)
+    return out

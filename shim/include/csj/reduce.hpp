@@ -1,0 +1,35 @@
+// Reductions and scans on every place, combined across places in shard order
+// (deterministic; operators need be associative, not commutative). CUDA-free header.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "csj/sharded_array.hpp"
+#include "csj/transform.hpp"
+
+namespace csj {
+
+enum class BuiltinReduction { sum, min, max };
+
+// An accumulator's raw bytes; `valid` is false when nothing was reduced and no init given.
+struct ReduceResult {
+  bool valid = false;
+  std::string value;
+};
+
+// `libraries`: per place, a linked reduce (or scan) module: entry points csj_reduce and
+// csj_fold (scan modules add csj_scan_init and csj_scan). `init`: the accumulator's bytes,
+// empty for none. `acc_size`: 4 or 8.
+ReduceResult reduce(const std::vector<const KernelLibrary*>& libraries, const ShardedArray& in,
+                    int acc_size, const std::string& init);
+ReduceResult reduce_builtin(BuiltinReduction op, const ShardedArray& in, const std::string& init);
+
+// Reduce-then-scan across places: per-shard totals, their prefix in shard order, then each
+// shard scanned seeded with its prefix. `out` may be `in`. An exclusive scan needs `init`.
+void scan(const std::vector<const KernelLibrary*>& libraries, const ShardedArray& in,
+          ShardedArray& out, int acc_size, const std::string& init, bool exclusive);
+void scan_builtin(BuiltinReduction op, const ShardedArray& in, ShardedArray& out,
+                  const std::string& init, bool exclusive);
+
+}  // namespace csj

@@ -1,0 +1,94 @@
+// Built-in reductions and scans ("sum", "min", "max"): the kernels of reduce.cuh instantiated
+// at build time with C++ operators, one set per dtype, so they run without JIT.
+#include <cstdint>
+
+#include "builtin_kernels.hpp"
+#include "reduce.cuh"
+
+namespace csj::kernels {
+namespace {
+
+template <class T>
+struct Identity {
+  __device__ __forceinline__ void operator()(const void* value, long long, void* out) const {
+    *static_cast<T*>(out) = *static_cast<const T*>(value);
+  }
+};
+
+template <class T>
+struct Sum {
+  __device__ __forceinline__ void operator()(const void* a, const void* b, void* out) const {
+    *static_cast<T*>(out) = static_cast<T>(*static_cast<const T*>(a) + *static_cast<const T*>(b));
+  }
+};
+
+// NaN propagates, as in numpy's min and max.
+template <class T>
+struct Min {
+  __device__ __forceinline__ void operator()(const void* a, const void* b, void* out) const {
+    const T x = *static_cast<const T*>(a), y = *static_cast<const T*>(b);
+    *static_cast<T*>(out) = (x < y || x != x) ? x : y;
+  }
+};
+
+template <class T>
+struct Max {
+  __device__ __forceinline__ void operator()(const void* a, const void* b, void* out) const {
+    const T x = *static_cast<const T*>(a), y = *static_cast<const T*>(b);
+    *static_cast<T*>(out) = (x > y || x != x) ? x : y;
+  }
+};
+
+template <template <class> class Op, class T>
+__global__ void __launch_bounds__(kReduceBlock) reduce_kernel(const __grid_constant__ ReduceParams p) {
+  Reduction<Identity<T>, Op<T>, sizeof(T), sizeof(T)>::run(p);
+}
+
+template <template <class> class Op, class T>
+__global__ void fold_kernel(const __grid_constant__ FoldParams p) {
+  fold<Op<T>, sizeof(T)>(p);
+}
+
+template <template <class> class Op, class T>
+__global__ void __launch_bounds__(kScanBlock) scan_kernel(const __grid_constant__ ScanParams p) {
+  Scan<Identity<T>, Op<T>, sizeof(T), sizeof(T)>::run(p);
+}
+
+template <int AccSize>
+__global__ void scan_init_kernel(const __grid_constant__ ScanInitParams p) {
+  scan_init<AccSize>(p);
+}
+
+template <template <class> class Op, class T>
+BuiltinReduceKernels kernels_for() {
+  return {reinterpret_cast<const void*>(&reduce_kernel<Op, T>),
+          reinterpret_cast<const void*>(&fold_kernel<Op, T>),
+          reinterpret_cast<const void*>(&scan_init_kernel<sizeof(T)>),
+          reinterpret_cast<const void*>(&scan_kernel<Op, T>)};
+}
+
+template <class T>
+BuiltinReduceKernels kernels_for(BuiltinReduction op) {
+  switch (op) {
+    case BuiltinReduction::sum: return kernels_for<Sum, T>();
+    case BuiltinReduction::min: return kernels_for<Min, T>();
+    case BuiltinReduction::max: return kernels_for<Max, T>();
+  }
+  return {};
+}
+
+}  // namespace
+
+BuiltinReduceKernels builtin_reduce_kernels(BuiltinReduction op, int dtype) {
+  switch (dtype) {
+    case 0: return kernels_for<float>(op);
+    case 1: return kernels_for<double>(op);
+    case 2: return kernels_for<std::int32_t>(op);
+    case 3: return kernels_for<std::int64_t>(op);
+    case 4: return kernels_for<std::uint32_t>(op);
+    case 5: return kernels_for<std::uint64_t>(op);
+  }
+  return {};
+}
+
+}  // namespace csj::kernels

@@ -1,0 +1,36 @@
+// Internal: one launch path for kernels from a run-time linked library (driver API,
+// CUkernel) and kernels compiled into the shim (runtime API, function pointer).
+#pragma once
+
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+#include "cuda_check.hpp"
+#include "driver_api.hpp"
+
+namespace csj::detail {
+
+struct KernelHandle {
+  enum class Api { driver, runtime } api = Api::runtime;
+  const void* function = nullptr;
+
+  static KernelHandle linked(void* kernel) { return {Api::driver, kernel}; }
+  static KernelHandle builtin(const void* kernel) { return {Api::runtime, kernel}; }
+};
+
+// Launches `kernel(*params)` (one parameter block, passed by value).
+template <class Params>
+void launch(const KernelHandle& kernel, unsigned grid, unsigned block, cudaStream_t stream,
+            Params& params, const char* what) {
+  void* args[] = {&params};
+  if (kernel.api == KernelHandle::Api::driver) {
+    check(driver().cuLaunchKernel(reinterpret_cast<CUfunction>(const_cast<void*>(kernel.function)),
+                                  grid, 1, 1, block, 1, 1, 0, reinterpret_cast<CUstream>(stream),
+                                  args, nullptr),
+          what);
+  } else {
+    check(cudaLaunchKernel(kernel.function, dim3(grid), dim3(block), args, 0, stream), what);
+  }
+}
+
+}  // namespace csj::detail

@@ -1,0 +1,155 @@
+"""GPU tests of reduce, transform_reduce, count_if against numpy."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import cuda_sharded_jit as sharded
+
+from conftest import ALL_DTYPES, cupy_or_skip, sample
+
+pytestmark = pytest.mark.gpu
+
+SIZES = [[0, 0, 0], [1, 0, 0], [0, 5000, 1], [1 << 16, 3, (1 << 17) + 5], [700001, 0, 299999]]
+
+
+def _host(dtype, n, seed=0):
+    return sample(dtype, n, seed)
+
+
+@pytest.mark.parametrize("dtype", ALL_DTYPES)
+def test_builtin_sum_min_max(group, dtype):
+    host = _host(dtype, 1_000_003)
+    array = sharded.ShardedArray.from_numpy(group, host)
+    total = sharded.sum(array)
+    assert total.dtype == np.dtype(dtype)
+    if np.dtype(dtype).kind == "f":
+        np.testing.assert_allclose(total, host.astype(np.float64).sum(), rtol=1e-4)
+    else:
+        assert total == host.sum(dtype=dtype)
+    assert sharded.min(array) == host.min()
+    assert sharded.max(array) == host.max()
+
+
+@pytest.mark.parametrize("dtype", ALL_DTYPES)
+def test_user_operators(three_places, dtype):
+    host = _host(dtype, 300_007, seed=3)
+    array = sharded.ShardedArray.from_numpy(three_places, host)
+    add = sharded.reduce(array, lambda x, y: x + y)
+    if np.dtype(dtype).kind == "f":
+        np.testing.assert_allclose(add, host.astype(np.float64).sum(), rtol=1e-4)
+    else:
+        assert add == host.sum(dtype=dtype)
+    assert sharded.reduce(array, lambda x, y: x if x < y else y) == host.min()
+    assert sharded.reduce(array, lambda x, y: x if x > y else y) == host.max()
+    if np.dtype(dtype).kind != "u":
+        expected = np.abs(host).max()
+        assert sharded.reduce(array, lambda x, y: max(abs(x), abs(y))) == expected
+
+
+@pytest.mark.parametrize("sizes", SIZES)
+def test_uneven_and_empty_shards(three_places, sizes):
+    host = _host(np.int64, sum(sizes), seed=5)
+    array = sharded.ShardedArray.from_numpy(three_places, host, sizes=sizes)
+    assert sharded.reduce(array, lambda x, y: x + y, init=7) == host.sum() + 7
+    assert sharded.sum(array) == host.sum()
+    if host.size == 0:
+        with pytest.raises(ValueError, match="empty"):
+            sharded.reduce(array, lambda x, y: x + y)
+        with pytest.raises(ValueError, match="empty"):
+            sharded.min(array)
+        assert sharded.reduce(array, "max", init=-3) == -3
+    else:
+        assert sharded.reduce(array, lambda x, y: x + y) == host.sum()
+
+
+def test_init_values_and_accumulator_type(three_places):
+    host = np.full(1000, 0.1, dtype=np.float32)
+    array = sharded.ShardedArray.from_numpy(three_places, host)
+    weak = sharded.reduce(array, lambda x, y: x + y, init=1.0)  # Python float: stays float32
+    assert weak.dtype == np.float32
+    wide = sharded.reduce(array, lambda x, y: x + y, init=np.float64(1.0))
+    assert wide.dtype == np.float64
+    np.testing.assert_allclose(wide, 1.0 + host.astype(np.float64).sum(), rtol=1e-9)
+    assert sharded.reduce(array, "sum", init=np.float64(0)).dtype == np.float64
+
+
+# 2x2 integer matrices packed in one int64 (four 16-bit fields, entries stay small mod 2^16):
+# associative, not commutative.
+def _matmul_packed(a, b):
+    a00, a01, a10, a11 = a & 0xFFFF, (a >> 16) & 0xFFFF, (a >> 32) & 0xFFFF, (a >> 48) & 0xFFFF
+    b00, b01, b10, b11 = b & 0xFFFF, (b >> 16) & 0xFFFF, (b >> 32) & 0xFFFF, (b >> 48) & 0xFFFF
+    c00 = (a00 * b00 + a01 * b10) & 0xFFFF
+    c01 = (a00 * b01 + a01 * b11) & 0xFFFF
+    c10 = (a10 * b00 + a11 * b10) & 0xFFFF
+    c11 = (a10 * b01 + a11 * b11) & 0xFFFF
+    return c00 | (c01 << 16) | (c10 << 32) | (c11 << 48)
+
+
+def _matrices(n, seed):
+    rng = np.random.default_rng(seed)
+    entries = rng.integers(0, 4, size=(n, 4)).astype(np.int64)
+    return entries[:, 0] | (entries[:, 1] << 16) | (entries[:, 2] << 32) | (entries[:, 3] << 48)
+
+
+def test_non_commutative_operator_follows_global_order(three_places):
+    host = _matrices(50_001, seed=11)
+    array = sharded.ShardedArray.from_numpy(three_places, host, sizes=[20_000, 1, 30_000])
+    expected = host[0]
+    for value in host[1:]:
+        expected = _matmul_packed(int(expected), int(value))
+    assert int(sharded.reduce(array, _matmul_packed)) == expected
+    # "take the right one": the last element
+    assert sharded.reduce(array, lambda x, y: y) == host[-1]
+    assert sharded.reduce(array, lambda x, y: x) == host[0]
+
+
+def test_deterministic(group):
+    host = sample(np.float32, 4_000_037, seed=9)
+    array = sharded.ShardedArray.from_numpy(group, host)
+    first = sharded.reduce(array, lambda x, y: x + y)
+    for _ in range(3):
+        assert sharded.reduce(array, lambda x, y: x + y).tobytes() == first.tobytes()
+    assert sharded.sum(array).tobytes() == sharded.sum(array).tobytes()
+
+
+def test_transform_reduce(three_places):
+    host = sample(np.float64, 123_457, seed=2)
+    host[::1000] = np.nan
+    array = sharded.ShardedArray.from_numpy(three_places, host)
+    clean = np.nan_to_num(host)
+    finite = sharded.ShardedArray.from_numpy(three_places, clean)
+    squares = sharded.transform_reduce(finite, lambda x: x * x, lambda x, y: x + y, 0.0)
+    np.testing.assert_allclose(np.sqrt(squares), np.linalg.norm(clean), rtol=1e-12)
+    nans = sharded.transform_reduce(array, lambda x: 1 if x != x else 0, lambda x, y: x + y, 0)
+    assert nans == np.isnan(host).sum()
+    as_int = sharded.transform_reduce(finite, lambda x: x, "max", np.float32(-1e30))
+    assert as_int.dtype == np.float32
+
+
+def test_count_if(three_places):
+    host = sample(np.int32, 77_777, seed=4)
+    array = sharded.ShardedArray.from_numpy(three_places, host, sizes=[0, 77_000, 777])
+    assert sharded.count_if(array, lambda x: x > 100) == int((host > 100).sum())
+    empty = sharded.ShardedArray.allocate(three_places, 0, np.int32)
+    assert sharded.count_if(empty, lambda x: x > 100) == 0
+
+
+def test_contiguous_and_adopted(three_places):
+    host = sample(np.int64, 10_001, seed=6)
+    contiguous = sharded.ShardedArray.from_numpy(three_places, host, contiguous=True)
+    assert sharded.reduce(contiguous, lambda x, y: x + y) == host.sum()
+    cp = cupy_or_skip()
+    adopted = sharded.ShardedArray.adopt(three_places, [cp.asarray(part) for part in np.array_split(host, 3)])
+    assert sharded.reduce(adopted, lambda x, y: x + y) == host.sum()
+
+
+def test_errors(three_places):
+    array = sharded.ShardedArray.allocate(three_places, 10, np.float32)
+    with pytest.raises(TypeError, match="takes 1 argument, but reduce passes 2"):
+        sharded.reduce(array, lambda x: x)
+    with pytest.raises(ValueError, match="op: expected an operator or one of"):
+        sharded.reduce(array, "product")
+    with pytest.raises(TypeError, match="a: expected a ShardedArray"):
+        sharded.reduce(np.zeros(3), "sum")

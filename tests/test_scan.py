@@ -1,0 +1,132 @@
+"""GPU tests of inclusive / exclusive scans and adjacent_difference against numpy."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import cuda_sharded_jit as sharded
+
+from conftest import ALL_DTYPES, cupy_or_skip, sample
+from test_reduce import _matmul_packed, _matrices
+
+pytestmark = pytest.mark.gpu
+
+SIZES = [[0, 0, 0], [1, 0, 0], [0, 5000, 1], [(1 << 16) + 7, 3, 1 << 17], [700_001, 0, 299_999]]
+
+
+def _running(values, op):
+    out = np.empty_like(values)
+    acc = None
+    for index, value in enumerate(values):
+        acc = value if acc is None else op(acc, value)
+        out[index] = acc
+    return out
+
+
+@pytest.mark.parametrize("dtype", ALL_DTYPES)
+def test_inclusive_sum_every_dtype(group, dtype):
+    host = sample(dtype, 1_000_003, seed=1)
+    array = sharded.ShardedArray.from_numpy(group, host)
+    expected = np.cumsum(host, dtype=dtype)
+    for op in ("sum", lambda x, y: x + y):
+        result = sharded.inclusive_scan(array, op)
+        assert result.dtype == np.dtype(dtype)
+        if np.dtype(dtype).kind == "f":
+            np.testing.assert_allclose(result.to_numpy(), np.cumsum(host.astype(np.float64)),
+                                       rtol=1e-3, atol=1e-2)
+        else:
+            np.testing.assert_array_equal(result.to_numpy(), expected)
+
+
+@pytest.mark.parametrize("dtype", ALL_DTYPES)
+def test_running_max_and_exclusive(three_places, dtype):
+    host = sample(dtype, 200_011, seed=2)
+    array = sharded.ShardedArray.from_numpy(three_places, host)
+    np.testing.assert_array_equal(sharded.inclusive_scan(array, lambda x, y: x if x > y else y).to_numpy(),
+                                  np.maximum.accumulate(host))
+    np.testing.assert_array_equal(sharded.inclusive_scan(array, "min").to_numpy(),
+                                  np.minimum.accumulate(host))
+    exclusive = sharded.exclusive_scan(array, lambda x, y: x + y, 5).to_numpy()
+    expected = np.concatenate([[5], 5 + np.cumsum(host.astype(np.float64))[:-1]])
+    if np.dtype(dtype).kind == "f":
+        np.testing.assert_allclose(exclusive, expected, rtol=1e-3, atol=1e-2)
+    else:
+        np.testing.assert_array_equal(exclusive, expected.astype(dtype))
+
+
+@pytest.mark.parametrize("sizes", SIZES)
+def test_uneven_and_empty_shards_in_place(three_places, sizes):
+    host = sample(np.int64, sum(sizes), seed=3)
+    array = sharded.ShardedArray.from_numpy(three_places, host, sizes=sizes)
+    out = sharded.inclusive_scan(array, lambda x, y: x + y, init=10)
+    np.testing.assert_array_equal(out.to_numpy(), 10 + np.cumsum(host))
+    same = sharded.exclusive_scan(array, "sum", 0, out=array)  # in place
+    assert same is array
+    np.testing.assert_array_equal(array.to_numpy(), np.concatenate([[0], np.cumsum(host)])[:host.size])
+
+
+def test_non_commutative_scan(three_places):
+    host = _matrices(20_003, seed=12)
+    array = sharded.ShardedArray.from_numpy(three_places, host, sizes=[7_000, 13_000, 3])
+    result = sharded.inclusive_scan(array, _matmul_packed).to_numpy()
+    expected = _running([int(v) for v in host], _matmul_packed)
+    np.testing.assert_array_equal(result, np.array(expected, dtype=np.int64))
+    right = sharded.inclusive_scan(array, lambda x, y: y).to_numpy()
+    np.testing.assert_array_equal(right, host)
+
+
+def test_scan_deterministic_and_out_dtype(group):
+    host = sample(np.float32, 3_000_017, seed=4)
+    array = sharded.ShardedArray.from_numpy(group, host)
+    first = sharded.inclusive_scan(array, lambda x, y: x + y).to_numpy()
+    np.testing.assert_array_equal(sharded.inclusive_scan(array, lambda x, y: x + y).to_numpy(), first)
+    wide = sharded.ShardedArray.allocate(group, list(array.shard_sizes), np.float64)
+    sharded.inclusive_scan(array, lambda x, y: x + y, out=wide)
+    np.testing.assert_allclose(wide.to_numpy(), np.cumsum(host.astype(np.float64)), rtol=1e-9, atol=1e-6)
+
+
+def test_contiguous_and_adopted(three_places):
+    host = sample(np.int32, 50_001, seed=5)
+    contiguous = sharded.ShardedArray.from_numpy(three_places, host, contiguous=True)
+    np.testing.assert_array_equal(sharded.inclusive_scan(contiguous, "sum").to_numpy(), np.cumsum(host, dtype=np.int32))
+    cp = cupy_or_skip()
+    adopted = sharded.ShardedArray.adopt(three_places, [cp.asarray(p) for p in np.array_split(host, 3)])
+    sharded.inclusive_scan(adopted, lambda x, y: x + y, out=adopted)
+    np.testing.assert_array_equal(adopted.to_numpy(), np.cumsum(host, dtype=np.int32))
+
+
+def test_empty_scan_returns_empty(three_places):
+    empty = sharded.ShardedArray.allocate(three_places, 0, np.float32)
+    assert sharded.inclusive_scan(empty, lambda x, y: x + y).size == 0
+    assert sharded.exclusive_scan(empty, "sum", 0.0).size == 0
+
+
+def test_scan_errors(three_places):
+    array = sharded.ShardedArray.allocate(three_places, 10, np.float32)
+    with pytest.raises(ValueError, match="init"):
+        sharded.exclusive_scan(array, "sum", None)
+    other = sharded.ShardedArray.allocate(three_places, [1, 1, 8], np.float32)
+    with pytest.raises(ValueError, match="shard sizes"):
+        sharded.inclusive_scan(array, lambda x, y: x + y, out=other)
+
+
+@pytest.mark.parametrize("sizes", [[1, 1, 1], [5, 0, 7], [0, 0, 9], [1000, 1, 2001]])
+@pytest.mark.parametrize("dtype", [np.int32, np.float64, np.uint64])
+def test_adjacent_difference_crosses_shards(three_places, sizes, dtype):
+    host = sample(dtype, sum(sizes), seed=7)
+    array = sharded.ShardedArray.from_numpy(three_places, host, sizes=sizes)
+    result = sharded.adjacent_difference(array)
+    assert result.dtype == np.dtype(dtype)
+    with np.errstate(over="ignore"):
+        expected = np.concatenate([host[:1], np.diff(host)]).astype(dtype)
+    np.testing.assert_array_equal(result.to_numpy(), expected)
+    custom = sharded.adjacent_difference(array, op=lambda x, prev: x + prev)
+    np.testing.assert_allclose(custom.to_numpy(),
+                               np.concatenate([host[:1], host[1:].astype(np.float64) + host[:-1]]))
+
+
+def test_adjacent_difference_rejects_aliasing(three_places):
+    array = sharded.ShardedArray.from_numpy(three_places, np.arange(10.0))
+    with pytest.raises(ValueError, match="must not alias"):
+        sharded.adjacent_difference(array, out=array)
