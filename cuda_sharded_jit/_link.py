@@ -36,13 +36,17 @@ def kernel_module_digest(name: str) -> str:
 
 
 @functools.lru_cache(maxsize=None)
-def lto_archs() -> tuple[int, ...]:
-    """Architectures (as 90, 100, ...) the shipped kernel LTO-IR was built for."""
+def build_info() -> dict:
+    """What the build recorded about the shipped kernels: LTO archs and a source digest."""
     try:
-        info = json.loads((_KERNEL_DIR / "build_info.json").read_text())
+        return json.loads((_KERNEL_DIR / "build_info.json").read_text())
     except (OSError, ValueError):
         raise RuntimeError(f"{_KERNEL_DIR}/build_info.json is missing: the installation is incomplete") from None
-    return tuple(sorted(info["lto_archs"]))
+
+
+def lto_archs() -> tuple[int, ...]:
+    """Architectures (as 90, 100, ...) the shipped kernel LTO-IR was built for."""
+    return tuple(sorted(build_info()["lto_archs"]))
 
 
 def check_arch(arch: str) -> None:
@@ -106,6 +110,7 @@ def toolchain_fingerprint() -> str:
         "nvvm": _package_version("nvidia-nvvm") or _toolkit_nvvm_version(),
         "nvjitlink": _package_version("nvidia-nvjitlink"),
         "shim": _package_version("cuda-sharded-jit"),
+        "kernels": build_info().get("kernel_digest"),
     }
     return json.dumps(parts, sort_keys=True)
 

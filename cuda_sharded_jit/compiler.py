@@ -139,7 +139,7 @@ _loaded = _cache.MemoryCache()      # key -> KernelLibrary (one load per process
 _ENTRY_POINTS = {
     "transform": ["csj_transform"],
     "reduce": ["csj_reduce", "csj_fold"],
-    "scan": ["csj_reduce", "csj_fold", "csj_scan_init", "csj_scan"],
+    "scan": ["csj_reduce", "csj_fold", "csj_scan"],
 }
 
 

@@ -22,25 +22,28 @@ struct TransformParams {
 };
 
 // ---- reduce / scan ----
+// A block folds one contiguous chunk of its place's shard; its 8 warps fold contiguous
+// parts of the chunk, each lane a contiguous run of 64 bytes per step. Every fold runs in
+// element order and with a fixed association, so results are deterministic and operators
+// need not be commutative.
 constexpr int kReduceBlock = 256;
-constexpr int kReduceVectors = 8;  // 16-byte loads per thread per tile
-constexpr int reduce_items(int in_size) { return kReduceVectors * 16 / in_size; }
-constexpr int kReduceBlocksPerSm = 8;
+constexpr int kReduceWarps = kReduceBlock / 32;
+constexpr int reduce_lane_items(int in_size) { return 64 / in_size; }
+constexpr int kBlocksPerSm = 8;
 
 constexpr int kScanBlock = 256;
 constexpr int scan_items(int acc_size) { return acc_size == 4 ? 16 : 8; }
-constexpr int kScanTilePadding = 32;  // CUB's TILE_STATUS_PADDING (one warp)
-// Bytes per tile of CUB's single-word tile state: status + value in one transaction word.
-constexpr int scan_tile_state_bytes(int acc_size) { return acc_size == 4 ? 8 : 16; }
+constexpr int scan_tile(int acc_size) { return kScanBlock * scan_items(acc_size); }
 
 struct ReduceParams {
   const void* in;
   long long n;
   long long index_base;      // global index of in[0] (index-aware map operators)
+  long long chunk;           // elements per block: a multiple of 8 * 16 / in_size
   void* partials;            // one accumulator per block
+  void* prefixes;            // null, or one exclusive prefix per block (for scans)
   unsigned int* counter;     // zero before launch; the last block resets it
-  void* result;              // one accumulator
-  long long tiles_per_block;
+  void* result;              // one accumulator: the fold of the whole shard
 };
 
 // Folds `count` accumulators in order: total = init? op v0 op v1 ...; prefixes[k] holds the
@@ -54,18 +57,16 @@ struct FoldParams {
   alignas(8) unsigned char init[8];
 };
 
-struct ScanInitParams {
-  void* tile_state;
-  int num_tiles;
-};
-
+// Second pass of a scan: block b scans its chunk (same chunks as the ReduceParams pass that
+// produced `prefixes`) seeded with seed op prefixes[b].
 struct ScanParams {
   const void* in;
   void* out;
   long long n;
   long long index_base;
-  void* tile_state;
-  const void* seed;  // the accumulated value of everything before in[0] (device memory)
+  long long chunk;
+  const void* prefixes;
+  const void* seed;  // device memory: everything before in[0]
   int has_seed;
   int exclusive;
 };

@@ -54,16 +54,10 @@ __global__ void __launch_bounds__(kScanBlock) scan_kernel(const __grid_constant_
   Scan<Identity<T>, Op<T>, sizeof(T), sizeof(T)>::run(p);
 }
 
-template <int AccSize>
-__global__ void scan_init_kernel(const __grid_constant__ ScanInitParams p) {
-  scan_init<AccSize>(p);
-}
-
 template <template <class> class Op, class T>
 BuiltinReduceKernels kernels_for() {
   return {reinterpret_cast<const void*>(&reduce_kernel<Op, T>),
           reinterpret_cast<const void*>(&fold_kernel<Op, T>),
-          reinterpret_cast<const void*>(&scan_init_kernel<sizeof(T)>),
           reinterpret_cast<const void*>(&scan_kernel<Op, T>)};
 }
 

@@ -2,6 +2,7 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstring>
 #include <stdexcept>
 
@@ -18,7 +19,7 @@ using detail::KernelHandle;
 namespace k = kernels;
 
 struct KernelSet {
-  KernelHandle reduce, fold, scan_init, scan;
+  KernelHandle reduce, fold, scan;
 };
 
 std::vector<KernelSet> linked_sets(const std::vector<const KernelLibrary*>& libraries,
@@ -33,10 +34,7 @@ std::vector<KernelSet> linked_sets(const std::vector<const KernelLibrary*>& libr
     KernelSet set;
     set.reduce = KernelHandle::linked(library->kernel("csj_reduce"));
     set.fold = KernelHandle::linked(library->kernel("csj_fold"));
-    if (with_scan) {
-      set.scan_init = KernelHandle::linked(library->kernel("csj_scan_init"));
-      set.scan = KernelHandle::linked(library->kernel("csj_scan"));
-    }
+    if (with_scan) set.scan = KernelHandle::linked(library->kernel("csj_scan"));
     sets.push_back(set);
   }
   return sets;
@@ -46,7 +44,7 @@ std::vector<KernelSet> builtin_sets(BuiltinReduction op, DType dtype, std::size_
   const k::BuiltinReduceKernels kernels =
       k::builtin_reduce_kernels(static_cast<k::BuiltinReduction>(op), static_cast<int>(dtype));
   KernelSet set{KernelHandle::builtin(kernels.reduce), KernelHandle::builtin(kernels.fold),
-                KernelHandle::builtin(kernels.scan_init), KernelHandle::builtin(kernels.scan)};
+                KernelHandle::builtin(kernels.scan)};
   return std::vector<KernelSet>(places, set);
 }
 
@@ -69,21 +67,6 @@ void* allocate(std::size_t bytes, cudaStream_t stream) {
   return pointer;
 }
 
-// Makes `waiter` wait for the work queued so far on `producer` (no-op when they are equal).
-void order_after(cudaStream_t waiter, int waiter_device, cudaStream_t producer, int producer_device) {
-  if (waiter == producer) return;
-  cudaEvent_t event;
-  {
-    detail::DeviceGuard guard(producer_device);
-    check(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), "cudaEventCreateWithFlags");
-    check(cudaEventRecord(event, producer), "cudaEventRecord");
-  }
-  detail::DeviceGuard guard(waiter_device);
-  cudaError_t status = cudaStreamWaitEvent(waiter, event, 0);
-  cudaEventDestroy(event);
-  check(status, "cudaStreamWaitEvent");
-}
-
 int multiprocessors(int device) {
   int count = 0;
   check(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device),
@@ -91,64 +74,103 @@ int multiprocessors(int device) {
   return count;
 }
 
-// Queues the reduction of one shard; its accumulator lands at `result` (device memory of
-// the place) once the place's stream gets there.
-void reduce_shard(const KernelSet& kernels, const ShardedArray& in, std::size_t place,
-                  int acc_size, void* result) {
-  const PlaceGroup& group = *in.group();
-  const int device = group.device(place);
-  const cudaStream_t stream = stream_of(group, place);
-  const long long n = in.shard_size(place);
-  const long long tile = static_cast<long long>(k::kReduceBlock) *
-                         k::reduce_items(static_cast<int>(itemsize(in.dtype())));
-  const long long tiles = (n + tile - 1) / tile;
-  const long long target = static_cast<long long>(multiprocessors(device)) * k::kReduceBlocksPerSm;
-  const long long tiles_per_block = (tiles + target - 1) / target;
-  const auto grid = static_cast<unsigned>((tiles + tiles_per_block - 1) / tiles_per_block);
+// How a shard is cut into one contiguous chunk per block (shared by both scan passes).
+struct Chunking {
+  long long chunk;
+  unsigned grid;
+};
 
-  detail::DeviceGuard guard(device);
-  const std::size_t partial_bytes = (static_cast<std::size_t>(grid) * acc_size + 15) / 16 * 16;
-  auto* scratch = static_cast<unsigned char*>(allocate(partial_bytes + 16, stream));
-  check(cudaMemsetAsync(scratch + partial_bytes, 0, sizeof(unsigned int), stream), "cudaMemsetAsync");
-  k::ReduceParams params{};
-  params.in = reinterpret_cast<const void*>(in.shard_pointer(place));
-  params.n = n;
-  params.index_base = in.shard_offset(place);
-  params.partials = scratch;
-  params.counter = reinterpret_cast<unsigned int*>(scratch + partial_bytes);
-  params.result = result;
-  params.tiles_per_block = tiles_per_block;
-  detail::launch(kernels.reduce, grid, k::kReduceBlock, stream, params, "launching reduce");
-  check(cudaFreeAsync(scratch, stream), "cudaFreeAsync");
+Chunking chunking(long long n, int device, int in_size, int acc_size) {
+  // a whole number of scan tiles, and of one 16-byte vector per reduce lane and warp
+  const long long granule = std::max<long long>(k::scan_tile(acc_size), 8LL * 16 / in_size * 32);
+  const long long blocks = static_cast<long long>(multiprocessors(device)) * k::kBlocksPerSm;
+  long long chunk = (n + blocks - 1) / blocks;
+  chunk = (chunk + granule - 1) / granule * granule;
+  return {chunk, static_cast<unsigned>((n + chunk - 1) / chunk)};
 }
 
-// Per-shard totals of `places` (in order) folded on place 0's stream into `staging` on place
-// 0's device: staging[0..K) totals, [K..2K) exclusive prefixes, [2K] the total.
-void* totals_and_prefixes(const std::vector<KernelSet>& sets, const ShardedArray& in,
+// Per-place scratch of the first pass: per-block partials and prefixes, counter, total.
+struct PassScratch {
+  unsigned char* base = nullptr;
+  void* partials = nullptr;
+  void* prefixes = nullptr;
+  unsigned int* counter = nullptr;
+  void* result = nullptr;
+};
+
+PassScratch allocate_pass(unsigned grid, int acc_size, bool with_prefixes, cudaStream_t stream) {
+  const std::size_t block_bytes = (static_cast<std::size_t>(grid) * acc_size + 15) / 16 * 16;
+  PassScratch scratch;
+  scratch.base = static_cast<unsigned char*>(
+      allocate(block_bytes * (with_prefixes ? 2 : 1) + 32, stream));
+  scratch.partials = scratch.base;
+  scratch.prefixes = with_prefixes ? scratch.base + block_bytes : nullptr;
+  unsigned char* tail = scratch.base + block_bytes * (with_prefixes ? 2 : 1);
+  scratch.counter = reinterpret_cast<unsigned int*>(tail);
+  scratch.result = tail + 16;
+  check(cudaMemsetAsync(scratch.counter, 0, sizeof(unsigned int), stream), "cudaMemsetAsync");
+  return scratch;
+}
+
+// Queues the first pass over one shard: its total lands at scratch.result (and per-block
+// exclusive prefixes at scratch.prefixes when allocated).
+void reduce_shard(const KernelSet& kernels, const ShardedArray& in, std::size_t place,
+                  const Chunking& cut, const PassScratch& scratch) {
+  const PlaceGroup& group = *in.group();
+  k::ReduceParams params{};
+  params.in = reinterpret_cast<const void*>(in.shard_pointer(place));
+  params.n = in.shard_size(place);
+  params.index_base = in.shard_offset(place);
+  params.chunk = cut.chunk;
+  params.partials = scratch.partials;
+  params.prefixes = scratch.prefixes;
+  params.counter = scratch.counter;
+  params.result = scratch.result;
+  detail::launch(kernels.reduce, cut.grid, k::kReduceBlock, stream_of(group, place), params,
+                 "launching reduce");
+}
+
+// Runs the first pass on every listed place and folds their totals, in order, on place 0's
+// stream into `staging` on place 0's device: [0, K) totals, [K, 2K) exclusive prefixes,
+// [2K] the total. Each place's scratch stays allocated (returned) for a second pass.
+unsigned char* first_pass(const std::vector<KernelSet>& sets, const ShardedArray& in,
                           const std::vector<std::size_t>& places, int acc_size,
-                          const std::string& init) {
+                          const std::string& init, bool with_prefixes,
+                          std::vector<PassScratch>& scratch, std::vector<Chunking>& cuts) {
   const PlaceGroup& group = *in.group();
   const int home = group.device(0);
   const cudaStream_t home_stream = stream_of(group, 0);
   const std::size_t count = places.size();
+  const int in_size = static_cast<int>(itemsize(in.dtype()));
   unsigned char* staging;
+  cudaEvent_t staging_ready;
   {
     detail::DeviceGuard guard(home);
     staging = static_cast<unsigned char*>(allocate((2 * count + 1) * acc_size, home_stream));
+    check(cudaEventCreateWithFlags(&staging_ready, cudaEventDisableTiming), "cudaEventCreateWithFlags");
+    check(cudaEventRecord(staging_ready, home_stream), "cudaEventRecord");
   }
+  std::vector<cudaEvent_t> done(count, nullptr);
   for (std::size_t k = 0; k < count; ++k) {
     const std::size_t place = places[k];
     const int device = group.device(place);
     const cudaStream_t stream = stream_of(group, place);
-    order_after(stream, device, home_stream, home);  // staging exists
     detail::DeviceGuard guard(device);
-    void* result = allocate(acc_size, stream);
-    reduce_shard(sets[place], in, place, acc_size, result);
-    check(cudaMemcpyPeerAsync(staging + k * acc_size, home, result, device, acc_size, stream),
-          "cudaMemcpyPeerAsync (partial total)");
-    check(cudaFreeAsync(result, stream), "cudaFreeAsync");
-    order_after(home_stream, home, stream, device);
+    cuts[k] = chunking(in.shard_size(place), device, in_size, acc_size);
+    scratch[k] = allocate_pass(cuts[k].grid, acc_size, with_prefixes, stream);
+    reduce_shard(sets[place], in, place, cuts[k], scratch[k]);
+    check(cudaStreamWaitEvent(stream, staging_ready, 0), "cudaStreamWaitEvent");
+    check(cudaMemcpyPeerAsync(staging + k * acc_size, home, scratch[k].result, device, acc_size, stream),
+          "cudaMemcpyPeerAsync (shard total)");
+    check(cudaEventCreateWithFlags(&done[k], cudaEventDisableTiming), "cudaEventCreateWithFlags");
+    check(cudaEventRecord(done[k], stream), "cudaEventRecord");
   }
+  detail::DeviceGuard guard(home);
+  for (cudaEvent_t event : done) {
+    check(cudaStreamWaitEvent(home_stream, event, 0), "cudaStreamWaitEvent");
+    cudaEventDestroy(event);
+  }
+  cudaEventDestroy(staging_ready);
   k::FoldParams fold{};
   fold.values = staging;
   fold.prefixes = staging + count * acc_size;
@@ -156,7 +178,6 @@ void* totals_and_prefixes(const std::vector<KernelSet>& sets, const ShardedArray
   fold.count = static_cast<int>(count);
   fold.has_init = init.empty() ? 0 : 1;
   if (!init.empty()) std::memcpy(fold.init, init.data(), init.size());
-  detail::DeviceGuard guard(home);
   detail::launch(sets[0].fold, 1, 32, home_stream, fold, "launching fold");
   return staging;
 }
@@ -181,13 +202,18 @@ ReduceResult reduce_impl(const std::vector<KernelSet>& sets, const ShardedArray&
     return result;
   }
   const PlaceGroup& group = *in.group();
-  void* staging = totals_and_prefixes(sets, in, places, acc_size, init);
+  std::vector<PassScratch> scratch(places.size());
+  std::vector<Chunking> cuts(places.size());
+  unsigned char* staging = first_pass(sets, in, places, acc_size, init, false, scratch, cuts);
+  for (std::size_t k = 0; k < places.size(); ++k) {
+    detail::DeviceGuard guard(group.device(places[k]));
+    check(cudaFreeAsync(scratch[k].base, stream_of(group, places[k])), "cudaFreeAsync");
+  }
   const cudaStream_t home_stream = stream_of(group, 0);
   detail::DeviceGuard guard(group.device(0));
   result.value.assign(acc_size, '\0');
-  check(cudaMemcpyAsync(result.value.data(),
-                        static_cast<unsigned char*>(staging) + 2 * places.size() * acc_size,
-                        acc_size, cudaMemcpyDeviceToHost, home_stream),
+  check(cudaMemcpyAsync(result.value.data(), staging + 2 * places.size() * acc_size, acc_size,
+                        cudaMemcpyDeviceToHost, home_stream),
         "cudaMemcpyAsync (result)");
   check(cudaFreeAsync(staging, home_stream), "cudaFreeAsync");
   check(cudaStreamSynchronize(home_stream), "cudaStreamSynchronize");
@@ -212,59 +238,54 @@ void scan_impl(const std::vector<KernelSet>& sets, const ShardedArray& in, Shard
   const int home = group.device(0);
   const cudaStream_t home_stream = stream_of(group, 0);
 
-  // Prefixes: the totals of every non-empty shard but the last are needed.
-  unsigned char* staging = nullptr;
-  const std::size_t count = places.size() - 1;
-  if (count > 0) {
-    std::vector<std::size_t> leading(places.begin(), places.end() - 1);
-    staging = static_cast<unsigned char*>(totals_and_prefixes(sets, in, leading, acc_size, init));
+  std::vector<PassScratch> scratch(places.size());
+  std::vector<Chunking> cuts(places.size());
+  unsigned char* staging = first_pass(sets, in, places, acc_size, init, true, scratch, cuts);
+  cudaEvent_t folded;
+  {
+    detail::DeviceGuard guard(home);
+    check(cudaEventCreateWithFlags(&folded, cudaEventDisableTiming), "cudaEventCreateWithFlags");
+    check(cudaEventRecord(folded, home_stream), "cudaEventRecord");
   }
+  std::vector<cudaEvent_t> done(places.size(), nullptr);
   for (std::size_t k = 0; k < places.size(); ++k) {
     const std::size_t place = places[k];
     const int device = group.device(place);
     const cudaStream_t stream = stream_of(group, place);
-    const long long n = in.shard_size(place);
-    const long long tile = static_cast<long long>(k::kScanBlock) * k::scan_items(acc_size);
-    const long long tiles = (n + tile - 1) / tile;
     const bool seeded = k > 0 || !init.empty();
-    if (k > 0) order_after(stream, device, home_stream, home);  // fold done
     detail::DeviceGuard guard(device);
-    const std::size_t state_bytes =
-        static_cast<std::size_t>(tiles + k::kScanTilePadding) * k::scan_tile_state_bytes(acc_size);
-    auto* scratch = static_cast<unsigned char*>(allocate(state_bytes + 16, stream));
-    unsigned char* seed = scratch + state_bytes;
+    void* seed = static_cast<unsigned char*>(scratch[k].result) + 8;  // spare slot after the total
     if (k == 0 && seeded) {
       check(cudaMemcpyAsync(seed, init.data(), acc_size, cudaMemcpyHostToDevice, stream),
             "cudaMemcpyAsync (init)");
     } else if (k > 0) {
-      // prefix before shard k: prefixes[k] of the fold, or its total for the last shard
-      const unsigned char* prefix = k < count ? staging + (count + k) * acc_size
-                                              : staging + 2 * count * acc_size;
-      check(cudaMemcpyPeerAsync(seed, device, prefix, home, acc_size, stream),
+      check(cudaStreamWaitEvent(stream, folded, 0), "cudaStreamWaitEvent");
+      check(cudaMemcpyPeerAsync(seed, device, staging + (places.size() + k) * acc_size, home,
+                                acc_size, stream),
             "cudaMemcpyPeerAsync (prefix)");
     }
-    k::ScanInitParams init_params{scratch, static_cast<int>(tiles)};
-    detail::launch(sets[place].scan_init,
-                   static_cast<unsigned>((tiles + k::kScanTilePadding + 255) / 256), 256, stream,
-                   init_params, "launching scan init");
     k::ScanParams params{};
     params.in = reinterpret_cast<const void*>(in.shard_pointer(place));
     params.out = reinterpret_cast<void*>(out.shard_pointer(place));
-    params.n = n;
+    params.n = in.shard_size(place);
     params.index_base = in.shard_offset(place);
-    params.tile_state = scratch;
+    params.chunk = cuts[k].chunk;
+    params.prefixes = scratch[k].prefixes;
     params.seed = seed;
     params.has_seed = seeded ? 1 : 0;
     params.exclusive = exclusive ? 1 : 0;
-    detail::launch(sets[place].scan, static_cast<unsigned>(tiles), k::kScanBlock, stream, params,
-                   "launching scan");
-    check(cudaFreeAsync(scratch, stream), "cudaFreeAsync");
-    if (k > 0) order_after(home_stream, home, stream, device);  // staging read before freed
+    detail::launch(sets[place].scan, cuts[k].grid, k::kScanBlock, stream, params, "launching scan");
+    check(cudaFreeAsync(scratch[k].base, stream), "cudaFreeAsync");
+    check(cudaEventCreateWithFlags(&done[k], cudaEventDisableTiming), "cudaEventCreateWithFlags");
+    check(cudaEventRecord(done[k], stream), "cudaEventRecord");
   }
-  if (staging) {
-    detail::DeviceGuard guard(home);
-    check(cudaFreeAsync(staging, home_stream), "cudaFreeAsync");
+  detail::DeviceGuard guard(home);
+  cudaEventDestroy(folded);
+  for (cudaEvent_t event : done) {  // staging is read until every place has its seed
+    check(cudaStreamWaitEvent(home_stream, event, 0), "cudaStreamWaitEvent");
+    cudaEventDestroy(event);
   }
+  check(cudaFreeAsync(staging, home_stream), "cudaFreeAsync");
 }
 
 }  // namespace
