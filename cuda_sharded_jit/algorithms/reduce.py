@@ -41,13 +41,18 @@ def _check_array(a, argument: str = "a") -> ShardedArray:
     return a
 
 
+def _is_weak(value) -> bool:
+    """Python scalars (not numpy's, although np.float64 subclasses float) are weakly typed."""
+    return isinstance(value, (bool, int, float)) and not isinstance(value, np.generic)
+
+
 def _accumulator(dtype: np.dtype, init) -> np.dtype:
     """The input dtype, or init's when it is an explicitly typed (numpy) value and wider.
 
     Python scalars are weak, as in numpy: `reduce(float32_array, op, init=0.0)` stays
     float32; `init=np.float64(0)` accumulates in float64.
     """
-    if init is None or isinstance(init, (bool, int, float)):
+    if init is None or _is_weak(init):
         return dtype
     init_dtype = as_dtype(np.asarray(init).dtype, "init")
     return init_dtype if np.promote_types(dtype, init_dtype) == init_dtype else dtype
@@ -131,8 +136,7 @@ def transform_reduce(a: ShardedArray, map_op, reduce_op, init):
     reduce_op = _operator(reduce_op, 2, "transform_reduce")
     if isinstance(reduce_op, str):
         reduce_op = _PYTHON_OPS[reduce_op]
-    request = None if init is None or isinstance(init, (bool, int, float)) else as_dtype(
-        np.asarray(init).dtype, "init")
+    request = None if init is None or _is_weak(init) else as_dtype(np.asarray(init).dtype, "init")
     acc, libraries = kernel_libraries(reduce_op, "reduce", (("array", a.dtype),), request,
                                       a.group.archs, ("call", map_op))
     valid, raw = _shim.reduce(libraries, a._impl, acc.itemsize, _pack(init, acc))

@@ -29,7 +29,6 @@ struct TransformParams {
 constexpr int kReduceBlock = 256;
 constexpr int kReduceWarps = kReduceBlock / 32;
 constexpr int reduce_lane_items(int in_size) { return 64 / in_size; }
-constexpr int kBlocksPerSm = 8;
 
 constexpr int kScanBlock = 256;
 constexpr int scan_items(int acc_size) { return acc_size == 4 ? 16 : 8; }

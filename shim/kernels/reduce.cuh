@@ -13,6 +13,7 @@
 // prefixes depends on timing, which breaks bitwise determinism for floating point.
 #pragma once
 
+#include <cub/block/block_exchange.cuh>
 #include <cub/block/block_load.cuh>
 #include <cub/block/block_scan.cuh>
 #include <cub/block/block_store.cuh>
@@ -47,7 +48,9 @@ template <class Map, class Op, int InSize, int AccSize>
 struct Reduction {
   using In = typename Word<InSize>::type;
   using Acc = typename Word<AccSize>::type;
-  static constexpr int kLaneItems = reduce_lane_items(InSize);
+  static constexpr int kLaneItems = reduce_lane_items(InSize);  // per lane per step
+  static constexpr int kVectorItems = 16 / InSize;                // elements per 16-byte load
+  static constexpr int kVectors = kLaneItems / kVectorItems;
   static constexpr long long kWarpTile = 32LL * kLaneItems;
 
   struct TempStorage {
@@ -56,43 +59,49 @@ struct Reduction {
     bool is_last;
   };
 
+  __device__ __forceinline__ static Acc map(const In& value, long long index) {
+    Acc out;
+    Map()(&value, index, &out);
+    return out;
+  }
+
   // Fold of [begin, end) by one warp, in order; valid in lane 0 when the range is non-empty.
+  // Loads are warp-striped 16-byte vectors (coalesced); each vector's elements are folded by
+  // its lane, then the 32 lanes' folds in lane order, so the association is fixed.
   __device__ __forceinline__ static Acc warp_range(const ReduceParams& p, long long begin, long long end) {
     const int lane = threadIdx.x & 31;
     const In* data = static_cast<const In*>(p.in);
     const bool aligned = aligned16(data + begin);
     Acc acc{};
-    for (long long tile = begin; tile < end; tile += kWarpTile) {
-      const long long base = tile + static_cast<long long>(lane) * kLaneItems;
-      const long long remaining = end - base;
-      const int count = remaining >= kLaneItems ? kLaneItems : (remaining > 0 ? static_cast<int>(remaining) : 0);
-      In items[kLaneItems];
-      if (count == kLaneItems && aligned) {
-        const uint4* vectors = reinterpret_cast<const uint4*>(data + base);
+    bool have = false;
+    long long tile = begin;
+    if (aligned) {
+      for (; tile + kWarpTile <= end; tile += kWarpTile) {
+        const uint4* vectors = reinterpret_cast<const uint4*>(data + tile);
+        uint4 loaded[kVectors];
 #pragma unroll
-        for (int v = 0; v < kLaneItems * InSize / 16; ++v) reinterpret_cast<uint4*>(items)[v] = vectors[v];
-      } else {
+        for (int j = 0; j < kVectors; ++j) loaded[j] = vectors[j * 32 + lane];
 #pragma unroll
-        for (int i = 0; i < kLaneItems; ++i) {
-          if (i < count) items[i] = data[base + i];
+        for (int j = 0; j < kVectors; ++j) {
+          const In* items = reinterpret_cast<const In*>(&loaded[j]);
+          const long long index = p.index_base + tile + (static_cast<long long>(j) * 32 + lane) * kVectorItems;
+          Acc lane_acc = map(items[0], index);
+#pragma unroll
+          for (int i = 1; i < kVectorItems; ++i) lane_acc = Combine<Op, Acc>()(lane_acc, map(items[i], index + i));
+          const Acc part = warp_fold<Op, Acc>(lane_acc, 32);
+          acc = have ? Combine<Op, Acc>()(acc, part) : part;
+          have = true;
         }
       }
-      Acc lane_acc{};
-      if (count > 0) Map()(&items[0], p.index_base + base, &lane_acc);
-#pragma unroll
-      for (int i = 1; i < kLaneItems; ++i) {
-        if (i < count) {
-          Acc value;
-          Map()(&items[i], p.index_base + base + i, &value);
-          lane_acc = Combine<Op, Acc>()(lane_acc, value);
-        }
-      }
-      const long long tile_remaining = end - tile;
-      const int valid_lanes = tile_remaining >= kWarpTile
-                                  ? 32
-                                  : static_cast<int>((tile_remaining + kLaneItems - 1) / kLaneItems);
-      const Acc tile_total = warp_fold<Op, Acc>(lane_acc, valid_lanes);
-      acc = tile == begin ? tile_total : Combine<Op, Acc>()(acc, tile_total);
+    }
+    for (; tile < end; tile += 32) {  // the rest (or an unaligned range), one element per lane
+      const long long index = tile + lane;
+      const int valid = end - tile >= 32 ? 32 : static_cast<int>(end - tile);
+      Acc value{};
+      if (index < end) value = map(data[index], p.index_base + index);
+      const Acc part = warp_fold<Op, Acc>(value, valid);
+      acc = have ? Combine<Op, Acc>()(acc, part) : part;
+      have = true;
     }
     return acc;
   }
@@ -197,15 +206,25 @@ struct Scan {
   static constexpr int kItems = scan_items(AccSize);
   static constexpr long long kTile = scan_tile(AccSize);
   using Combiner = Combine<Op, Acc>;
-  using Load = cub::BlockLoad<In, kScanBlock, kItems, cub::BLOCK_LOAD_WARP_TRANSPOSE>;
+  using Exchange = cub::BlockExchange<In, kScanBlock, kItems>;
   using Store = cub::BlockStore<Acc, kScanBlock, kItems, cub::BLOCK_STORE_WARP_TRANSPOSE>;
   using BlockScanT = cub::BlockScan<Acc, kScanBlock, cub::BLOCK_SCAN_WARP_SCANS>;
 
   union TempStorage {
-    typename Load::TempStorage load;
+    typename Exchange::TempStorage exchange;
     typename Store::TempStorage store;
     typename BlockScanT::TempStorage scan;
   };
+
+  // Striped (coalesced) loads straight into registers, so the next tile's loads are in
+  // flight while this tile is scanned and stored.
+  __device__ __forceinline__ static void load_striped(const In* in, long long remaining, In (&items)[kItems]) {
+    if (remaining >= kTile) {
+      cub::LoadDirectStriped<kScanBlock>(threadIdx.x, in, items);
+    } else if (remaining > 0) {
+      cub::LoadDirectStriped<kScanBlock>(threadIdx.x, in, items, static_cast<int>(remaining), in[0]);
+    }
+  }
 
   __device__ static void run(const ScanParams& p) {
     __shared__ TempStorage temp;
@@ -220,17 +239,17 @@ struct Scan {
     } else if (p.has_seed) {
       prefix.running = *static_cast<const Acc*>(p.seed);
     }
+    const In* in = static_cast<const In*>(p.in);
+    In next[kItems];
+    load_striped(in + block_begin, block_end - block_begin, next);
     for (long long base = block_begin; base < block_end; base += kTile) {
       const long long remaining = block_end - base;
-      const bool full = remaining >= kTile;
-      const int valid = full ? static_cast<int>(kTile) : static_cast<int>(remaining);
-      const In* in = static_cast<const In*>(p.in) + base;
+      const int valid = remaining >= kTile ? static_cast<int>(kTile) : static_cast<int>(remaining);
       In items[kItems];
-      if (full) {
-        Load(temp.load).Load(in, items);
-      } else {
-        Load(temp.load).Load(in, items, valid, in[0]);  // padding: a real element, never stored
-      }
+#pragma unroll
+      for (int i = 0; i < kItems; ++i) items[i] = next[i];
+      load_striped(in + base + kTile, block_end - base - kTile, next);
+      Exchange(temp.exchange).StripedToBlocked(items, items);
       __syncthreads();
       Acc values[kItems];
       const long long first_index = p.index_base + base + static_cast<long long>(threadIdx.x) * kItems;
@@ -251,7 +270,7 @@ struct Scan {
       }
       __syncthreads();
       Acc* out = static_cast<Acc*>(p.out) + base;
-      if (full) {
+      if (valid == kTile) {
         Store(temp.store).Store(out, values);
       } else {
         Store(temp.store).Store(out, values, valid);

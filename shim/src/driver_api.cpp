@@ -39,6 +39,8 @@ DriverApi load_all() {
   load(api.cuLibraryUnload, "cuLibraryUnload");
   load(api.cuLibraryGetKernel, "cuLibraryGetKernel");
   load(api.cuLaunchKernel, "cuLaunchKernel");
+  load(api.cuKernelGetFunction, "cuKernelGetFunction");
+  load(api.cuOccupancyMaxActiveBlocksPerMultiprocessor, "cuOccupancyMaxActiveBlocksPerMultiprocessor");
   return api;
 }
 

@@ -21,6 +21,8 @@ struct DriverApi {
   decltype(&::cuLibraryUnload) cuLibraryUnload = nullptr;
   decltype(&::cuLibraryGetKernel) cuLibraryGetKernel = nullptr;
   decltype(&::cuLaunchKernel) cuLaunchKernel = nullptr;
+  decltype(&::cuKernelGetFunction) cuKernelGetFunction = nullptr;
+  decltype(&::cuOccupancyMaxActiveBlocksPerMultiprocessor) cuOccupancyMaxActiveBlocksPerMultiprocessor = nullptr;
 };
 
 // Loaded once, thread-safely.

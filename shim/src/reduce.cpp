@@ -80,10 +80,14 @@ struct Chunking {
   unsigned grid;
 };
 
-Chunking chunking(long long n, int device, int in_size, int acc_size) {
+// One wave of blocks (the fewer resident of the passes that share the chunks).
+Chunking chunking(const KernelSet& kernels, bool with_scan, long long n, int device, int in_size,
+                  int acc_size) {
   // a whole number of scan tiles, and of one 16-byte vector per reduce lane and warp
   const long long granule = std::max<long long>(k::scan_tile(acc_size), 8LL * 16 / in_size * 32);
-  const long long blocks = static_cast<long long>(multiprocessors(device)) * k::kBlocksPerSm;
+  int resident = detail::blocks_per_multiprocessor(kernels.reduce, k::kReduceBlock);
+  if (with_scan) resident = std::min(resident, detail::blocks_per_multiprocessor(kernels.scan, k::kScanBlock));
+  const long long blocks = static_cast<long long>(multiprocessors(device)) * resident;
   long long chunk = (n + blocks - 1) / blocks;
   chunk = (chunk + granule - 1) / granule * granule;
   return {chunk, static_cast<unsigned>((n + chunk - 1) / chunk)};
@@ -156,7 +160,7 @@ unsigned char* first_pass(const std::vector<KernelSet>& sets, const ShardedArray
     const int device = group.device(place);
     const cudaStream_t stream = stream_of(group, place);
     detail::DeviceGuard guard(device);
-    cuts[k] = chunking(in.shard_size(place), device, in_size, acc_size);
+    cuts[k] = chunking(sets[place], with_prefixes, in.shard_size(place), device, in_size, acc_size);
     scratch[k] = allocate_pass(cuts[k].grid, acc_size, with_prefixes, stream);
     reduce_shard(sets[place], in, place, cuts[k], scratch[k]);
     check(cudaStreamWaitEvent(stream, staging_ready, 0), "cudaStreamWaitEvent");
