@@ -42,7 +42,9 @@ struct ReduceParams {
   void* partials;            // one accumulator per block
   void* prefixes;            // null, or one exclusive prefix per block (for scans)
   unsigned int* counter;     // zero before launch; the last block resets it
-  void* result;              // one accumulator: the fold of the whole shard
+  void* result;              // one accumulator: init op (the fold of the whole shard)
+  int has_init;
+  alignas(8) unsigned char init[8];
 };
 
 // Folds `count` accumulators in order: total = init? op v0 op v1 ...; prefixes[k] holds the
@@ -65,9 +67,10 @@ struct ScanParams {
   long long index_base;
   long long chunk;
   const void* prefixes;
-  const void* seed;  // device memory: everything before in[0]
+  const void* seed;  // device memory: everything before in[0] (or null: seed_value)
   int has_seed;
   int exclusive;
+  alignas(8) unsigned char seed_value[8];
 };
 
 }  // namespace csj::kernels

@@ -75,15 +75,24 @@ struct Reduction {
     Acc acc{};
     bool have = false;
     long long tile = begin;
-    if (aligned) {
-      for (; tile + kWarpTile <= end; tile += kWarpTile) {
-        const uint4* vectors = reinterpret_cast<const uint4*>(data + tile);
-        uint4 loaded[kVectors];
+    if (aligned && tile + kWarpTile <= end) {
+      // double-buffered: the next step's loads are in flight while this one is folded
+      const uint4* vectors = reinterpret_cast<const uint4*>(data + tile);
+      uint4 loaded[kVectors];
 #pragma unroll
-        for (int j = 0; j < kVectors; ++j) loaded[j] = vectors[j * 32 + lane];
+      for (int j = 0; j < kVectors; ++j) loaded[j] = vectors[j * 32 + lane];
+      for (; tile + kWarpTile <= end; tile += kWarpTile) {
+        uint4 current[kVectors];
+#pragma unroll
+        for (int j = 0; j < kVectors; ++j) current[j] = loaded[j];
+        if (tile + 2 * kWarpTile <= end) {
+          const uint4* following = reinterpret_cast<const uint4*>(data + tile + kWarpTile);
+#pragma unroll
+          for (int j = 0; j < kVectors; ++j) loaded[j] = following[j * 32 + lane];
+        }
 #pragma unroll
         for (int j = 0; j < kVectors; ++j) {
-          const In* items = reinterpret_cast<const In*>(&loaded[j]);
+          const In* items = reinterpret_cast<const In*>(&current[j]);
           const long long index = p.index_base + tile + (static_cast<long long>(j) * 32 + lane) * kVectorItems;
           Acc lane_acc = map(items[0], index);
 #pragma unroll
@@ -150,7 +159,7 @@ struct Reduction {
           prefixes[b] = acc;
           acc = Combine<Op, Acc>()(acc, __ldcg(partials + b));
         }
-        *static_cast<Acc*>(p.result) = acc;
+        *static_cast<Acc*>(p.result) = with_init(p, acc);
         *p.counter = 0;
       }
       return;
@@ -166,9 +175,13 @@ struct Reduction {
     }
     const Acc total = warp_fold<Op, Acc>(acc, (blocks + per_lane - 1) / per_lane);
     if (lane == 0) {
-      *static_cast<Acc*>(p.result) = total;
+      *static_cast<Acc*>(p.result) = with_init(p, total);
       *p.counter = 0;
     }
+  }
+
+  __device__ __forceinline__ static Acc with_init(const ReduceParams& p, const Acc& total) {
+    return p.has_init ? Combine<Op, Acc>()(*reinterpret_cast<const Acc*>(p.init), total) : total;
   }
 };
 
@@ -233,11 +246,12 @@ struct Scan {
     // The block's seed: everything before its chunk, in a fixed association.
     bool have = p.has_seed != 0 || blockIdx.x > 0;
     RunningPrefix<Op, Acc> prefix{};
+    const Acc seed = p.seed ? *static_cast<const Acc*>(p.seed) : *reinterpret_cast<const Acc*>(p.seed_value);
     if (blockIdx.x > 0) {
       const Acc before = static_cast<const Acc*>(p.prefixes)[blockIdx.x];
-      prefix.running = p.has_seed ? Combiner()(*static_cast<const Acc*>(p.seed), before) : before;
+      prefix.running = p.has_seed ? Combiner()(seed, before) : before;
     } else if (p.has_seed) {
-      prefix.running = *static_cast<const Acc*>(p.seed);
+      prefix.running = seed;
     }
     const In* in = static_cast<const In*>(p.in);
     In next[kItems];

@@ -149,6 +149,27 @@ PlaceGroup::PlaceGroup(std::vector<int> devices, std::vector<int> domains)
   }
 }
 
+void* PlaceGroup::acquire_host_slot() const {
+  std::lock_guard<std::mutex> lock(slots_mutex_);
+  if (free_slots_.empty()) {
+    constexpr std::size_t kSlot = 64, kSlots = 64;
+    void* chunk = nullptr;
+    check(cudaMallocHost(&chunk, kSlot * kSlots), "cudaMallocHost");
+    pinned_chunks_.push_back(chunk);
+    for (std::size_t slot = 0; slot < kSlots; ++slot) {
+      free_slots_.push_back(static_cast<unsigned char*>(chunk) + slot * kSlot);
+    }
+  }
+  void* slot = free_slots_.back();
+  free_slots_.pop_back();
+  return slot;
+}
+
+void PlaceGroup::release_host_slot(void* slot) const {
+  std::lock_guard<std::mutex> lock(slots_mutex_);
+  free_slots_.push_back(slot);
+}
+
 PlaceGroup::~PlaceGroup() {
   for (std::size_t place = 0; place < streams_.size(); ++place) {
     int previous = 0;
@@ -159,6 +180,7 @@ PlaceGroup::~PlaceGroup() {
     cudaStreamDestroy(stream);
     cudaSetDevice(previous);
   }
+  for (void* chunk : pinned_chunks_) cudaFreeHost(chunk);
 }
 
 int PlaceGroup::device(std::size_t place) const {

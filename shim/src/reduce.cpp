@@ -119,7 +119,7 @@ PassScratch allocate_pass(unsigned grid, int acc_size, bool with_prefixes, cudaS
 // Queues the first pass over one shard: its total lands at scratch.result (and per-block
 // exclusive prefixes at scratch.prefixes when allocated).
 void reduce_shard(const KernelSet& kernels, const ShardedArray& in, std::size_t place,
-                  const Chunking& cut, const PassScratch& scratch) {
+                  const Chunking& cut, const PassScratch& scratch, const std::string& init = {}) {
   const PlaceGroup& group = *in.group();
   k::ReduceParams params{};
   params.in = reinterpret_cast<const void*>(in.shard_pointer(place));
@@ -130,6 +130,8 @@ void reduce_shard(const KernelSet& kernels, const ShardedArray& in, std::size_t 
   params.prefixes = scratch.prefixes;
   params.counter = scratch.counter;
   params.result = scratch.result;
+  params.has_init = init.empty() ? 0 : 1;
+  if (!init.empty()) std::memcpy(params.init, init.data(), init.size());
   detail::launch(kernels.reduce, cut.grid, k::kReduceBlock, stream_of(group, place), params,
                  "launching reduce");
 }
@@ -146,6 +148,14 @@ unsigned char* first_pass(const std::vector<KernelSet>& sets, const ShardedArray
   const cudaStream_t home_stream = stream_of(group, 0);
   const std::size_t count = places.size();
   const int in_size = static_cast<int>(itemsize(in.dtype()));
+  if (count == 1) {  // nothing to fold across places
+    const std::size_t place = places[0];
+    detail::DeviceGuard guard(group.device(place));
+    cuts[0] = chunking(sets[place], with_prefixes, in.shard_size(place), group.device(place), in_size, acc_size);
+    scratch[0] = allocate_pass(cuts[0].grid, acc_size, with_prefixes, stream_of(group, place));
+    reduce_shard(sets[place], in, place, cuts[0], scratch[0]);
+    return nullptr;
+  }
   unsigned char* staging;
   cudaEvent_t staging_ready;
   {
@@ -206,6 +216,30 @@ ReduceResult reduce_impl(const std::vector<KernelSet>& sets, const ShardedArray&
     return result;
   }
   const PlaceGroup& group = *in.group();
+  result.value.assign(acc_size, '\0');
+  result.valid = true;
+  void* slot = group.acquire_host_slot();
+  struct SlotGuard {
+    const PlaceGroup& group;
+    void* slot;
+    ~SlotGuard() { group.release_host_slot(slot); }
+  } slot_guard{group, slot};
+  if (places.size() == 1) {  // one shard: its kernel applies init, no cross-place fold
+    const std::size_t place = places[0];
+    const int device = group.device(place);
+    const cudaStream_t stream = stream_of(group, place);
+    detail::DeviceGuard guard(device);
+    const Chunking cut = chunking(sets[place], false, in.shard_size(place), device,
+                                  static_cast<int>(itemsize(in.dtype())), acc_size);
+    const PassScratch scratch = allocate_pass(cut.grid, acc_size, false, stream);
+    reduce_shard(sets[place], in, place, cut, scratch, init);
+    check(cudaMemcpyAsync(slot, scratch.result, acc_size, cudaMemcpyDeviceToHost, stream),
+          "cudaMemcpyAsync (result)");
+    check(cudaFreeAsync(scratch.base, stream), "cudaFreeAsync");
+    check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+    std::memcpy(result.value.data(), slot, acc_size);
+    return result;
+  }
   std::vector<PassScratch> scratch(places.size());
   std::vector<Chunking> cuts(places.size());
   unsigned char* staging = first_pass(sets, in, places, acc_size, init, false, scratch, cuts);
@@ -215,13 +249,12 @@ ReduceResult reduce_impl(const std::vector<KernelSet>& sets, const ShardedArray&
   }
   const cudaStream_t home_stream = stream_of(group, 0);
   detail::DeviceGuard guard(group.device(0));
-  result.value.assign(acc_size, '\0');
-  check(cudaMemcpyAsync(result.value.data(), staging + 2 * places.size() * acc_size, acc_size,
+  check(cudaMemcpyAsync(slot, staging + 2 * places.size() * acc_size, acc_size,
                         cudaMemcpyDeviceToHost, home_stream),
         "cudaMemcpyAsync (result)");
   check(cudaFreeAsync(staging, home_stream), "cudaFreeAsync");
   check(cudaStreamSynchronize(home_stream), "cudaStreamSynchronize");
-  result.valid = true;
+  std::memcpy(result.value.data(), slot, acc_size);
   return result;
 }
 
@@ -245,8 +278,8 @@ void scan_impl(const std::vector<KernelSet>& sets, const ShardedArray& in, Shard
   std::vector<PassScratch> scratch(places.size());
   std::vector<Chunking> cuts(places.size());
   unsigned char* staging = first_pass(sets, in, places, acc_size, init, true, scratch, cuts);
-  cudaEvent_t folded;
-  {
+  cudaEvent_t folded = nullptr;
+  if (staging) {
     detail::DeviceGuard guard(home);
     check(cudaEventCreateWithFlags(&folded, cudaEventDisableTiming), "cudaEventCreateWithFlags");
     check(cudaEventRecord(folded, home_stream), "cudaEventRecord");
@@ -258,17 +291,17 @@ void scan_impl(const std::vector<KernelSet>& sets, const ShardedArray& in, Shard
     const cudaStream_t stream = stream_of(group, place);
     const bool seeded = k > 0 || !init.empty();
     detail::DeviceGuard guard(device);
-    void* seed = static_cast<unsigned char*>(scratch[k].result) + 8;  // spare slot after the total
+    k::ScanParams params{};
+    void* seed = nullptr;  // the first shard's seed (init) travels in the parameters
     if (k == 0 && seeded) {
-      check(cudaMemcpyAsync(seed, init.data(), acc_size, cudaMemcpyHostToDevice, stream),
-            "cudaMemcpyAsync (init)");
+      std::memcpy(params.seed_value, init.data(), acc_size);
     } else if (k > 0) {
+      seed = static_cast<unsigned char*>(scratch[k].result) + 8;  // spare slot after the total
       check(cudaStreamWaitEvent(stream, folded, 0), "cudaStreamWaitEvent");
       check(cudaMemcpyPeerAsync(seed, device, staging + (places.size() + k) * acc_size, home,
                                 acc_size, stream),
             "cudaMemcpyPeerAsync (prefix)");
     }
-    k::ScanParams params{};
     params.in = reinterpret_cast<const void*>(in.shard_pointer(place));
     params.out = reinterpret_cast<void*>(out.shard_pointer(place));
     params.n = in.shard_size(place);
@@ -284,12 +317,12 @@ void scan_impl(const std::vector<KernelSet>& sets, const ShardedArray& in, Shard
     check(cudaEventRecord(done[k], stream), "cudaEventRecord");
   }
   detail::DeviceGuard guard(home);
-  cudaEventDestroy(folded);
+  if (folded) cudaEventDestroy(folded);
   for (cudaEvent_t event : done) {  // staging is read until every place has its seed
-    check(cudaStreamWaitEvent(home_stream, event, 0), "cudaStreamWaitEvent");
+    if (staging) check(cudaStreamWaitEvent(home_stream, event, 0), "cudaStreamWaitEvent");
     cudaEventDestroy(event);
   }
-  check(cudaFreeAsync(staging, home_stream), "cudaFreeAsync");
+  if (staging) check(cudaFreeAsync(staging, home_stream), "cudaFreeAsync");
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <utility>
@@ -46,6 +47,11 @@ class PlaceGroup {
   void release_cached_memory() const;
   std::string describe() const;
 
+  // A 64-byte slot of pinned host memory for small device-to-host results (fast, truly
+  // asynchronous copies). Thread-safe; give it back with release_host_slot.
+  void* acquire_host_slot() const;
+  void release_host_slot(void* slot) const;
+
  private:
   PlaceGroup(std::vector<int> devices, std::vector<int> domains);
 
@@ -54,6 +60,9 @@ class PlaceGroup {
   std::vector<int> unique_devices_;
   std::vector<std::uintptr_t> streams_;
   std::vector<std::vector<bool>> peer_;  // indexed by device id
+  mutable std::mutex slots_mutex_;
+  mutable std::vector<void*> pinned_chunks_;
+  mutable std::vector<void*> free_slots_;
 };
 
 // Number of visible devices; std::runtime_error that says why when there is no driver or GPU.
