@@ -83,10 +83,11 @@ struct Chunking {
 // One wave of blocks (the fewer resident of the passes that share the chunks).
 Chunking chunking(const KernelSet& kernels, bool with_scan, long long n, int device, int in_size,
                   int acc_size) {
-  // a whole number of scan tiles, and of one 16-byte vector per reduce lane and warp
-  const long long granule = std::max<long long>(k::scan_tile(acc_size), 8LL * 16 / in_size * 32);
+  // one full warp step per warp (every warp part starts 16-byte aligned)
+  (void)acc_size;
+  const long long granule = static_cast<long long>(k::kReduceWarps) * 32 * k::reduce_lane_items(in_size);
   int resident = detail::blocks_per_multiprocessor(kernels.reduce, k::kReduceBlock);
-  if (with_scan) resident = std::min(resident, detail::blocks_per_multiprocessor(kernels.scan, k::kScanBlock));
+  if (with_scan) resident = std::min(resident, detail::blocks_per_multiprocessor(kernels.scan, k::kReduceBlock));
   const long long blocks = static_cast<long long>(multiprocessors(device)) * resident;
   long long chunk = (n + blocks - 1) / blocks;
   chunk = (chunk + granule - 1) / granule * granule;
@@ -98,18 +99,21 @@ struct PassScratch {
   unsigned char* base = nullptr;
   void* partials = nullptr;
   void* prefixes = nullptr;
+  void* warp_totals = nullptr;
   unsigned int* counter = nullptr;
   void* result = nullptr;
 };
 
 PassScratch allocate_pass(unsigned grid, int acc_size, bool with_prefixes, cudaStream_t stream) {
   const std::size_t block_bytes = (static_cast<std::size_t>(grid) * acc_size + 15) / 16 * 16;
+  const std::size_t warp_bytes = with_prefixes ? block_bytes * k::kReduceWarps : 0;
   PassScratch scratch;
   scratch.base = static_cast<unsigned char*>(
-      allocate(block_bytes * (with_prefixes ? 2 : 1) + 32, stream));
+      allocate(block_bytes * (with_prefixes ? 2 : 1) + warp_bytes + 32, stream));
   scratch.partials = scratch.base;
   scratch.prefixes = with_prefixes ? scratch.base + block_bytes : nullptr;
-  unsigned char* tail = scratch.base + block_bytes * (with_prefixes ? 2 : 1);
+  scratch.warp_totals = with_prefixes ? scratch.base + 2 * block_bytes : nullptr;
+  unsigned char* tail = scratch.base + block_bytes * (with_prefixes ? 2 : 1) + warp_bytes;
   scratch.counter = reinterpret_cast<unsigned int*>(tail);
   scratch.result = tail + 16;
   check(cudaMemsetAsync(scratch.counter, 0, sizeof(unsigned int), stream), "cudaMemsetAsync");
@@ -128,6 +132,7 @@ void reduce_shard(const KernelSet& kernels, const ShardedArray& in, std::size_t 
   params.chunk = cut.chunk;
   params.partials = scratch.partials;
   params.prefixes = scratch.prefixes;
+  params.warp_totals = scratch.warp_totals;
   params.counter = scratch.counter;
   params.result = scratch.result;
   params.has_init = init.empty() ? 0 : 1;
@@ -137,8 +142,9 @@ void reduce_shard(const KernelSet& kernels, const ShardedArray& in, std::size_t 
 }
 
 // Runs the first pass on every listed place and folds their totals, in order, on place 0's
-// stream into `staging` on place 0's device: [0, K) totals, [K, 2K) exclusive prefixes,
-// [2K] the total. Each place's scratch stays allocated (returned) for a second pass.
+// stream into `staging` on place 0's device: [0, K) staged totals (places place 0's device
+// cannot read), [K, 2K) exclusive prefixes, [2K] the total. Each place's scratch stays
+// allocated (returned) for a second pass. Returns null for one place (nothing to fold).
 unsigned char* first_pass(const std::vector<KernelSet>& sets, const ShardedArray& in,
                           const std::vector<std::size_t>& places, int acc_size,
                           const std::string& init, bool with_prefixes,
@@ -148,22 +154,19 @@ unsigned char* first_pass(const std::vector<KernelSet>& sets, const ShardedArray
   const cudaStream_t home_stream = stream_of(group, 0);
   const std::size_t count = places.size();
   const int in_size = static_cast<int>(itemsize(in.dtype()));
-  if (count == 1) {  // nothing to fold across places
-    const std::size_t place = places[0];
-    detail::DeviceGuard guard(group.device(place));
-    cuts[0] = chunking(sets[place], with_prefixes, in.shard_size(place), group.device(place), in_size, acc_size);
-    scratch[0] = allocate_pass(cuts[0].grid, acc_size, with_prefixes, stream_of(group, place));
-    reduce_shard(sets[place], in, place, cuts[0], scratch[0]);
-    return nullptr;
+  if (count > static_cast<std::size_t>(k::kMaxFoldValues)) {
+    throw std::invalid_argument("a: reductions combine at most " + std::to_string(k::kMaxFoldValues) +
+                                " non-empty shards");
   }
-  unsigned char* staging;
-  cudaEvent_t staging_ready;
-  {
+  unsigned char* staging = nullptr;
+  cudaEvent_t staging_ready = nullptr;
+  if (count > 1) {
     detail::DeviceGuard guard(home);
     staging = static_cast<unsigned char*>(allocate((2 * count + 1) * acc_size, home_stream));
     check(cudaEventCreateWithFlags(&staging_ready, cudaEventDisableTiming), "cudaEventCreateWithFlags");
     check(cudaEventRecord(staging_ready, home_stream), "cudaEventRecord");
   }
+  k::FoldParams fold{};
   std::vector<cudaEvent_t> done(count, nullptr);
   for (std::size_t k = 0; k < count; ++k) {
     const std::size_t place = places[k];
@@ -173,9 +176,15 @@ unsigned char* first_pass(const std::vector<KernelSet>& sets, const ShardedArray
     cuts[k] = chunking(sets[place], with_prefixes, in.shard_size(place), device, in_size, acc_size);
     scratch[k] = allocate_pass(cuts[k].grid, acc_size, with_prefixes, stream);
     reduce_shard(sets[place], in, place, cuts[k], scratch[k]);
-    check(cudaStreamWaitEvent(stream, staging_ready, 0), "cudaStreamWaitEvent");
-    check(cudaMemcpyPeerAsync(staging + k * acc_size, home, scratch[k].result, device, acc_size, stream),
-          "cudaMemcpyPeerAsync (shard total)");
+    if (count == 1) return nullptr;
+    if (group.can_access_peer(home, device)) {
+      fold.sources[k] = scratch[k].result;  // read in place by the fold kernel
+    } else {
+      check(cudaStreamWaitEvent(stream, staging_ready, 0), "cudaStreamWaitEvent");
+      check(cudaMemcpyPeerAsync(staging + k * acc_size, home, scratch[k].result, device, acc_size, stream),
+            "cudaMemcpyPeerAsync (shard total)");
+      fold.sources[k] = staging + k * acc_size;
+    }
     check(cudaEventCreateWithFlags(&done[k], cudaEventDisableTiming), "cudaEventCreateWithFlags");
     check(cudaEventRecord(done[k], stream), "cudaEventRecord");
   }
@@ -185,8 +194,6 @@ unsigned char* first_pass(const std::vector<KernelSet>& sets, const ShardedArray
     cudaEventDestroy(event);
   }
   cudaEventDestroy(staging_ready);
-  k::FoldParams fold{};
-  fold.values = staging;
   fold.prefixes = staging + count * acc_size;
   fold.total = staging + 2 * count * acc_size;
   fold.count = static_cast<int>(count);
@@ -243,17 +250,20 @@ ReduceResult reduce_impl(const std::vector<KernelSet>& sets, const ShardedArray&
   std::vector<PassScratch> scratch(places.size());
   std::vector<Chunking> cuts(places.size());
   unsigned char* staging = first_pass(sets, in, places, acc_size, init, false, scratch, cuts);
+  const cudaStream_t home_stream = stream_of(group, 0);
+  {
+    detail::DeviceGuard guard(group.device(0));
+    check(cudaMemcpyAsync(slot, staging + 2 * places.size() * acc_size, acc_size,
+                          cudaMemcpyDeviceToHost, home_stream),
+          "cudaMemcpyAsync (result)");
+    check(cudaFreeAsync(staging, home_stream), "cudaFreeAsync");
+    check(cudaStreamSynchronize(home_stream), "cudaStreamSynchronize");
+  }
+  // the fold has read every place's total: their scratch can go
   for (std::size_t k = 0; k < places.size(); ++k) {
     detail::DeviceGuard guard(group.device(places[k]));
     check(cudaFreeAsync(scratch[k].base, stream_of(group, places[k])), "cudaFreeAsync");
   }
-  const cudaStream_t home_stream = stream_of(group, 0);
-  detail::DeviceGuard guard(group.device(0));
-  check(cudaMemcpyAsync(slot, staging + 2 * places.size() * acc_size, acc_size,
-                        cudaMemcpyDeviceToHost, home_stream),
-        "cudaMemcpyAsync (result)");
-  check(cudaFreeAsync(staging, home_stream), "cudaFreeAsync");
-  check(cudaStreamSynchronize(home_stream), "cudaStreamSynchronize");
   std::memcpy(result.value.data(), slot, acc_size);
   return result;
 }
@@ -296,11 +306,15 @@ void scan_impl(const std::vector<KernelSet>& sets, const ShardedArray& in, Shard
     if (k == 0 && seeded) {
       std::memcpy(params.seed_value, init.data(), acc_size);
     } else if (k > 0) {
-      seed = static_cast<unsigned char*>(scratch[k].result) + 8;  // spare slot after the total
       check(cudaStreamWaitEvent(stream, folded, 0), "cudaStreamWaitEvent");
-      check(cudaMemcpyPeerAsync(seed, device, staging + (places.size() + k) * acc_size, home,
-                                acc_size, stream),
-            "cudaMemcpyPeerAsync (prefix)");
+      unsigned char* prefix = staging + (places.size() + k) * acc_size;
+      if (group.can_access_peer(device, home)) {
+        seed = prefix;  // read in place
+      } else {
+        seed = static_cast<unsigned char*>(scratch[k].result) + 8;  // spare slot after the total
+        check(cudaMemcpyPeerAsync(seed, device, prefix, home, acc_size, stream),
+              "cudaMemcpyPeerAsync (prefix)");
+      }
     }
     params.in = reinterpret_cast<const void*>(in.shard_pointer(place));
     params.out = reinterpret_cast<void*>(out.shard_pointer(place));
@@ -308,10 +322,13 @@ void scan_impl(const std::vector<KernelSet>& sets, const ShardedArray& in, Shard
     params.index_base = in.shard_offset(place);
     params.chunk = cuts[k].chunk;
     params.prefixes = scratch[k].prefixes;
+    params.warp_totals = scratch[k].warp_totals;
     params.seed = seed;
     params.has_seed = seeded ? 1 : 0;
     params.exclusive = exclusive ? 1 : 0;
-    detail::launch(sets[place].scan, cuts[k].grid, k::kScanBlock, stream, params, "launching scan");
+    detail::launch(sets[place].scan, cuts[k].grid, k::kReduceBlock, stream, params, "launching scan");
+    // the fold reads this place's total in place: free only after it ran
+    if (k == 0 && folded) check(cudaStreamWaitEvent(stream, folded, 0), "cudaStreamWaitEvent");
     check(cudaFreeAsync(scratch[k].base, stream), "cudaFreeAsync");
     check(cudaEventCreateWithFlags(&done[k], cudaEventDisableTiming), "cudaEventCreateWithFlags");
     check(cudaEventRecord(done[k], stream), "cudaEventRecord");
