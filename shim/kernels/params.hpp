@@ -38,7 +38,6 @@ struct ReduceParams {
   long long chunk;           // elements per block: a multiple of 8 * 16 / in_size
   void* partials;            // one accumulator per block
   void* prefixes;            // null, or one exclusive prefix per block (for scans)
-  void* warp_totals;         // null, or each warp's fold (kReduceWarps per block, for scans)
   unsigned int* counter;     // zero before launch; the last block resets it
   void* result;              // one accumulator: init op (the fold of the whole shard)
   int has_init;
@@ -58,9 +57,12 @@ struct FoldParams {
   alignas(8) unsigned char init[8];
 };
 
-// Second pass of a scan: warp w of block b scans its part of the block's chunk (the same
-// split as the ReduceParams pass that produced `prefixes` and `warp_totals`), seeded with
-// seed op prefixes[b] op warp_totals[b][0..w).
+constexpr int kScanBlock = 256;
+constexpr int scan_items(int acc_size) { return acc_size == 4 ? 16 : 8; }
+constexpr int scan_tile(int acc_size) { return kScanBlock * scan_items(acc_size); }
+
+// Second pass of a scan: block b scans its chunk (same chunks as the ReduceParams pass that
+// produced `prefixes`) seeded with seed op prefixes[b].
 struct ScanParams {
   const void* in;
   void* out;
@@ -68,7 +70,6 @@ struct ScanParams {
   long long index_base;
   long long chunk;
   const void* prefixes;
-  const void* warp_totals;
   const void* seed;  // device memory: everything before in[0] (or null: seed_value)
   int has_seed;
   int exclusive;

@@ -8,10 +8,15 @@
 // Accumulators travel as raw 4- or 8-byte words.
 //
 // A scan is reduce-then-scan at every level: pass 1 (Reduction with prefixes) folds each
-// block's chunk and each warp's part of it and gives each block its exclusive prefix;
-// pass 2 (Scan) scans each warp's part seeded with what precedes it. Decoupled look-back would save one read, but the association of its
+// block's chunk and gives each block its exclusive prefix; pass 2 (Scan) scans each chunk,
+// tile by tile, seeded with it. (A barrier-free warp-level second pass measured slower.) Decoupled look-back would save one read, but the association of its
 // prefixes depends on timing, which breaks bitwise determinism for floating point.
 #pragma once
+
+#include <cub/block/block_exchange.cuh>
+#include <cub/block/block_load.cuh>
+#include <cub/block/block_scan.cuh>
+#include <cub/block/block_store.cuh>
 
 #include "params.hpp"
 #include "transform.cuh"  // Word<>, aligned16
@@ -134,7 +139,6 @@ struct Reduction {
     if (lane == 0) {
       temp.warp_values[warp] = warp_total;
       temp.warp_valid[warp] = end > begin;
-      if (p.warp_totals) static_cast<Acc*>(p.warp_totals)[blockIdx.x * kReduceWarps + warp] = warp_total;
     }
     __syncthreads();
 
@@ -205,122 +209,95 @@ __device__ void fold(const FoldParams& p) {
   *static_cast<Acc*>(p.total) = acc;
 }
 
-// Second scan pass: each warp scans its part of its block's chunk, one 32-lane step at a time
-// (each lane a contiguous run), with a running prefix. No shared memory and no block-wide
-// barriers; every association is fixed (lane-serial, then Kogge-Stone across lanes).
+// Hands the running prefix to each tile of a block and advances it by the tile's aggregate.
+template <class Op, class Acc>
+struct RunningPrefix {
+  Acc running;
+  __device__ __forceinline__ Acc operator()(Acc tile_aggregate) {
+    const Acc prefix = running;
+    running = Combine<Op, Acc>()(running, tile_aggregate);
+    return prefix;
+  }
+};
+
 template <class Map, class Op, int InSize, int AccSize>
 struct Scan {
   using In = typename Word<InSize>::type;
   using Acc = typename Word<AccSize>::type;
+  static constexpr int kItems = scan_items(AccSize);
+  static constexpr long long kTile = scan_tile(AccSize);
   using Combiner = Combine<Op, Acc>;
-  static constexpr int kLaneItems = reduce_lane_items(InSize);
-  static constexpr int kInVectors = kLaneItems * InSize / 16;
-  static constexpr int kOutVectors = kLaneItems * AccSize / 16;
-  static constexpr long long kWarpTile = 32LL * kLaneItems;
+  using Exchange = cub::BlockExchange<In, kScanBlock, kItems>;
+  using Store = cub::BlockStore<Acc, kScanBlock, kItems, cub::BLOCK_STORE_WARP_TRANSPOSE>;
+  using BlockScanT = cub::BlockScan<Acc, kScanBlock, cub::BLOCK_SCAN_WARP_SCANS>;
 
-  __device__ __forceinline__ static void load(const In* data, long long base, long long end,
-                                              bool aligned, In (&items)[kLaneItems]) {
-    const long long remaining = end - base;
-    if (remaining >= kLaneItems && aligned) {
-      const uint4* vectors = reinterpret_cast<const uint4*>(data + base);
-#pragma unroll
-      for (int v = 0; v < kInVectors; ++v) reinterpret_cast<uint4*>(items)[v] = vectors[v];
-    } else {
-#pragma unroll
-      for (int i = 0; i < kLaneItems; ++i) {
-        if (i < remaining) items[i] = data[base + i];
-      }
+  union TempStorage {
+    typename Exchange::TempStorage exchange;
+    typename Store::TempStorage store;
+    typename BlockScanT::TempStorage scan;
+  };
+
+  // Striped (coalesced) loads straight into registers, so the next tile's loads are in
+  // flight while this tile is scanned and stored.
+  __device__ __forceinline__ static void load_striped(const In* in, long long remaining, In (&items)[kItems]) {
+    if (remaining >= kTile) {
+      cub::LoadDirectStriped<kScanBlock>(threadIdx.x, in, items);
+    } else if (remaining > 0) {
+      cub::LoadDirectStriped<kScanBlock>(threadIdx.x, in, items, static_cast<int>(remaining), in[0]);
     }
   }
 
   __device__ static void run(const ScanParams& p) {
-    const int warp = threadIdx.x / 32;
-    const int lane = threadIdx.x & 31;
+    __shared__ TempStorage temp;
     const long long block_begin = static_cast<long long>(blockIdx.x) * p.chunk;
     const long long block_end = min(block_begin + p.chunk, p.n);
-    long long begin, end;
-    warp_part<InSize>(block_begin, block_end, warp, begin, end);
-    if (begin >= end) return;
-
-    // Everything before this warp's part: seed, then the block's prefix, then earlier warps.
+    // The block's seed: everything before its chunk, in a fixed association.
+    bool have = p.has_seed != 0 || blockIdx.x > 0;
+    RunningPrefix<Op, Acc> prefix{};
     const Acc seed = p.seed ? *static_cast<const Acc*>(p.seed) : *reinterpret_cast<const Acc*>(p.seed_value);
-    bool have = p.has_seed != 0;
-    Acc running = seed;
     if (blockIdx.x > 0) {
       const Acc before = static_cast<const Acc*>(p.prefixes)[blockIdx.x];
-      running = have ? Combiner()(running, before) : before;
-      have = true;
+      prefix.running = p.has_seed ? Combiner()(seed, before) : before;
+    } else if (p.has_seed) {
+      prefix.running = seed;
     }
-    const Acc* warp_totals = static_cast<const Acc*>(p.warp_totals) + blockIdx.x * kReduceWarps;
-    for (int w = 0; w < warp; ++w) {
-      running = have ? Combiner()(running, warp_totals[w]) : warp_totals[w];
-      have = true;
-    }
-
-    const In* data = static_cast<const In*>(p.in);
-    Acc* out = static_cast<Acc*>(p.out);
-    const bool in_aligned = aligned16(data + begin);
-    const bool out_aligned = aligned16(out + begin);
-    In next[kLaneItems];
-    load(data, begin + lane * kLaneItems, end, in_aligned, next);
-    for (long long tile = begin; tile < end; tile += kWarpTile) {
-      const long long base = tile + static_cast<long long>(lane) * kLaneItems;
-      const long long remaining = end - base;
-      const int count = remaining >= kLaneItems ? kLaneItems : (remaining > 0 ? static_cast<int>(remaining) : 0);
-      In items[kLaneItems];
+    const In* in = static_cast<const In*>(p.in);
+    In next[kItems];
+    load_striped(in + block_begin, block_end - block_begin, next);
+    for (long long base = block_begin; base < block_end; base += kTile) {
+      const long long remaining = block_end - base;
+      const int valid = remaining >= kTile ? static_cast<int>(kTile) : static_cast<int>(remaining);
+      In items[kItems];
 #pragma unroll
-      for (int i = 0; i < kLaneItems; ++i) items[i] = next[i];
-      if (tile + kWarpTile < end) load(data, base + kWarpTile, end, in_aligned, next);
-
-      // lane-serial inclusive scan of this lane's run
-      Acc values[kLaneItems];
-      Map()(&items[0], p.index_base + base, &values[0]);
+      for (int i = 0; i < kItems; ++i) items[i] = next[i];
+      load_striped(in + base + kTile, block_end - base - kTile, next);
+      Exchange(temp.exchange).StripedToBlocked(items, items);
+      __syncthreads();
+      Acc values[kItems];
+      const long long first_index = p.index_base + base + static_cast<long long>(threadIdx.x) * kItems;
 #pragma unroll
-      for (int i = 1; i < kLaneItems; ++i) {
-        Acc value;
-        Map()(&items[i], p.index_base + base + i, &value);
-        values[i] = i < count ? Combiner()(values[i - 1], value) : values[i - 1];
-      }
-      // Kogge-Stone inclusive scan of the lane totals, in lane order
-      const Acc lane_total = values[kLaneItems - 1];
-      const long long lanes_left = (end - tile + kLaneItems - 1) / kLaneItems;
-      const int valid_lanes = lanes_left >= 32 ? 32 : static_cast<int>(lanes_left);
-      Acc inclusive = lane_total;
-#pragma unroll
-      for (int offset = 1; offset < 32; offset <<= 1) {
-        const Acc other = __shfl_up_sync(0xffffffffu, inclusive, offset);
-        if (lane >= offset) inclusive = Combiner()(other, inclusive);
-      }
-      const Acc exclusive_lanes = __shfl_up_sync(0xffffffffu, inclusive, 1);
-      const Acc tile_total = __shfl_sync(0xffffffffu, inclusive, valid_lanes - 1);
-      // this lane's prefix: running, then the lanes before it
-      Acc prefix = running;
-      bool lane_has_prefix = have;
-      if (lane > 0) {
-        prefix = have ? Combiner()(running, exclusive_lanes) : exclusive_lanes;
-        lane_has_prefix = true;
-      }
-      Acc results[kLaneItems];
-      if (p.exclusive) {  // an exclusive scan always has a seed
-        results[0] = prefix;
-#pragma unroll
-        for (int i = 1; i < kLaneItems; ++i) results[i] = Combiner()(prefix, values[i - 1]);
-      } else {
-#pragma unroll
-        for (int i = 0; i < kLaneItems; ++i) results[i] = lane_has_prefix ? Combiner()(prefix, values[i]) : values[i];
-      }
-      running = have ? Combiner()(running, tile_total) : tile_total;
-      have = true;
-      if (count == kLaneItems && out_aligned) {
-        uint4* vectors = reinterpret_cast<uint4*>(out + base);
-#pragma unroll
-        for (int v = 0; v < kOutVectors; ++v) vectors[v] = reinterpret_cast<const uint4*>(results)[v];
-      } else {
-#pragma unroll
-        for (int i = 0; i < kLaneItems; ++i) {
-          if (i < count) out[base + i] = results[i];
+      for (int i = 0; i < kItems; ++i) Map()(&items[i], first_index + i, &values[i]);
+      BlockScanT scan(temp.scan);
+      if (have) {
+        if (p.exclusive) {
+          scan.ExclusiveScan(values, values, Combiner(), prefix);
+        } else {
+          scan.InclusiveScan(values, values, Combiner(), prefix);
         }
+      } else {  // the very first tile of an unseeded inclusive scan
+        Acc aggregate;
+        scan.InclusiveScan(values, values, Combiner(), aggregate);
+        prefix.running = aggregate;
+        have = true;
       }
+      __syncthreads();
+      Acc* out = static_cast<Acc*>(p.out) + base;
+      if (valid == kTile) {
+        Store(temp.store).Store(out, values);
+      } else {
+        Store(temp.store).Store(out, values, valid);
+      }
+      __syncthreads();
     }
   }
 };

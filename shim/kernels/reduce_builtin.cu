@@ -50,7 +50,7 @@ __global__ void fold_kernel(const __grid_constant__ FoldParams p) {
 }
 
 template <template <class> class Op, class T>
-__global__ void __launch_bounds__(kReduceBlock) scan_kernel(const __grid_constant__ ScanParams p) {
+__global__ void __launch_bounds__(kScanBlock) scan_kernel(const __grid_constant__ ScanParams p) {
   Scan<Identity<T>, Op<T>, sizeof(T), sizeof(T)>::run(p);
 }
 

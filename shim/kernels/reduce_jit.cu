@@ -40,7 +40,7 @@ extern "C" __global__ void csj_fold(const __grid_constant__ FoldParams params) {
 }
 
 #ifdef CSJ_WITH_SCAN
-extern "C" __global__ void __launch_bounds__(kReduceBlock)
+extern "C" __global__ void __launch_bounds__(kScanBlock)
     csj_scan(const __grid_constant__ ScanParams params) {
   Scan<LinkedMap, LinkedOp, CSJ_IN_SIZE, CSJ_ACC_SIZE>::run(params);
 }

@@ -83,11 +83,10 @@ struct Chunking {
 // One wave of blocks (the fewer resident of the passes that share the chunks).
 Chunking chunking(const KernelSet& kernels, bool with_scan, long long n, int device, int in_size,
                   int acc_size) {
-  // one full warp step per warp (every warp part starts 16-byte aligned)
-  (void)acc_size;
-  const long long granule = static_cast<long long>(k::kReduceWarps) * 32 * k::reduce_lane_items(in_size);
+  // a whole number of scan tiles, and of one 16-byte vector per lane for every warp
+  const long long granule = std::max<long long>(k::scan_tile(acc_size), 8LL * 16 / in_size * 32);
   int resident = detail::blocks_per_multiprocessor(kernels.reduce, k::kReduceBlock);
-  if (with_scan) resident = std::min(resident, detail::blocks_per_multiprocessor(kernels.scan, k::kReduceBlock));
+  if (with_scan) resident = std::min(resident, detail::blocks_per_multiprocessor(kernels.scan, k::kScanBlock));
   const long long blocks = static_cast<long long>(multiprocessors(device)) * resident;
   long long chunk = (n + blocks - 1) / blocks;
   chunk = (chunk + granule - 1) / granule * granule;
@@ -99,21 +98,18 @@ struct PassScratch {
   unsigned char* base = nullptr;
   void* partials = nullptr;
   void* prefixes = nullptr;
-  void* warp_totals = nullptr;
   unsigned int* counter = nullptr;
   void* result = nullptr;
 };
 
 PassScratch allocate_pass(unsigned grid, int acc_size, bool with_prefixes, cudaStream_t stream) {
   const std::size_t block_bytes = (static_cast<std::size_t>(grid) * acc_size + 15) / 16 * 16;
-  const std::size_t warp_bytes = with_prefixes ? block_bytes * k::kReduceWarps : 0;
   PassScratch scratch;
   scratch.base = static_cast<unsigned char*>(
-      allocate(block_bytes * (with_prefixes ? 2 : 1) + warp_bytes + 32, stream));
+      allocate(block_bytes * (with_prefixes ? 2 : 1) + 32, stream));
   scratch.partials = scratch.base;
   scratch.prefixes = with_prefixes ? scratch.base + block_bytes : nullptr;
-  scratch.warp_totals = with_prefixes ? scratch.base + 2 * block_bytes : nullptr;
-  unsigned char* tail = scratch.base + block_bytes * (with_prefixes ? 2 : 1) + warp_bytes;
+  unsigned char* tail = scratch.base + block_bytes * (with_prefixes ? 2 : 1);
   scratch.counter = reinterpret_cast<unsigned int*>(tail);
   scratch.result = tail + 16;
   check(cudaMemsetAsync(scratch.counter, 0, sizeof(unsigned int), stream), "cudaMemsetAsync");
@@ -132,7 +128,6 @@ void reduce_shard(const KernelSet& kernels, const ShardedArray& in, std::size_t 
   params.chunk = cut.chunk;
   params.partials = scratch.partials;
   params.prefixes = scratch.prefixes;
-  params.warp_totals = scratch.warp_totals;
   params.counter = scratch.counter;
   params.result = scratch.result;
   params.has_init = init.empty() ? 0 : 1;
@@ -322,11 +317,10 @@ void scan_impl(const std::vector<KernelSet>& sets, const ShardedArray& in, Shard
     params.index_base = in.shard_offset(place);
     params.chunk = cuts[k].chunk;
     params.prefixes = scratch[k].prefixes;
-    params.warp_totals = scratch[k].warp_totals;
     params.seed = seed;
     params.has_seed = seeded ? 1 : 0;
     params.exclusive = exclusive ? 1 : 0;
-    detail::launch(sets[place].scan, cuts[k].grid, k::kReduceBlock, stream, params, "launching scan");
+    detail::launch(sets[place].scan, cuts[k].grid, k::kScanBlock, stream, params, "launching scan");
     // the fold reads this place's total in place: free only after it ran
     if (k == 0 && folded) check(cudaStreamWaitEvent(stream, folded, 0), "cudaStreamWaitEvent");
     check(cudaFreeAsync(scratch[k].base, stream), "cudaFreeAsync");
