@@ -229,10 +229,8 @@ __device__ __forceinline__ void publish(const ScanParams& p, long long node, con
 template <class Acc>
 __device__ __forceinline__ Acc wait_for(const ScanParams& p, long long node) {
   volatile unsigned int* flag = p.flags + node;
-  unsigned int backoff = 8;
-  while (*flag == 0) {
-    __nanosleep(backoff);
-    if (backoff < 256) backoff <<= 1;
+  for (int spins = 0; *flag == 0; ++spins) {
+    if (spins > 64) __nanosleep(32);
   }
   __threadfence();
   return __ldcg(static_cast<const Acc*>(p.values) + node);
@@ -302,31 +300,49 @@ struct Scan {
       aggregate = temp.prefix;
     }
 
-    if (threadIdx.x == 0) {
-      // Publish this tile, then every run it completes (its low bits all ones), bottom up.
-      Acc run = aggregate;
-      publish(p, tile, run);
-      long long level_offset = 0, level_size = p.num_tiles;
-      for (int level = 1; ((tile + 1) & ((1LL << level) - 1)) == 0 && (1LL << level) <= p.num_tiles; ++level) {
-        const long long sibling = level_offset + (tile >> (level - 1)) - 1;  // left run, level - 1
-        run = Combiner()(wait_for<Acc>(p, sibling), run);
-        level_offset += level_size;
-        level_size = (level_size + 1) / 2;
-        publish(p, level_offset + (tile >> level), run);
+    if (threadIdx.x < 32) {
+      const int lane = threadIdx.x;
+      if (lane == 0) {
+        // Publish this tile, then every run it completes (its low bits all ones), bottom up.
+        Acc run = aggregate;
+        publish(p, tile, run);
+        long long level_offset = 0, level_size = p.num_tiles;
+        for (int level = 1; ((tile + 1) & ((1LL << level) - 1)) == 0 && (1LL << level) <= p.num_tiles; ++level) {
+          const long long sibling = level_offset + (tile >> (level - 1)) - 1;  // left run, level - 1
+          run = Combiner()(wait_for<Acc>(p, sibling), run);
+          level_offset += level_size;
+          level_size = (level_size + 1) / 2;
+          publish(p, level_offset + (tile >> level), run);
+        }
       }
-      // Prefix: the runs named by tile's binary digits, oldest first.
+      __syncwarp();
+      // Prefix: the runs named by tile's binary digits, oldest first; lane j fetches the j-th.
+      const int parts = __popcll(static_cast<unsigned long long>(tile));
+      Acc part{};
+      if (lane < parts) {
+        long long start = 0;
+        int seen = 0;
+        for (int level = 62; level >= 0; --level) {
+          if (!((tile >> level) & 1)) continue;
+          if (seen == lane) {
+            part = wait_for<Acc>(p, tree_level_offset(p.num_tiles, level) + (start >> level));
+            break;
+          }
+          start += 1LL << level;
+          ++seen;
+        }
+      }
       bool have = p.has_seed != 0;
       Acc prefix = p.seed ? *static_cast<const Acc*>(p.seed) : *reinterpret_cast<const Acc*>(p.seed_value);
-      long long start = 0;
-      for (int level = 62; level >= 0; --level) {
-        if (!((tile >> level) & 1)) continue;
-        const Acc part = wait_for<Acc>(p, tree_level_offset(p.num_tiles, level) + (start >> level));
-        prefix = have ? Combiner()(prefix, part) : part;
+      for (int j = 0; j < parts; ++j) {  // the same fixed left fold in every lane
+        const Acc value = __shfl_sync(0xffffffffu, part, j);
+        prefix = have ? Combiner()(prefix, value) : value;
         have = true;
-        start += 1LL << level;
       }
-      temp.prefix = prefix;
-      temp.has_prefix = have;
+      if (lane == 0) {
+        temp.prefix = prefix;
+        temp.has_prefix = have;
+      }
     }
     __syncthreads();
     const Acc prefix = temp.prefix;
