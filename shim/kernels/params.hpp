@@ -61,33 +61,19 @@ constexpr int kScanBlock = 256;
 constexpr int scan_items(int acc_size) { return acc_size == 4 ? 16 : 8; }
 constexpr int scan_tile(int acc_size) { return kScanBlock * scan_items(acc_size); }
 
-// A single-pass scan of one shard, one tile per block. Tile k's prefix is assembled from
-// the aggregates of aligned power-of-two runs of earlier tiles (the binary digits of k), each
-// aggregate built by a fixed tree: the association depends on k alone, never on timing, so
-// results are bitwise deterministic while the data is read once.
+// Second pass of a scan: block b scans its chunk (same chunks as the ReduceParams pass that
+// produced `prefixes`) seeded with seed op prefixes[b].
 struct ScanParams {
   const void* in;
   void* out;
   long long n;
   long long index_base;
-  unsigned int* flags;   // per tree node: 0 until its value is published (zeroed before launch)
-  void* values;          // per tree node: the aggregate of its run of tiles
-  unsigned int* ticket;  // tile dispenser, zeroed before launch
-  long long num_tiles;
-  const void* seed;      // device memory: everything before in[0] (or null: seed_value)
+  long long chunk;
+  const void* prefixes;
+  const void* seed;  // device memory: everything before in[0] (or null: seed_value)
   int has_seed;
   int exclusive;
   alignas(8) unsigned char seed_value[8];
 };
-
-// Tree nodes for `tiles` tiles: level l holds ceil(tiles / 2^l) runs, down to one.
-constexpr long long scan_tree_nodes(long long tiles) {
-  long long nodes = 0;
-  for (long long level_size = tiles; ; level_size = (level_size + 1) / 2) {
-    nodes += level_size;
-    if (level_size <= 1) break;
-  }
-  return nodes;
-}
 
 }  // namespace csj::kernels

@@ -7,9 +7,9 @@
 //   Op:  op(const Acc* a, const Acc* b, Acc* out)                  (a before b)
 // Accumulators travel as raw 4- or 8-byte words.
 //
-// Scans read their data once (Scan: single pass, one tile per block, deterministic prefixes
-// from a fixed tree over tile aggregates). Across places it is reduce-then-scan: each shard's
-// total (Reduction), their prefix in shard order (fold), each shard scanned seeded with it. Decoupled look-back would save one read, but the association of its
+// A scan is reduce-then-scan at every level: pass 1 (Reduction with prefixes) folds each
+// block's chunk and gives each block its exclusive prefix; pass 2 (Scan) scans each chunk,
+// tile by tile, seeded with it. (A barrier-free warp-level second pass measured slower.) Decoupled look-back would save one read, but the association of its
 // prefixes depends on timing, which breaks bitwise determinism for floating point.
 #pragma once
 
@@ -209,32 +209,16 @@ __device__ void fold(const FoldParams& p) {
   *static_cast<Acc*>(p.total) = acc;
 }
 
-// First node of level `level` in the scan tree of `tiles` tiles.
-__device__ __forceinline__ long long tree_level_offset(long long tiles, int level) {
-  long long offset = 0, size = tiles;
-  for (int l = 0; l < level; ++l) {
-    offset += size;
-    size = (size + 1) / 2;
+// Hands the running prefix to each tile of a block and advances it by the tile's aggregate.
+template <class Op, class Acc>
+struct RunningPrefix {
+  Acc running;
+  __device__ __forceinline__ Acc operator()(Acc tile_aggregate) {
+    const Acc prefix = running;
+    running = Combine<Op, Acc>()(running, tile_aggregate);
+    return prefix;
   }
-  return offset;
-}
-
-template <class Acc>
-__device__ __forceinline__ void publish(const ScanParams& p, long long node, const Acc& value) {
-  static_cast<Acc*>(p.values)[node] = value;
-  __threadfence();
-  atomicExch(p.flags + node, 1u);
-}
-
-template <class Acc>
-__device__ __forceinline__ Acc wait_for(const ScanParams& p, long long node) {
-  volatile unsigned int* flag = p.flags + node;
-  for (int spins = 0; *flag == 0; ++spins) {
-    if (spins > 64) __nanosleep(32);
-  }
-  __threadfence();
-  return __ldcg(static_cast<const Acc*>(p.values) + node);
-}
+};
 
 template <class Map, class Op, int InSize, int AccSize>
 struct Scan {
@@ -243,125 +227,77 @@ struct Scan {
   static constexpr int kItems = scan_items(AccSize);
   static constexpr long long kTile = scan_tile(AccSize);
   using Combiner = Combine<Op, Acc>;
-  using Load = cub::BlockLoad<In, kScanBlock, kItems, cub::BLOCK_LOAD_WARP_TRANSPOSE>;
+  using Exchange = cub::BlockExchange<In, kScanBlock, kItems>;
   using Store = cub::BlockStore<Acc, kScanBlock, kItems, cub::BLOCK_STORE_WARP_TRANSPOSE>;
   using BlockScanT = cub::BlockScan<Acc, kScanBlock, cub::BLOCK_SCAN_WARP_SCANS>;
 
-  struct TempStorage {
-    union {
-      typename Load::TempStorage load;
-      typename Store::TempStorage store;
-      typename BlockScanT::TempStorage scan;
-    } stage;
-    long long tile;
-    Acc prefix;
-    bool has_prefix;
+  union TempStorage {
+    typename Exchange::TempStorage exchange;
+    typename Store::TempStorage store;
+    typename BlockScanT::TempStorage scan;
   };
+
+  // Striped (coalesced) loads straight into registers, so the next tile's loads are in
+  // flight while this tile is scanned and stored.
+  __device__ __forceinline__ static void load_striped(const In* in, long long remaining, In (&items)[kItems]) {
+    if (remaining >= kTile) {
+      cub::LoadDirectStriped<kScanBlock>(threadIdx.x, in, items);
+    } else if (remaining > 0) {
+      cub::LoadDirectStriped<kScanBlock>(threadIdx.x, in, items, static_cast<int>(remaining), in[0]);
+    }
+  }
 
   __device__ static void run(const ScanParams& p) {
     __shared__ TempStorage temp;
-    if (threadIdx.x == 0) temp.tile = atomicAdd(p.ticket, 1u);  // tiles start in order
-    __syncthreads();
-    const long long tile = temp.tile;
-    const long long base = tile * kTile;
-    const long long remaining = p.n - base;
-    const bool full = remaining >= kTile;
-    const int valid = full ? static_cast<int>(kTile) : static_cast<int>(remaining);
-
-    const In* in = static_cast<const In*>(p.in) + base;
-    In items[kItems];
-    if (full) {
-      Load(temp.stage.load).Load(in, items);
-    } else {
-      Load(temp.stage.load).Load(in, items, valid, in[0]);  // padding: a real element, never stored
+    const long long block_begin = static_cast<long long>(blockIdx.x) * p.chunk;
+    const long long block_end = min(block_begin + p.chunk, p.n);
+    // The block's seed: everything before its chunk, in a fixed association.
+    bool have = p.has_seed != 0 || blockIdx.x > 0;
+    RunningPrefix<Op, Acc> prefix{};
+    const Acc seed = p.seed ? *static_cast<const Acc*>(p.seed) : *reinterpret_cast<const Acc*>(p.seed_value);
+    if (blockIdx.x > 0) {
+      const Acc before = static_cast<const Acc*>(p.prefixes)[blockIdx.x];
+      prefix.running = p.has_seed ? Combiner()(seed, before) : before;
+    } else if (p.has_seed) {
+      prefix.running = seed;
     }
-    __syncthreads();
-    Acc values[kItems];
-    const long long first_index = p.index_base + base + static_cast<long long>(threadIdx.x) * kItems;
+    const In* in = static_cast<const In*>(p.in);
+    In next[kItems];
+    load_striped(in + block_begin, block_end - block_begin, next);
+    for (long long base = block_begin; base < block_end; base += kTile) {
+      const long long remaining = block_end - base;
+      const int valid = remaining >= kTile ? static_cast<int>(kTile) : static_cast<int>(remaining);
+      In items[kItems];
 #pragma unroll
-    for (int i = 0; i < kItems; ++i) Map()(&items[i], first_index + i, &values[i]);
-
-    // Local scan and this tile's aggregate (padding sits after every valid item).
-    Acc aggregate;
-    Acc local[kItems];
-    if (p.exclusive) {
-      BlockScanT(temp.stage.scan).ExclusiveScan(values, local, Combiner(), aggregate);
-    } else {
-      BlockScanT(temp.stage.scan).InclusiveScan(values, local, Combiner(), aggregate);
-    }
-    if (!full) {  // the aggregate must cover valid items only: refold them
+      for (int i = 0; i < kItems; ++i) items[i] = next[i];
+      load_striped(in + base + kTile, block_end - base - kTile, next);
+      Exchange(temp.exchange).StripedToBlocked(items, items);
       __syncthreads();
-      Acc inclusive[kItems];
-      Acc valid_aggregate;
-      BlockScanT(temp.stage.scan).InclusiveScan(values, inclusive, Combiner(), valid_aggregate);
-      const int last = valid - 1;
-      if (threadIdx.x == last / kItems) temp.prefix = inclusive[last % kItems];
-      __syncthreads();
-      aggregate = temp.prefix;
-    }
-
-    if (threadIdx.x < 32) {
-      const int lane = threadIdx.x;
-      if (lane == 0) {
-        // Publish this tile, then every run it completes (its low bits all ones), bottom up.
-        Acc run = aggregate;
-        publish(p, tile, run);
-        long long level_offset = 0, level_size = p.num_tiles;
-        for (int level = 1; ((tile + 1) & ((1LL << level) - 1)) == 0 && (1LL << level) <= p.num_tiles; ++level) {
-          const long long sibling = level_offset + (tile >> (level - 1)) - 1;  // left run, level - 1
-          run = Combiner()(wait_for<Acc>(p, sibling), run);
-          level_offset += level_size;
-          level_size = (level_size + 1) / 2;
-          publish(p, level_offset + (tile >> level), run);
+      Acc values[kItems];
+      const long long first_index = p.index_base + base + static_cast<long long>(threadIdx.x) * kItems;
+#pragma unroll
+      for (int i = 0; i < kItems; ++i) Map()(&items[i], first_index + i, &values[i]);
+      BlockScanT scan(temp.scan);
+      if (have) {
+        if (p.exclusive) {
+          scan.ExclusiveScan(values, values, Combiner(), prefix);
+        } else {
+          scan.InclusiveScan(values, values, Combiner(), prefix);
         }
-      }
-      __syncwarp();
-      // Prefix: the runs named by tile's binary digits, oldest first; lane j fetches the j-th.
-      const int parts = __popcll(static_cast<unsigned long long>(tile));
-      Acc part{};
-      if (lane < parts) {
-        long long start = 0;
-        int seen = 0;
-        for (int level = 62; level >= 0; --level) {
-          if (!((tile >> level) & 1)) continue;
-          if (seen == lane) {
-            part = wait_for<Acc>(p, tree_level_offset(p.num_tiles, level) + (start >> level));
-            break;
-          }
-          start += 1LL << level;
-          ++seen;
-        }
-      }
-      bool have = p.has_seed != 0;
-      Acc prefix = p.seed ? *static_cast<const Acc*>(p.seed) : *reinterpret_cast<const Acc*>(p.seed_value);
-      for (int j = 0; j < parts; ++j) {  // the same fixed left fold in every lane
-        const Acc value = __shfl_sync(0xffffffffu, part, j);
-        prefix = have ? Combiner()(prefix, value) : value;
+      } else {  // the very first tile of an unseeded inclusive scan
+        Acc aggregate;
+        scan.InclusiveScan(values, values, Combiner(), aggregate);
+        prefix.running = aggregate;
         have = true;
       }
-      if (lane == 0) {
-        temp.prefix = prefix;
-        temp.has_prefix = have;
-      }
-    }
-    __syncthreads();
-    const Acc prefix = temp.prefix;
-    const bool has_prefix = temp.has_prefix;
-    Acc results[kItems];
-#pragma unroll
-    for (int i = 0; i < kItems; ++i) {
-      if (p.exclusive && threadIdx.x == 0 && i == 0) {
-        results[i] = prefix;  // an exclusive scan always has a seed
+      __syncthreads();
+      Acc* out = static_cast<Acc*>(p.out) + base;
+      if (valid == kTile) {
+        Store(temp.store).Store(out, values);
       } else {
-        results[i] = has_prefix ? Combiner()(prefix, local[i]) : local[i];
+        Store(temp.store).Store(out, values, valid);
       }
-    }
-    __syncthreads();
-    Acc* out = static_cast<Acc*>(p.out) + base;
-    if (full) {
-      Store(temp.stage.store).Store(out, results);
-    } else {
-      Store(temp.stage.store).Store(out, results, valid);
+      __syncthreads();
     }
   }
 };

@@ -83,11 +83,10 @@ struct Chunking {
 // One wave of blocks (the fewer resident of the passes that share the chunks).
 Chunking chunking(const KernelSet& kernels, bool with_scan, long long n, int device, int in_size,
                   int acc_size) {
-  // a whole number of 16-byte vectors for every lane of every warp
-  (void)acc_size;
-  const long long granule = 8LL * 16 / in_size * 32;
-  (void)with_scan;
+  // a whole number of scan tiles, and of one 16-byte vector per lane for every warp
+  const long long granule = std::max<long long>(k::scan_tile(acc_size), 8LL * 16 / in_size * 32);
   int resident = detail::blocks_per_multiprocessor(kernels.reduce, k::kReduceBlock);
+  if (with_scan) resident = std::min(resident, detail::blocks_per_multiprocessor(kernels.scan, k::kScanBlock));
   const long long blocks = static_cast<long long>(multiprocessors(device)) * resident;
   long long chunk = (n + blocks - 1) / blocks;
   chunk = (chunk + granule - 1) / granule * granule;
@@ -143,9 +142,8 @@ void reduce_shard(const KernelSet& kernels, const ShardedArray& in, std::size_t 
 // allocated (returned) for a second pass. Returns null for one place (nothing to fold).
 unsigned char* first_pass(const std::vector<KernelSet>& sets, const ShardedArray& in,
                           const std::vector<std::size_t>& places, int acc_size,
-                          const std::string& init, bool always_fold,
+                          const std::string& init, bool with_prefixes,
                           std::vector<PassScratch>& scratch, std::vector<Chunking>& cuts) {
-  const bool with_prefixes = false;
   const PlaceGroup& group = *in.group();
   const int home = group.device(0);
   const cudaStream_t home_stream = stream_of(group, 0);
@@ -157,7 +155,7 @@ unsigned char* first_pass(const std::vector<KernelSet>& sets, const ShardedArray
   }
   unsigned char* staging = nullptr;
   cudaEvent_t staging_ready = nullptr;
-  {
+  if (count > 1) {
     detail::DeviceGuard guard(home);
     staging = static_cast<unsigned char*>(allocate((2 * count + 1) * acc_size, home_stream));
     check(cudaEventCreateWithFlags(&staging_ready, cudaEventDisableTiming), "cudaEventCreateWithFlags");
@@ -173,6 +171,7 @@ unsigned char* first_pass(const std::vector<KernelSet>& sets, const ShardedArray
     cuts[k] = chunking(sets[place], with_prefixes, in.shard_size(place), device, in_size, acc_size);
     scratch[k] = allocate_pass(cuts[k].grid, acc_size, with_prefixes, stream);
     reduce_shard(sets[place], in, place, cuts[k], scratch[k]);
+    if (count == 1) return nullptr;
     if (group.can_access_peer(home, device)) {
       fold.sources[k] = scratch[k].result;  // read in place by the fold kernel
     } else {
@@ -281,15 +280,11 @@ void scan_impl(const std::vector<KernelSet>& sets, const ShardedArray& in, Shard
   const int home = group.device(0);
   const cudaStream_t home_stream = stream_of(group, 0);
 
-  // Across places: the totals of every non-empty shard but the last, folded in shard order.
-  const std::size_t leading = places.size() - 1;
-  unsigned char* staging = nullptr;
+  std::vector<PassScratch> scratch(places.size());
+  std::vector<Chunking> cuts(places.size());
+  unsigned char* staging = first_pass(sets, in, places, acc_size, init, true, scratch, cuts);
   cudaEvent_t folded = nullptr;
-  std::vector<PassScratch> scratch(leading);
-  if (leading > 0) {
-    std::vector<Chunking> cuts(leading);
-    const std::vector<std::size_t> first(places.begin(), places.end() - 1);
-    staging = first_pass(sets, in, first, acc_size, init, true, scratch, cuts);
+  if (staging) {
     detail::DeviceGuard guard(home);
     check(cudaEventCreateWithFlags(&folded, cudaEventDisableTiming), "cudaEventCreateWithFlags");
     check(cudaEventRecord(folded, home_stream), "cudaEventRecord");
@@ -301,51 +296,34 @@ void scan_impl(const std::vector<KernelSet>& sets, const ShardedArray& in, Shard
     const cudaStream_t stream = stream_of(group, place);
     const bool seeded = k > 0 || !init.empty();
     detail::DeviceGuard guard(device);
-    const long long n = in.shard_size(place);
-    const long long tile = k::scan_tile(acc_size);
-    const long long tiles = (n + tile - 1) / tile;
-    const long long nodes = k::scan_tree_nodes(tiles);
-    const std::size_t flag_bytes = (static_cast<std::size_t>(nodes) * 4 + 15) / 16 * 16;
-    const std::size_t value_bytes = (static_cast<std::size_t>(nodes) * acc_size + 15) / 16 * 16;
-    auto* tree = static_cast<unsigned char*>(allocate(flag_bytes + 16 + value_bytes + 16, stream));
-    check(cudaMemsetAsync(tree, 0, flag_bytes + 16, stream), "cudaMemsetAsync (scan tree)");
-
     k::ScanParams params{};
-    params.in = reinterpret_cast<const void*>(in.shard_pointer(place));
-    params.out = reinterpret_cast<void*>(out.shard_pointer(place));
-    params.n = n;
-    params.index_base = in.shard_offset(place);
-    params.flags = reinterpret_cast<unsigned int*>(tree);
-    params.ticket = reinterpret_cast<unsigned int*>(tree + flag_bytes);
-    params.values = tree + flag_bytes + 16;
-    params.num_tiles = tiles;
-    params.has_seed = seeded ? 1 : 0;
-    params.exclusive = exclusive ? 1 : 0;
-    void* seed_copy = nullptr;
+    void* seed = nullptr;  // the first shard's seed (init) travels in the parameters
     if (k == 0 && seeded) {
-      std::memcpy(params.seed_value, init.data(), acc_size);  // travels in the parameters
+      std::memcpy(params.seed_value, init.data(), acc_size);
     } else if (k > 0) {
       check(cudaStreamWaitEvent(stream, folded, 0), "cudaStreamWaitEvent");
-      // the prefix before shard k: the fold's prefixes[k], or its total for the last shard
-      unsigned char* prefix = k < leading ? staging + (leading + k) * acc_size
-                                          : staging + 2 * leading * acc_size;
+      unsigned char* prefix = staging + (places.size() + k) * acc_size;
       if (group.can_access_peer(device, home)) {
-        params.seed = prefix;  // read in place
+        seed = prefix;  // read in place
       } else {
-        seed_copy = allocate(16, stream);
-        check(cudaMemcpyPeerAsync(seed_copy, device, prefix, home, acc_size, stream),
+        seed = static_cast<unsigned char*>(scratch[k].result) + 8;  // spare slot after the total
+        check(cudaMemcpyPeerAsync(seed, device, prefix, home, acc_size, stream),
               "cudaMemcpyPeerAsync (prefix)");
-        params.seed = seed_copy;
       }
     }
-    detail::launch(sets[place].scan, static_cast<unsigned>(tiles), k::kScanBlock, stream, params,
-                   "launching scan");
-    check(cudaFreeAsync(tree, stream), "cudaFreeAsync");
-    if (seed_copy) check(cudaFreeAsync(seed_copy, stream), "cudaFreeAsync");
-    if (k < leading) {  // the fold read this shard's total in place: free after it ran
-      if (k == 0) check(cudaStreamWaitEvent(stream, folded, 0), "cudaStreamWaitEvent");
-      check(cudaFreeAsync(scratch[k].base, stream), "cudaFreeAsync");
-    }
+    params.in = reinterpret_cast<const void*>(in.shard_pointer(place));
+    params.out = reinterpret_cast<void*>(out.shard_pointer(place));
+    params.n = in.shard_size(place);
+    params.index_base = in.shard_offset(place);
+    params.chunk = cuts[k].chunk;
+    params.prefixes = scratch[k].prefixes;
+    params.seed = seed;
+    params.has_seed = seeded ? 1 : 0;
+    params.exclusive = exclusive ? 1 : 0;
+    detail::launch(sets[place].scan, cuts[k].grid, k::kScanBlock, stream, params, "launching scan");
+    // the fold reads this place's total in place: free only after it ran
+    if (k == 0 && folded) check(cudaStreamWaitEvent(stream, folded, 0), "cudaStreamWaitEvent");
+    check(cudaFreeAsync(scratch[k].base, stream), "cudaFreeAsync");
     check(cudaEventCreateWithFlags(&done[k], cudaEventDisableTiming), "cudaEventCreateWithFlags");
     check(cudaEventRecord(done[k], stream), "cudaEventRecord");
   }
