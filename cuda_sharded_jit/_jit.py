@@ -130,7 +130,7 @@ def compile_transform(op, arg_kinds, out_dtype, cc, max_scalars: int) -> bytes:
 
     arg_kinds: per operator argument, ("array", dtype) or ("scalar", dtype), in call order.
     """
-    numba, types, numba_errors = _load_numba()
+    _, types, _ = _load_numba()
     dispatcher = _device_dispatcher(op)
     array_params, scalar_params, call_args = [], [], []
     signature = []
@@ -153,22 +153,12 @@ def compile_transform(op, arg_kinds, out_dtype, cc, max_scalars: int) -> bytes:
     signature.extend([types.voidptr] * len(unused))
     params = ", ".join(array_params + ["out"] + scalar_params + unused)
     source = (
-        f"def csj_transform_wrapper({params}):\n"
+        f"def csj_transform_op({params}):\n"
         f"    out[0] = _cast(_op({', '.join(call_args)}))\n"
     )
     namespace = {"_op": dispatcher, "_cast": getattr(np, np.dtype(out_dtype).name)}
-    exec(compile(source, f"<sharded transform wrapper for {op.name}>", "exec"), namespace)
-    wrapper = namespace["csj_transform_wrapper"]
-    arg_dtypes = [dtype for _, dtype in arg_kinds]
-    with _TargetCC(cc):
-        try:
-            ltoir, _ = numba.cuda.compile(
-                wrapper, tuple(signature), device=True, abi="c",
-                abi_info={"abi_name": "csj_transform_op"}, output="ltoir", cc=cc,
-            )
-        except numba_errors as error:
-            raise _type_error(op, arg_dtypes, error) from None
-    return bytes(ltoir)
+    return _compile_wrapper(source, op.name, "csj_transform_op", namespace, signature, cc, op,
+                            [dtype for _, dtype in arg_kinds])
 
 
 def _compile_wrapper(source: str, name: str, abi_name: str, namespace: dict, signature, cc,
