@@ -79,3 +79,12 @@ def test_array_constructors_reject_non_groups():
 def test_descriptor_repr():
     assert repr(sharded.ops.axpy(2.0)) == "sharded.ops.axpy(2.0)"
     assert sharded.ops.add.arity == 2 and sharded.ops.negate.arity == 1
+
+
+def test_info_runs_without_a_gpu(tmp_path):
+    result = subprocess.run([sys.executable, "-m", "cuda_sharded_jit", "info"], capture_output=True,
+                            text=True, check=True, cwd=tmp_path)
+    assert "cuda_sharded_jit" in result.stdout and "numba-cuda:" in result.stdout
+    assert result.stdout.strip().splitlines()[-1].startswith("verdict: ")
+    if DEVICE_COUNT == 0:
+        assert "no GPU usable" in result.stdout
