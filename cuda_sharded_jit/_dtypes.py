@@ -39,3 +39,17 @@ def scalar_dtype(value, argument: str) -> np.dtype:
 
 def is_scalar(value) -> bool:
     return isinstance(value, (int, float, np.generic)) and not isinstance(value, bool)
+
+
+def exact_cast(value, dtype: np.dtype, argument: str):
+    """`value` as a numpy scalar of `dtype`; ValueError when it does not fit (an integer out
+    of range, a negative for an unsigned type) or would lose its fraction in an integer."""
+    dtype = np.dtype(dtype)
+    try:
+        with np.errstate(all="ignore"):
+            cast = np.asarray(value).astype(dtype)[()]
+    except (OverflowError, ValueError, TypeError) as error:
+        raise ValueError(f"{argument}: {value!r} does not fit {dtype}: {error}") from None
+    if dtype.kind in "iu" and cast != value:
+        raise ValueError(f"{argument}: {value!r} does not fit {dtype} (it would become {cast})")
+    return cast

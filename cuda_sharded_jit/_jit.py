@@ -8,7 +8,9 @@ package import.
 
 from __future__ import annotations
 
+import inspect
 import threading
+import types
 
 import numpy as np
 
@@ -93,10 +95,60 @@ def _describe(dtypes) -> str:
 
 
 def _device_dispatcher(op):
-    # A fresh dispatcher per compile: numba freezes globals when it compiles, and a changed
-    # global must be seen (the cache key already tells the versions apart).
+    """A fresh dispatcher for the operator and every device function it calls.
+
+    numba freezes globals when it compiles and keeps a compiled device function per
+    signature; a changed global (in the operator or in a helper it calls) must be seen, so
+    each compile starts from the Python functions again. Helpers may be numba device
+    functions or other `sharded.op`s (closures or globals); they compile for the same target.
+    """
+    return _fresh_function(op.func, {})
+
+
+def _fresh_callable(value, memo):
+    from .op import Op
+
+    if isinstance(value, Op):
+        return _fresh_function(value.func, memo)
+    py_func = getattr(value, "py_func", None)  # a numba dispatcher
+    if py_func is not None and inspect.isfunction(py_func):
+        return _fresh_function(py_func, memo)
+    return None
+
+
+def _fresh_function(func, memo):
     numba, _, _ = _load_numba()
-    return numba.cuda.jit(device=True)(op.func)
+    if id(func) in memo:
+        return memo[id(func)] or func  # recursion: numba rejects it with its own message
+    memo[id(func)] = None
+    from .op import _global_names
+
+    replaced = {}
+    for name in _global_names(func.__code__):
+        if name in func.__globals__:
+            fresh = _fresh_callable(func.__globals__[name], memo)
+            if fresh is not None:
+                replaced[name] = fresh
+    closure, changed = [], False
+    for cell in func.__closure__ or ():
+        try:
+            fresh = _fresh_callable(cell.cell_contents, memo)
+        except ValueError:  # empty cell
+            fresh = None
+        closure.append(types.CellType(fresh) if fresh is not None else cell)
+        changed = changed or fresh is not None
+    if replaced or changed:
+        namespace = dict(func.__globals__)
+        namespace.update(replaced)
+        rebuilt = types.FunctionType(func.__code__, namespace, func.__name__, func.__defaults__,
+                                     tuple(closure) if func.__closure__ else None)
+        rebuilt.__qualname__ = func.__qualname__
+        func_to_compile = rebuilt
+    else:
+        func_to_compile = func
+    dispatcher = numba.cuda.jit(device=True)(func_to_compile)
+    memo[id(func)] = dispatcher
+    return dispatcher
 
 
 def _type_error(op, arg_dtypes, error) -> TypeError:

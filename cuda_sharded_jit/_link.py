@@ -31,13 +31,8 @@ def kernel_module(name: str) -> bytes:
 
 
 @functools.lru_cache(maxsize=None)
-def kernel_module_digest(name: str) -> str:
-    return hashlib.sha256(kernel_module(name)).hexdigest()[:16]
-
-
-@functools.lru_cache(maxsize=None)
 def build_info() -> dict:
-    """What the build recorded about the shipped kernels: LTO archs and a source digest."""
+    """What the build recorded about the shipped kernels: the LTO architectures."""
     try:
         return json.loads((_KERNEL_DIR / "build_info.json").read_text())
     except (OSError, ValueError):
@@ -100,17 +95,33 @@ def nvjitlink_release() -> tuple[int, int]:
 
 
 @functools.lru_cache(maxsize=None)
+def kernels_digest() -> str:
+    """Digest of every shipped kernel module as built (an incremental rebuild changes it)."""
+    digest = hashlib.sha256()
+    for path in sorted(_KERNEL_DIR.glob("*.fatbin")):
+        digest.update(path.name.encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+@functools.lru_cache(maxsize=None)
 def toolchain_fingerprint() -> str:
     """Everything outside the operator that changes generated code (part of disk keys)."""
+    linker = _package_version("nvidia-nvjitlink")
+    if linker is None:  # a toolkit's nvJitLink: ask the library itself
+        try:
+            linker = "%d.%d" % nvjitlink_release()
+        except Exception:  # noqa: BLE001 - reported when linking is attempted
+            linker = "unavailable"
     parts = {
         "python": sys.version.split()[0],
         "numba": _package_version("numba"),
         "numba-cuda": _package_version("numba-cuda"),
         "cuda-bindings": _package_version("cuda-bindings"),
         "nvvm": _package_version("nvidia-nvvm") or _toolkit_nvvm_version(),
-        "nvjitlink": _package_version("nvidia-nvjitlink"),
+        "nvjitlink": linker,
         "shim": _package_version("cuda-sharded-jit"),
-        "kernels": build_info().get("kernel_digest"),
+        "kernels": kernels_digest(),
     }
     return json.dumps(parts, sort_keys=True)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import operator
+import weakref
 from collections.abc import Sequence
 
 import numpy as np
@@ -33,6 +34,14 @@ def _shard_sizes(group: PlaceGroup, n_or_sizes, argument: str = "n") -> list[int
         f"{argument}: expected a total size (int) or a list of shard sizes, "
         f"got {type(n_or_sizes).__name__}"
     )
+
+
+def _release_adopted(group_impl, buffers) -> None:
+    """Waits for the group's queued work; `buffers` are released when this returns."""
+    try:
+        group_impl.sync()
+    except RuntimeError:  # a failed context: nothing left to wait for
+        pass
 
 
 class ShardView:
@@ -88,13 +97,13 @@ class ShardedArray:
 
     __slots__ = ("_impl", "_group", "_dtype", "_keepalive", "__weakref__")
 
-    def __init__(self, impl, group: PlaceGroup, keepalive=None):
+    def __init__(self, impl, group: PlaceGroup):
         if not isinstance(impl, _shim.ShardedArray):
             raise TypeError("use ShardedArray.allocate / from_numpy / adopt to make an array")
         self._impl = impl
         self._group = group
         self._dtype = np.dtype(impl.dtype)
-        self._keepalive = keepalive
+        self._keepalive = None  # adopted arrays: a finalizer holding the buffers
 
     # ---- construction -------------------------------------------------------------------
     @classmethod
@@ -195,7 +204,11 @@ class ShardedArray:
         # Our streams start after whatever the producers queued on theirs (CAI v3 contract).
         for place, stream in enumerate(streams):
             group._impl.wait_for_stream(place, int(stream))
-        return cls(impl, group, keepalive=tuple(buffers))
+        array = cls(impl, group)
+        # The buffers live as long as the array, and are let go only after the work queued
+        # on them has run (their owner may reuse the memory at once).
+        array._keepalive = weakref.finalize(array, _release_adopted, group._impl, tuple(buffers))
+        return array
 
     # ---- data out -----------------------------------------------------------------------
     def to_numpy(self) -> np.ndarray:
@@ -218,10 +231,11 @@ class ShardedArray:
         return ShardView(self, place)
 
     def free(self) -> None:
-        """Release device memory now (adopted buffers are only let go). Idempotent; any later
-        use raises ValueError."""
+        """Release device memory now (adopted buffers are let go once queued work has run).
+        Idempotent; any later use raises ValueError."""
         self._impl.free()
-        self._keepalive = None
+        if self._keepalive is not None:
+            self._keepalive()
 
     # ---- properties ---------------------------------------------------------------------
     @property

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import subprocess
 import time
+import warnings
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -16,7 +17,7 @@ import numpy as np
 
 from . import _cache, _link, _shim
 from ._dtypes import as_dtype
-from .op import Op, as_op
+from .op import Op, as_op, disk_cacheable
 
 ALGORITHMS = ("transform", "reduce", "scan")
 VALUE_MAP = ("value", None)
@@ -154,20 +155,29 @@ def _lookup(op: Op, key: tuple, map_spec=VALUE_MAP) -> CompiledKernel:
 
     def build() -> CompiledKernel:
         digest = _cache.disk_key(repr(key) + _link.toolchain_fingerprint())
+        # values known only to this process (arbitrary objects) keep the kernel in memory
+        on_disk = disk_cacheable(key)
         started = time.perf_counter()
-        stored = _cache.read_entry(digest)
+        stored = _cache.read_entry(digest) if on_disk else None
         if stored is not None:
             header, body = stored
-            cubin_end = header["cubin_size"]
-            ltoir_end = cubin_end + header["ltoir_size"]
-            return CompiledKernel(algorithm, op.name, arg_kinds, np.dtype(header["out_dtype"]), arch,
-                                  header["module"], body[:cubin_end], body[cubin_end:ltoir_end],
-                                  digest, True, time.perf_counter() - started, body[ltoir_end:])
+            try:
+                cubin_end = header["cubin_size"]
+                ltoir_end = cubin_end + header["ltoir_size"]
+                return CompiledKernel(algorithm, op.name, arg_kinds, np.dtype(header["out_dtype"]),
+                                      arch, header["module"], body[:cubin_end],
+                                      body[cubin_end:ltoir_end], digest, True,
+                                      time.perf_counter() - started, body[ltoir_end:])
+            except (KeyError, TypeError, ValueError) as error:
+                warnings.warn(f"kernel cache entry {digest} has a bad header ({error!r}); "
+                              f"recompiling and replacing it", _cache.CacheWarning, stacklevel=3)
         kernel = replace(_build(op, key, map_spec), cache_key=digest)
-        _cache.write_entry(digest, {"algorithm": algorithm, "op": op.name, "arch": arch,
-                                    "module": kernel.module, "out_dtype": kernel.out_dtype.name,
-                                    "cubin_size": len(kernel.cubin), "ltoir_size": len(kernel.ltoir)},
-                           kernel.cubin + kernel.ltoir + kernel.map_ltoir)
+        if on_disk:
+            _cache.write_entry(digest, {"algorithm": algorithm, "op": op.name, "arch": arch,
+                                        "module": kernel.module, "out_dtype": kernel.out_dtype.name,
+                                        "cubin_size": len(kernel.cubin),
+                                        "ltoir_size": len(kernel.ltoir)},
+                               kernel.cubin + kernel.ltoir + kernel.map_ltoir)
         return kernel
 
     return _kernels.get_or_build(key, build)
@@ -259,14 +269,13 @@ def kernel_libraries(op: Op, algorithm: str, arg_kinds: tuple, out_request, arch
 def clear_cache(memory: bool = True, disk: bool = True) -> int:
     """Forget compiled kernels: in this process (`memory`) and on disk (`disk`).
 
-    Returns the number of disk entries removed. Kernels already loaded by running
-    algorithms stay valid.
+    Returns the number of disk entries removed. Kernels already loaded stay loaded for the
+    life of the process (work queued with them may still be running).
     """
     removed = 0
     if memory:
         _kernels.clear()
         _libraries.clear()
-        _loaded.clear()
     if disk:
         removed = _cache.clear_disk()
     return removed

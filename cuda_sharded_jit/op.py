@@ -9,6 +9,8 @@ captured value or a global changes the result on the next call.
 from __future__ import annotations
 
 import builtins
+import dis
+import enum
 import functools
 import hashlib
 import inspect
@@ -16,7 +18,9 @@ import types
 
 import numpy as np
 
-_SIMPLE = (type(None), bool, int, float, complex, str, bytes)
+_SIMPLE = (type(None), bool, int, complex, str, bytes)
+# Marks a value we cannot describe across processes: the kernel is cached in memory only.
+VOLATILE = "volatile"
 
 
 def _code_digest(code: types.CodeType, digest) -> None:
@@ -28,13 +32,18 @@ def _code_digest(code: types.CodeType, digest) -> None:
         if isinstance(constant, types.CodeType):
             _code_digest(constant, digest)
         else:
-            # typed: 1, 1.0 and True compare equal in a tuple but compile differently
+            # typed: 1, 1.0 and True compare equal in a tuple but compile differently;
+            # floats by their exact bits (-0.0 is not 0.0)
+            if isinstance(constant, float):
+                constant = constant.hex()
             digest.update(repr((type(constant).__qualname__, constant)).encode())
 
 
 def _fingerprint(value, seen: frozenset = frozenset()):
     """A hashable, process-independent description of a value an operator may read."""
-    if isinstance(value, _SIMPLE):
+    if isinstance(value, float) and not isinstance(value, np.generic):
+        return ("float", value.hex())  # tells -0.0 from 0.0 and keeps NaN equal to itself
+    if isinstance(value, _SIMPLE) and not isinstance(value, enum.Enum):
         return (type(value).__qualname__, value)
     if isinstance(value, np.generic):
         return ("np", value.dtype.str, value.tobytes())
@@ -43,6 +52,9 @@ def _fingerprint(value, seen: frozenset = frozenset()):
                 hashlib.sha256(np.ascontiguousarray(value).tobytes()).hexdigest())
     if isinstance(value, np.dtype):
         return ("dtype", value.str)
+    if isinstance(value, enum.Enum):
+        return ("enum", type(value).__module__, type(value).__qualname__, value.name,
+                _fingerprint(value.value, seen))
     if isinstance(value, tuple):
         return ("tuple",) + tuple(_fingerprint(item, seen) for item in value)
     if isinstance(value, types.ModuleType):
@@ -58,15 +70,44 @@ def _fingerprint(value, seen: frozenset = frozenset()):
         return ("builtin", getattr(value, "__module__", None), value.__qualname__)
     if isinstance(value, np.ufunc):
         return ("ufunc", value.__name__)
-    return ("object", type(value).__module__, type(value).__qualname__)
+    return ("object", type(value).__module__, type(value).__qualname__, (VOLATILE, id(value)))
 
 
 @functools.lru_cache(maxsize=4096)
-def _static_digest(func: types.FunctionType) -> str:
+def _code_static_digest(code: types.CodeType) -> str:
     digest = hashlib.sha256()
-    _code_digest(func.__code__, digest)
-    digest.update(repr(_fingerprint(func.__defaults__ or ())).encode())
+    _code_digest(code, digest)
     return digest.hexdigest()
+
+
+def _static_digest(func: types.FunctionType) -> tuple:
+    return (_code_static_digest(func.__code__), _fingerprint(func.__defaults__ or ()))
+
+
+_LOAD_ATTRIBUTE = {"LOAD_ATTR", "LOAD_METHOD"}
+
+
+@functools.lru_cache(maxsize=4096)
+def _chains(code: types.CodeType, opname: str) -> tuple[tuple[str, ...], ...]:
+    """Every `name.attr.attr` chain the code (and nested code) starts from a variable loaded
+    with `opname` (LOAD_GLOBAL: globals, LOAD_DEREF: captured cells)."""
+    chains, current = [], None
+    for instruction in dis.get_instructions(code):
+        if instruction.opname == opname:
+            current = [instruction.argval]
+            chains.append(current)
+        elif instruction.opname in _LOAD_ATTRIBUTE and current is not None:
+            current.append(instruction.argval)
+        else:
+            current = None
+    for constant in code.co_consts:
+        if isinstance(constant, types.CodeType):
+            chains.extend(_chains(constant, opname))
+    return tuple(dict.fromkeys(tuple(chain) for chain in chains))
+
+
+def _global_chains(code: types.CodeType) -> tuple[tuple[str, ...], ...]:
+    return _chains(code, "LOAD_GLOBAL")
 
 
 def _global_names(code: types.CodeType) -> tuple[str, ...]:
@@ -77,28 +118,51 @@ def _global_names(code: types.CodeType) -> tuple[str, ...]:
     return tuple(dict.fromkeys(names))
 
 
+def _resolve(value, chain: tuple[str, ...]):
+    """The value a chain reads from its root: through modules, down to the first non-module."""
+    for attribute in chain[1:]:
+        if not isinstance(value, types.ModuleType):
+            break
+        value = getattr(value, attribute, None)
+    return value
+
+
 def _dynamic_values(func: types.FunctionType, seen: frozenset):
     seen = seen | {id(func)}
     values = []
-    for cell in func.__closure__ or ():
+    code = func.__code__
+    for name, cell in zip(code.co_freevars, func.__closure__ or ()):
         try:
             contents = cell.cell_contents
         except ValueError:  # empty cell
             values.append(("empty",))
             continue
+        if isinstance(contents, types.ModuleType):  # what is read through it, not its name
+            for chain in _chains(code, "LOAD_DEREF"):
+                if chain[0] == name:
+                    values.append((chain, _fingerprint(_resolve(contents, chain), seen)))
         values.append(("recursive",) if id(contents) in seen else _fingerprint(contents, seen))
     namespace = func.__globals__
-    for name in _global_names(func.__code__):
-        if name in namespace:
-            value = namespace[name]
-            values.append((name, ("recursive",) if id(value) in seen else _fingerprint(value, seen)))
-        elif not hasattr(builtins, name):
-            values.append((name, ("missing",)))
+    for chain in _global_chains(code):
+        if chain[0] in namespace:
+            value = _resolve(namespace[chain[0]], chain)
+            values.append((chain, ("recursive",) if id(value) in seen else _fingerprint(value, seen)))
+        elif not hasattr(builtins, chain[0]):
+            values.append((chain, ("missing",)))
     return tuple(values)
 
 
 def _function_fingerprint(func: types.FunctionType, seen: frozenset = frozenset()):
     return (_static_digest(func), _dynamic_values(func, seen))
+
+
+def disk_cacheable(identity) -> bool:
+    """False when the identity holds a value known only to this process."""
+    if isinstance(identity, tuple):
+        if len(identity) == 2 and identity[0] == VOLATILE:
+            return False
+        return all(disk_cacheable(item) for item in identity)
+    return True
 
 
 class Op:
@@ -126,9 +190,9 @@ class Op:
         self.func = func
         self.name = getattr(func, "__qualname__", func.__name__)
         code = func.__code__
-        self._has_dynamic = bool(func.__closure__) or any(
-            name in func.__globals__ for name in _global_names(code)
-        )
+        # Code that names no global and captures nothing has no dynamic part; anything else
+        # is re-read at every call (a global may be defined after decoration).
+        self._has_dynamic = bool(func.__closure__) or bool(_global_names(code))
         if code.co_flags & (inspect.CO_VARARGS | inspect.CO_VARKEYWORDS) or code.co_kwonlyargcount:
             raise TypeError(f"op: {self.name} must take plain positional parameters")
         self._nparams = code.co_argcount

@@ -286,3 +286,112 @@ def test_reduce_with_map_infers_accumulator(fresh_cache):
     assert "CALL" not in kernel.sass()
     with pytest.raises(TypeError, match="takes 1 argument"):
         sharded.compile(lambda a: a, "reduce", (np.int32,), arch=ARCH)
+
+
+FACTOR = 2.0
+
+
+def test_changed_global_inside_a_helper_recompiles(fresh_cache):
+    from numba import cuda
+
+    global FACTOR
+
+    @cuda.jit(device=True)
+    def helper(x):
+        return x * FACTOR
+
+    op = sharded.op(lambda x: helper(x))
+    before = sharded.compile(op, "transform", (np.float64,), arch=ARCH)
+    FACTOR = 3.0
+    try:
+        after = sharded.compile(op, "transform", (np.float64,), arch=ARCH)
+    finally:
+        FACTOR = 2.0
+    assert before.cache_key != after.cache_key
+    assert before.cubin != after.cubin  # the helper really was recompiled with 3.0
+
+
+def test_operators_may_call_other_operators(fresh_cache):
+    square = sharded.op(lambda x: x * x)
+    kernel = sharded.compile(lambda x, y: square(x) + square(y), "transform", (np.float32, np.float32),
+                             arch=ARCH)
+    assert kernel.out_dtype == np.float32 and "CALL" not in kernel.sass()
+
+
+def _late(x):
+    return x + LATE_OFFSET  # noqa: F821 - defined after the operator is made
+
+
+def test_global_defined_after_decoration_is_tracked(fresh_cache):
+    global LATE_OFFSET
+    op = sharded.op(_late)
+    LATE_OFFSET = 1.0
+    first = op.identity()
+    LATE_OFFSET = 2.0
+    try:
+        assert op.identity() != first
+    finally:
+        del LATE_OFFSET
+
+
+def test_module_attributes_and_enums_are_tracked():
+    import enum
+
+    from helpers import config
+
+    op = sharded.op(lambda x: x * config.SCALE)
+    before = op.identity()
+    config.SCALE = 5.0
+    try:
+        assert op.identity() != before
+    finally:
+        config.SCALE = 2.0
+    assert op.identity() == before
+
+    class Mode(enum.Enum):
+        A = 1
+        B = 2
+
+    choice = Mode.A
+    picked = sharded.op(lambda x: x * choice.value)
+    first = picked.identity()
+    choice = Mode.B
+    assert picked.identity() != first
+
+
+def test_negative_zero_is_not_zero():
+    def make(value):
+        return sharded.op(lambda x: x + value)
+
+    assert make(0.0).identity() != make(-0.0).identity()
+    assert _key(lambda x: x + 0.0) != _key(lambda x: x + -0.0)
+
+
+def test_values_known_only_to_this_process_stay_out_of_the_disk_cache(fresh_cache):
+    class Settings:
+        pass
+
+    settings = Settings()
+    op = sharded.op(lambda x: x if settings is not None else x)
+    from cuda_sharded_jit.op import disk_cacheable
+
+    assert not disk_cacheable(op.identity())
+    with pytest.raises(TypeError):  # numba cannot type the object either: nothing is written
+        sharded.compile(op, "transform", (np.float32,), arch=ARCH)
+    assert not list(fresh_cache.glob("*.kernel"))
+
+
+def test_bad_header_is_recompiled(fresh_cache):
+    import json
+    import struct
+
+    op = sharded.op(lambda x: x * 6)
+    kernel = sharded.compile(op, "transform", (np.int32,), arch=ARCH)
+    header = {"body_size": 1, "body_sha256": __import__("hashlib").sha256(b"x").hexdigest()}
+    encoded = json.dumps(header).encode()
+    (fresh_cache / f"{kernel.cache_key}.kernel").write_bytes(
+        _cache._MAGIC + struct.pack("<Q", len(encoded)) + encoded + b"x")
+    sharded.clear_cache(memory=True, disk=False)
+    with pytest.warns(sharded.CacheWarning, match="bad header"):
+        again = sharded.compile(op, "transform", (np.int32,), arch=ARCH)
+    assert again.cubin == kernel.cubin

@@ -88,3 +88,19 @@ def test_info_runs_without_a_gpu(tmp_path):
     assert result.stdout.strip().splitlines()[-1].startswith("verdict: ")
     if DEVICE_COUNT == 0:
         assert "no GPU usable" in result.stdout
+
+
+def test_scalars_that_do_not_fit_are_value_errors():
+    from cuda_sharded_jit._dtypes import exact_cast
+    from cuda_sharded_jit.algorithms.transform import pack_scalars
+
+    assert exact_cast(3, np.uint32, "init") == 3
+    with pytest.raises(ValueError, match="init: -1 does not fit uint32"):
+        exact_cast(-1, np.uint32, "init")
+    with pytest.raises(ValueError, match="2.5 does not fit int32"):
+        exact_cast(2.5, np.int32, "ops.scale")
+    with pytest.raises(ValueError, match="does not fit"):
+        exact_cast(2 ** 70, np.int64, "init")
+    assert exact_cast(2.5, np.float32, "init") == np.float32(2.5)
+    with pytest.raises(ValueError, match="args: a scalar does not fit"):
+        pack_scalars([2 ** 70], [np.dtype(np.uint64)])

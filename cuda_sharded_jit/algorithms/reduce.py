@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import _shim
-from .._dtypes import as_dtype
+from .._dtypes import as_dtype, exact_cast
 from ..array import ShardedArray
 from ..compiler import VALUE_MAP, kernel_libraries
 from ..op import Op, as_op
@@ -61,7 +61,7 @@ def _accumulator(dtype: np.dtype, init) -> np.dtype:
 def _pack(value, dtype: np.dtype) -> bytes:
     if value is None:
         return b""
-    return np.asarray(value).astype(dtype).tobytes()
+    return exact_cast(value, dtype, "init").tobytes()
 
 
 def _operator(op, arity: int, what: str):

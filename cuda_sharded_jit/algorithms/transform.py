@@ -7,7 +7,7 @@ import struct
 import numpy as np
 
 from .. import _shim
-from .._dtypes import as_dtype, is_scalar, scalar_dtype
+from .._dtypes import as_dtype, exact_cast, is_scalar, scalar_dtype
 from ..array import ShardedArray
 from ..compiler import kernel_libraries
 from ..op import as_op
@@ -22,7 +22,10 @@ _PACK = {
 
 def pack_scalars(values, dtypes) -> bytes:
     """One 8-byte slot per runtime scalar, in the dtype the operator sees."""
-    return b"".join(_PACK[dtype.name].pack(dtype.type(value)) for value, dtype in zip(values, dtypes))
+    try:
+        return b"".join(_PACK[dtype.name].pack(dtype.type(value)) for value, dtype in zip(values, dtypes))
+    except (OverflowError, struct.error) as error:
+        raise ValueError(f"args: a scalar does not fit its dtype ({error})") from None
 
 
 def _check_out(out, first: ShardedArray):
@@ -110,7 +113,7 @@ def _transform_descriptor(descriptor: Descriptor, args, out):
         out = ShardedArray.allocate(first.group, list(first.shard_sizes), dtype)
     scalars = b""
     if descriptor.scalar is not None:
-        value = np.asarray(descriptor.scalar).astype(dtype)
+        value = exact_cast(descriptor.scalar, dtype, f"ops.{descriptor.name}")
         scalars = pack_scalars([value], [as_dtype(dtype)])
     _shim.transform_builtin(getattr(_shim.BuiltinOp, descriptor.name), [a._impl for a in args],
                             out._impl, scalars)

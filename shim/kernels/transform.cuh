@@ -23,8 +23,9 @@ struct Word<8> {
   using type = unsigned long long;
 };
 
+// 16-byte aligned: the vector path moves whole lanes as uint4.
 template <int Size>
-struct Lane {
+struct alignas(16) Lane {
   typename Word<Size>::type value[kTransformItems];
 };
 

@@ -193,23 +193,34 @@ void adjacent_difference(const std::vector<const KernelLibrary*>& difference,
     } else {
       // the predecessor of this shard's first element lives at the end of another shard
       const auto prior = static_cast<std::size_t>(previous);
+      const int prior_device = group.device(prior);
       const auto prior_stream = reinterpret_cast<cudaStream_t>(group.stream(prior));
-      cudaEvent_t ready;
-      check(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming), "cudaEventCreateWithFlags");
-      {
-        detail::DeviceGuard prior_guard(group.device(prior));
-        check(cudaEventRecord(ready, prior_stream), "cudaEventRecord");
-      }
-      check(cudaStreamWaitEvent(stream, ready, 0), "cudaStreamWaitEvent");
-      cudaEventDestroy(ready);
+      // Events belong to the device of the stream they are recorded on.
+      auto record_on = [](int event_device, cudaStream_t recorded_on) {
+        detail::DeviceGuard event_guard(event_device);
+        cudaEvent_t event;
+        check(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), "cudaEventCreateWithFlags");
+        const cudaError_t status = cudaEventRecord(event, recorded_on);
+        if (status != cudaSuccess) cudaEventDestroy(event);
+        check(status, "cudaEventRecord");
+        return event;
+      };
+      auto wait_and_destroy = [](cudaStream_t waiter, cudaEvent_t event) {
+        const cudaError_t status = cudaStreamWaitEvent(waiter, event, 0);
+        cudaEventDestroy(event);
+        check(status, "cudaStreamWaitEvent");
+      };
+      wait_and_destroy(stream, record_on(prior_device, prior_stream));  // the element is written
       void* slot = nullptr;
       check(cudaMallocAsync(&slot, 16, stream), "cudaMallocAsync");
       const auto* last = reinterpret_cast<const unsigned char*>(in.shard_pointer(prior)) +
                          (in.shard_size(prior) - 1) * element;
-      check(cudaMemcpyPeerAsync(slot, device, last, group.device(prior), element, stream),
-            "cudaMemcpyPeerAsync (predecessor)");
-      run(diff_kernel, data, slot, result, 1);
-      check(cudaFreeAsync(slot, stream), "cudaFreeAsync");
+      const cudaError_t copied = cudaMemcpyPeerAsync(slot, device, last, prior_device, element, stream);
+      if (copied == cudaSuccess) run(diff_kernel, data, slot, result, 1);
+      cudaFreeAsync(slot, stream);
+      check(copied, "cudaMemcpyPeerAsync (predecessor)");
+      // the prior shard's stream may reuse or overwrite its memory only after our read
+      wait_and_destroy(prior_stream, record_on(device, stream));
     }
     previous = static_cast<long long>(place);
   }
