@@ -24,6 +24,7 @@ from .algorithms.reduce import (
     sum,
     transform_reduce,
 )
+from .algorithms.opaque import count, fill, histogram_even, sequence
 from .algorithms.transform import transform
 from .array import ShardedArray, ShardView
 from .compiler import CompiledKernel, cache_info, clear_cache, compile
@@ -37,6 +38,7 @@ __all__ = [
     "op", "Op", "compile", "CompiledKernel", "transform", "ops",
     "reduce", "sum", "min", "max", "transform_reduce", "count_if",
     "inclusive_scan", "exclusive_scan", "adjacent_difference",
+    "fill", "sequence", "count", "histogram_even",
     "cache_dir", "cache_info", "clear_cache", "CacheWarning", "VersionSkewError",
     "__version__",
 ]

@@ -114,7 +114,9 @@ NB_MODULE(_shim, m) {
       .value("add_scalar", csj::BuiltinOp::add_scalar)
       .value("add", csj::BuiltinOp::add)
       .value("mul", csj::BuiltinOp::mul)
-      .value("axpy", csj::BuiltinOp::axpy);
+      .value("axpy", csj::BuiltinOp::axpy)
+      .value("fill", csj::BuiltinOp::fill)
+      .value("sequence", csj::BuiltinOp::sequence);
   m.def("builtin_arity", &csj::builtin_arity, "op"_a);
   m.attr("MAX_TRANSFORM_INPUTS") = csj::max_transform_inputs();
   m.attr("MAX_TRANSFORM_SCALARS") = csj::max_transform_scalars();
@@ -128,6 +130,22 @@ NB_MODULE(_shim, m) {
         csj::transform(libraries, inputs, out, packed);
       },
       "libraries"_a, "inputs"_a, "out"_a, "scalars"_a);
+  m.def(
+      "count",
+      [](const csj::ShardedArray& in, const nb::bytes& value) {
+        std::string bytes = to_string(value);
+        nb::gil_scoped_release release;
+        return csj::count(in, bytes);
+      },
+      "a"_a, "value"_a);
+  m.def(
+      "histogram_even",
+      [](const csj::ShardedArray& in, int num_bins, const nb::bytes& edges) {
+        std::string bytes = to_string(edges);
+        nb::gil_scoped_release release;
+        return csj::histogram_even(in, num_bins, bytes);
+      },
+      "a"_a, "num_bins"_a, "edges"_a);
   m.def("adjacent_difference", &csj::adjacent_difference, "difference"_a, "first"_a, "a"_a,
         "out"_a, nb::call_guard<nb::gil_scoped_release>());
 

@@ -4,7 +4,7 @@
 namespace csj::kernels {
 
 // Same order as csj::BuiltinOp.
-enum class BuiltinKernel { negate, scale, add_scalar, add, mul, axpy };
+enum class BuiltinKernel { negate, scale, add_scalar, add, mul, axpy, fill, sequence };
 
 // The __global__ function for (op, dtype) where dtype is csj::DType's integer value;
 // launch with cudaLaunchKernel and one TransformParams argument.
@@ -21,5 +21,24 @@ struct BuiltinReduceKernels {
   const void* scan;
 };
 BuiltinReduceKernels builtin_reduce_kernels(BuiltinReduction op, int dtype);
+
+// count: elements equal to ReduceParams::map_value (the dtype's bytes), as int64, with the
+// int64 fold for the cross-place combine.
+BuiltinReduceKernels builtin_count_kernels(int dtype);
+
+// histogram_even over one shard: adds each element's bin to `counts` (uint64, zeroed by the
+// caller). `edges` (num_bins + 1 values, float for float32 input, else double) are numpy's
+// bin edges; an element is counted when edges[0] <= x <= edges[num_bins] and lands in the
+// bin i with edges[i] <= x < edges[i + 1] (the last bin closed), as numpy does.
+struct HistogramParams {
+  const void* in;
+  long long n;
+  const void* edges;
+  unsigned long long* counts;
+  int num_bins;
+};
+const void* builtin_histogram_kernel(int dtype);
+constexpr int kHistogramBlock = 256;
+constexpr int kHistogramSharedBins = 8192;  // block-private bins in shared memory up to this
 
 }  // namespace csj::kernels

@@ -18,6 +18,7 @@ struct TransformParams {
   const void* inputs[kMaxInputs];
   void* out;
   long long n;
+  long long index_base;  // global index of out[0], for operators that use it
   ScalarPack scalars;
 };
 
@@ -42,6 +43,7 @@ struct ReduceParams {
   void* result;              // one accumulator: init op (the fold of the whole shard)
   int has_init;
   alignas(8) unsigned char init[8];
+  alignas(8) unsigned char map_value[8];  // a runtime value for built-in maps (count)
 };
 
 // Folds `count` accumulators in order: total = init? op v0 op v1 ...; prefixes[k] holds the

@@ -23,6 +23,12 @@
 
 namespace csj::kernels {
 
+template <class Map, class = void>
+struct UsesValue : cuda::std::false_type {};
+template <class Map>
+struct UsesValue<Map, cuda::std::void_t<decltype(Map::kUsesValue)>>
+    : cuda::std::bool_constant<Map::kUsesValue> {};
+
 template <class Op, class Acc>
 struct Combine {
   __device__ __forceinline__ Acc operator()(const Acc& a, const Acc& b) const {
@@ -71,9 +77,14 @@ struct Reduction {
     bool is_last;
   };
 
-  __device__ __forceinline__ static Acc map(const In& value, long long index) {
+  // Maps that declare `kUsesValue` also read the launch's runtime value (count's target).
+  __device__ __forceinline__ static Acc map(const ReduceParams& p, const In& value, long long index) {
     Acc out;
-    Map()(&value, index, &out);
+    if constexpr (UsesValue<Map>::value) {
+      Map()(&value, index, &out, p.map_value);
+    } else {
+      Map()(&value, index, &out);
+    }
     return out;
   }
 
@@ -106,9 +117,9 @@ struct Reduction {
         for (int j = 0; j < kVectors; ++j) {
           const In* items = reinterpret_cast<const In*>(&current[j]);
           const long long index = p.index_base + tile + (static_cast<long long>(j) * 32 + lane) * kVectorItems;
-          Acc lane_acc = map(items[0], index);
+          Acc lane_acc = map(p, items[0], index);
 #pragma unroll
-          for (int i = 1; i < kVectorItems; ++i) lane_acc = Combine<Op, Acc>()(lane_acc, map(items[i], index + i));
+          for (int i = 1; i < kVectorItems; ++i) lane_acc = Combine<Op, Acc>()(lane_acc, map(p, items[i], index + i));
           const Acc part = warp_fold<Op, Acc>(lane_acc, 32);
           acc = have ? Combine<Op, Acc>()(acc, part) : part;
           have = true;
@@ -119,7 +130,7 @@ struct Reduction {
       const long long index = tile + lane;
       const int valid = end - tile >= 32 ? 32 : static_cast<int>(end - tile);
       Acc value{};
-      if (index < end) value = map(data[index], p.index_base + index);
+      if (index < end) value = map(p, data[index], p.index_base + index);
       const Acc part = warp_fold<Op, Acc>(value, valid);
       acc = have ? Combine<Op, Acc>()(acc, part) : part;
       have = true;

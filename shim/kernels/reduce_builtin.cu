@@ -39,6 +39,22 @@ struct Max {
   }
 };
 
+// count: 1 where the element equals the launch's value, else 0, as int64.
+template <class T>
+struct Equals {
+  static constexpr bool kUsesValue = true;
+  __device__ __forceinline__ void operator()(const void* value, long long, void* out,
+                                             const unsigned char* target) const {
+    *static_cast<long long*>(out) =
+        *static_cast<const T*>(value) == *reinterpret_cast<const T*>(target) ? 1 : 0;
+  }
+};
+
+template <class T>
+__global__ void __launch_bounds__(kReduceBlock) count_kernel(const __grid_constant__ ReduceParams p) {
+  Reduction<Equals<T>, Sum<long long>, sizeof(T), 8>::run(p);
+}
+
 template <template <class> class Op, class T>
 __global__ void __launch_bounds__(kReduceBlock) reduce_kernel(const __grid_constant__ ReduceParams p) {
   Reduction<Identity<T>, Op<T>, sizeof(T), sizeof(T)>::run(p);
@@ -71,7 +87,25 @@ BuiltinReduceKernels kernels_for(BuiltinReduction op) {
   return {};
 }
 
+template <class T>
+BuiltinReduceKernels count_kernels_for() {
+  return {reinterpret_cast<const void*>(&count_kernel<T>),
+          reinterpret_cast<const void*>(&fold_kernel<Sum, long long>), nullptr};
+}
+
 }  // namespace
+
+BuiltinReduceKernels builtin_count_kernels(int dtype) {
+  switch (dtype) {
+    case 0: return count_kernels_for<float>();
+    case 1: return count_kernels_for<double>();
+    case 2: return count_kernels_for<std::int32_t>();
+    case 3: return count_kernels_for<std::int64_t>();
+    case 4: return count_kernels_for<std::uint32_t>();
+    case 5: return count_kernels_for<std::uint64_t>();
+  }
+  return {};
+}
 
 BuiltinReduceKernels builtin_reduce_kernels(BuiltinReduction op, int dtype) {
   switch (dtype) {

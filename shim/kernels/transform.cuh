@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cuda/std/cstdint>
+#include <cuda/std/type_traits>
 #include <cuda/std/utility>
 
 #include "params.hpp"
@@ -88,6 +89,14 @@ __device__ __forceinline__ auto& lane_at(Lanes<Head, Tail...>& lanes) {
   }
 }
 
+// Operators that declare `static constexpr bool kWantsIndex = true` also receive the global
+// index of the element they produce.
+template <class Op, class = void>
+struct WantsIndex : cuda::std::false_type {};
+template <class Op>
+struct WantsIndex<Op, cuda::std::void_t<decltype(Op::kWantsIndex)>>
+    : cuda::std::bool_constant<Op::kWantsIndex> {};
+
 __device__ __forceinline__ bool aligned16(const void* pointer) {
   return (reinterpret_cast<cuda::std::uintptr_t>(pointer) & 15u) == 0;
 }
@@ -109,8 +118,13 @@ __device__ __forceinline__ void transform_tile(const TransformParams& params,
 #pragma unroll
   for (int item = 0; item < kTransformItems; ++item) {
     if (vector_path || first + item < n) {
-      op(static_cast<const void*>(&lane_at<I>(in).value[item])..., &out.value[item],
-         params.scalars);
+      if constexpr (WantsIndex<Op>::value) {
+        op(static_cast<const void*>(&lane_at<I>(in).value[item])..., &out.value[item],
+           params.scalars, params.index_base + first + item);
+      } else {
+        op(static_cast<const void*>(&lane_at<I>(in).value[item])..., &out.value[item],
+           params.scalars);
+      }
     }
   }
   store_lane(out, params.out, first, n, vector_path);

@@ -5,6 +5,8 @@
 #include "builtin_kernels.hpp"
 #include "transform.cuh"
 
+#include <cuda/std/type_traits>
+
 namespace csj::kernels {
 namespace {
 
@@ -51,6 +53,34 @@ struct Axpy {
   }
 };
 
+// fill: out = value (slot 0). sequence: out = start + step * index, computed in the widest
+// type of the kind (double, int64, uint64; slots 0 and 1) so large indices stay exact.
+template <class T>
+using Wide = cuda::std::conditional_t<cuda::std::is_floating_point_v<T>, double,
+                                      cuda::std::conditional_t<cuda::std::is_signed_v<T>, long long,
+                                                               unsigned long long>>;
+
+template <class T>
+struct Fill {
+  __device__ void operator()(void* out, const ScalarPack& s) const {
+    *static_cast<T*>(out) = scalar<T>(s, 0);
+  }
+};
+template <class T>
+struct Sequence {
+  static constexpr bool kWantsIndex = true;
+  __device__ void operator()(void* out, const ScalarPack& s, long long index) const {
+    *static_cast<T*>(out) =
+        static_cast<T>(scalar<Wide<T>>(s, 0) + scalar<Wide<T>>(s, 1) * static_cast<Wide<T>>(index));
+  }
+};
+
+template <template <class> class Op, class T>
+__global__ void __launch_bounds__(kTransformBlock)
+    nullary_kernel(const __grid_constant__ TransformParams params) {
+  transform<Op<T>, sizeof(T)>(params);
+}
+
 template <template <class> class Op, class T>
 __global__ void __launch_bounds__(kTransformBlock)
     unary_kernel(const __grid_constant__ TransformParams params) {
@@ -72,6 +102,8 @@ const void* kernel_for(BuiltinKernel op) {
     case BuiltinKernel::add: return reinterpret_cast<const void*>(&binary_kernel<Add, T>);
     case BuiltinKernel::mul: return reinterpret_cast<const void*>(&binary_kernel<Mul, T>);
     case BuiltinKernel::axpy: return reinterpret_cast<const void*>(&binary_kernel<Axpy, T>);
+    case BuiltinKernel::fill: return reinterpret_cast<const void*>(&nullary_kernel<Fill, T>);
+    case BuiltinKernel::sequence: return reinterpret_cast<const void*>(&nullary_kernel<Sequence, T>);
   }
   return nullptr;
 }

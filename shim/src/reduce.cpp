@@ -119,7 +119,8 @@ PassScratch allocate_pass(unsigned grid, int acc_size, bool with_prefixes, cudaS
 // Queues the first pass over one shard: its total lands at scratch.result (and per-block
 // exclusive prefixes at scratch.prefixes when allocated).
 void reduce_shard(const KernelSet& kernels, const ShardedArray& in, std::size_t place,
-                  const Chunking& cut, const PassScratch& scratch, const std::string& init = {}) {
+                  const Chunking& cut, const PassScratch& scratch, const std::string& init = {},
+                  const std::string& map_value = {}) {
   const PlaceGroup& group = *in.group();
   k::ReduceParams params{};
   params.in = reinterpret_cast<const void*>(in.shard_pointer(place));
@@ -132,6 +133,7 @@ void reduce_shard(const KernelSet& kernels, const ShardedArray& in, std::size_t 
   params.result = scratch.result;
   params.has_init = init.empty() ? 0 : 1;
   if (!init.empty()) std::memcpy(params.init, init.data(), init.size());
+  std::memcpy(params.map_value, map_value.data(), std::min<std::size_t>(map_value.size(), 8));
   detail::launch(kernels.reduce, cut.grid, k::kReduceBlock, stream_of(group, place), params,
                  "launching reduce");
 }
@@ -143,7 +145,8 @@ void reduce_shard(const KernelSet& kernels, const ShardedArray& in, std::size_t 
 unsigned char* first_pass(const std::vector<KernelSet>& sets, const ShardedArray& in,
                           const std::vector<std::size_t>& places, int acc_size,
                           const std::string& init, bool with_prefixes,
-                          std::vector<PassScratch>& scratch, std::vector<Chunking>& cuts) {
+                          std::vector<PassScratch>& scratch, std::vector<Chunking>& cuts,
+                          const std::string& map_value = {}) {
   const PlaceGroup& group = *in.group();
   const int home = group.device(0);
   const cudaStream_t home_stream = stream_of(group, 0);
@@ -207,7 +210,7 @@ std::vector<std::size_t> non_empty_places(const ShardedArray& array) {
 }
 
 ReduceResult reduce_impl(const std::vector<KernelSet>& sets, const ShardedArray& in, int acc_size,
-                         const std::string& init) {
+                         const std::string& init, const std::string& map_value = {}) {
   check_acc(acc_size, init);
   in.check_alive("a");
   const std::vector<std::size_t> places = non_empty_places(in);
@@ -234,7 +237,7 @@ ReduceResult reduce_impl(const std::vector<KernelSet>& sets, const ShardedArray&
     const Chunking cut = chunking(sets[place], false, in.shard_size(place), device,
                                   static_cast<int>(itemsize(in.dtype())), acc_size);
     const PassScratch scratch = allocate_pass(cut.grid, acc_size, false, stream);
-    reduce_shard(sets[place], in, place, cut, scratch, init);
+    reduce_shard(sets[place], in, place, cut, scratch, init, map_value);
     check(cudaMemcpyAsync(slot, scratch.result, acc_size, cudaMemcpyDeviceToHost, stream),
           "cudaMemcpyAsync (result)");
     check(cudaFreeAsync(scratch.base, stream), "cudaFreeAsync");
@@ -244,7 +247,7 @@ ReduceResult reduce_impl(const std::vector<KernelSet>& sets, const ShardedArray&
   }
   std::vector<PassScratch> scratch(places.size());
   std::vector<Chunking> cuts(places.size());
-  unsigned char* staging = first_pass(sets, in, places, acc_size, init, false, scratch, cuts);
+  unsigned char* staging = first_pass(sets, in, places, acc_size, init, false, scratch, cuts, map_value);
   const cudaStream_t home_stream = stream_of(group, 0);
   {
     detail::DeviceGuard guard(group.device(0));
@@ -346,6 +349,17 @@ ReduceResult reduce(const std::vector<const KernelLibrary*>& libraries, const Sh
 ReduceResult reduce_builtin(BuiltinReduction op, const ShardedArray& in, const std::string& init) {
   return reduce_impl(builtin_sets(op, in.dtype(), in.group()->size()), in,
                      static_cast<int>(itemsize(in.dtype())), init);
+}
+
+long long count(const ShardedArray& in, const std::string& value) {
+  if (value.size() != itemsize(in.dtype())) throw std::invalid_argument("value: wrong size");
+  const k::BuiltinReduceKernels kernels = k::builtin_count_kernels(static_cast<int>(in.dtype()));
+  KernelSet set{KernelHandle::builtin(kernels.reduce), KernelHandle::builtin(kernels.fold), {}};
+  const ReduceResult result =
+      reduce_impl(std::vector<KernelSet>(in.group()->size(), set), in, 8, {}, value);
+  long long total = 0;
+  if (result.valid) std::memcpy(&total, result.value.data(), sizeof(total));
+  return total;
 }
 
 void scan(const std::vector<const KernelLibrary*>& libraries, const ShardedArray& in,

@@ -29,6 +29,7 @@ TransformParams params_for(const ArrayList& inputs, const ShardedArray& out, std
   }
   params.out = reinterpret_cast<void*>(out.shard_pointer(place));
   params.n = out.shard_size(place);
+  params.index_base = out.shard_offset(place);
   std::memcpy(params.scalars.bytes, scalars.data(), scalars.size());
   return params;
 }
@@ -44,8 +45,8 @@ void check_scalars(const std::string& scalars) {
 // Runs `launch(params, grid, place, stream)` on every place with a non-empty shard.
 template <class Launch>
 void for_each_place(const ArrayList& inputs, ShardedArray& out, const std::string& scalars,
-                    Launch&& launch) {
-  check_conformable(inputs, out);
+                    Launch&& launch, bool allow_no_inputs = false) {
+  check_conformable(inputs, out, allow_no_inputs);
   check_scalars(scalars);
   const PlaceGroup& group = *out.group();
   for (std::size_t place = 0; place < group.size(); ++place) {
@@ -100,6 +101,9 @@ int builtin_arity(BuiltinOp op) {
     case BuiltinOp::mul:
     case BuiltinOp::axpy:
       return 2;
+    case BuiltinOp::fill:
+    case BuiltinOp::sequence:
+      return 0;
   }
   throw std::invalid_argument("unknown built-in operator");
 }
@@ -246,7 +250,8 @@ void transform_builtin(BuiltinOp op, const ArrayList& inputs, ShardedArray& out,
                    detail::launch(kernel, grid, kernels::kTransformBlock,
                                   reinterpret_cast<cudaStream_t>(stream), params,
                                   "launching built-in transform");
-                 });
+                 },
+                 builtin_arity(op) == 0);
 }
 
 }  // namespace csj

@@ -25,6 +25,13 @@ ReduceResult reduce(const std::vector<const KernelLibrary*>& libraries, const Sh
                     int acc_size, const std::string& init);
 ReduceResult reduce_builtin(BuiltinReduction op, const ShardedArray& in, const std::string& init);
 
+// Number of elements equal to `value` (the dtype's bytes); built in, no JIT.
+long long count(const ShardedArray& in, const std::string& value);
+
+// numpy's histogram with num_bins equal bins: `edges` holds num_bins + 1 edges as numpy
+// computes them (float32 values for float32 input, float64 otherwise). Counts per bin.
+std::vector<long long> histogram_even(const ShardedArray& in, int num_bins, const std::string& edges);
+
 // Reduce-then-scan across places: per-shard totals, their prefix in shard order, then each
 // shard scanned seeded with its prefix. `out` may be `in`. An exclusive scan needs `init`.
 void scan(const std::vector<const KernelLibrary*>& libraries, const ShardedArray& in,

@@ -30,7 +30,8 @@ class KernelLibrary {
   std::unordered_map<std::string, void*> kernels_;
 };
 
-enum class BuiltinOp { negate, scale, add_scalar, add, mul, axpy };
+// fill (out = value) and sequence (out = start + step * global index) take no input array.
+enum class BuiltinOp { negate, scale, add_scalar, add, mul, axpy, fill, sequence };
 int builtin_arity(BuiltinOp op);
 
 // Limits of the transform kernels (mirrored from shim/kernels/params.hpp).

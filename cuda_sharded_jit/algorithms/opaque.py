@@ -1,0 +1,88 @@
+"""Opaque algorithms: fill, sequence, count and histogram_even, built into the shim (no JIT)."""
+
+from __future__ import annotations
+
+import math
+import numbers
+
+import numpy as np
+
+from .. import _shim
+from .._dtypes import exact_cast
+from ..array import ShardedArray
+
+
+def _check_array(a, argument: str = "a") -> ShardedArray:
+    if not isinstance(a, ShardedArray):
+        raise TypeError(f"{argument}: expected a ShardedArray, got {type(a).__name__}")
+    return a
+
+
+def _wide(dtype: np.dtype) -> np.dtype:
+    """The widest type of the dtype's kind: sequence arithmetic happens there."""
+    return np.dtype({"f": np.float64, "i": np.int64, "u": np.uint64}[dtype.kind])
+
+
+def fill(a: ShardedArray, value) -> ShardedArray:
+    """Set every element to `value` (which must fit a's dtype). Returns `a`.
+
+    >>> sharded.fill(a, 3.0)                                                # doctest: +SKIP
+    """
+    _check_array(a)
+    packed = exact_cast(value, a.dtype, "value").tobytes().ljust(8, b"\0")
+    _shim.transform_builtin(_shim.BuiltinOp.fill, [], a._impl, packed)
+    return a
+
+
+def sequence(a: ShardedArray, start=0, step=1) -> ShardedArray:
+    """a[i] = start + step * i over the global index i, across shards. Returns `a`.
+
+    The arithmetic is done in float64 (floating dtypes), int64 or uint64, then cast.
+
+    >>> sharded.sequence(a, start=10, step=2)                               # doctest: +SKIP
+    """
+    _check_array(a)
+    wide = _wide(a.dtype)
+    packed = (exact_cast(start, wide, "start").tobytes() + exact_cast(step, wide, "step").tobytes())
+    _shim.transform_builtin(_shim.BuiltinOp.sequence, [], a._impl, packed)
+    return a
+
+
+def count(a: ShardedArray, value) -> int:
+    """Number of elements equal to `value` (compared in a's dtype, as numpy does).
+
+    >>> sharded.count(a, 3.0)                                                # doctest: +SKIP
+    """
+    _check_array(a)
+    try:
+        target = exact_cast(value, a.dtype, "value")
+    except ValueError:  # an integer array holds no 2.5 and no out-of-range value
+        return 0
+    return _shim.count(a._impl, target.tobytes())
+
+
+def histogram_even(a: ShardedArray, num_bins: int, lower: float, upper: float) -> np.ndarray:
+    """Counts in `num_bins` equal bins over [lower, upper], as
+    `np.histogram(x, bins=num_bins, range=(lower, upper))`: values outside ignored, NaN
+    ignored, the last bin closed. Returns an int64 numpy array.
+
+    >>> sharded.histogram_even(a, num_bins=64, lower=0.0, upper=1.0)        # doctest: +SKIP
+    """
+    _check_array(a)
+    if isinstance(num_bins, bool) or not isinstance(num_bins, numbers.Integral):
+        raise TypeError(f"num_bins: expected an int, got {type(num_bins).__name__}")
+    if num_bins <= 0:
+        raise ValueError(f"num_bins: expected a positive number of bins, got {num_bins}")
+    lower, upper = float(lower), float(upper)
+    if not (math.isfinite(lower) and math.isfinite(upper)):
+        raise ValueError(f"lower, upper: the range must be finite, got ({lower}, {upper})")
+    if lower >= upper:
+        raise ValueError(f"lower, upper: expected lower < upper, got ({lower}, {upper})")
+    # numpy's edges: linspace in the bin dtype (float32 data keeps float32, others float64)
+    bin_dtype = np.float32 if a.dtype == np.float32 else np.float64
+    edges = np.linspace(lower, upper, num_bins + 1, endpoint=True, dtype=bin_dtype)
+    counts = _shim.histogram_even(a._impl, int(num_bins), edges.tobytes())
+    return np.asarray(counts, dtype=np.int64)
+
+
+__all__ = ["fill", "sequence", "count", "histogram_even"]

@@ -1,0 +1,66 @@
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <stdexcept>
+#include <vector>
+
+#include "../kernels/builtin_kernels.hpp"
+#include "csj/reduce.hpp"
+#include "cuda_check.hpp"
+#include "launch.hpp"
+
+namespace csj {
+
+std::vector<long long> histogram_even(const ShardedArray& in, int num_bins, const std::string& edges) {
+  namespace k = kernels;
+  using detail::check;
+  if (num_bins <= 0) throw std::invalid_argument("num_bins: expected a positive number of bins");
+  const std::size_t edge_size = in.dtype() == DType::float32 ? 4 : 8;
+  if (edges.size() != (static_cast<std::size_t>(num_bins) + 1) * edge_size) {
+    throw std::invalid_argument("edges: expected num_bins + 1 edges of the bin dtype");
+  }
+  in.check_alive("a");
+  const PlaceGroup& group = *in.group();
+  const auto kernel = detail::KernelHandle::builtin(k::builtin_histogram_kernel(static_cast<int>(in.dtype())));
+  const std::size_t count_bytes = static_cast<std::size_t>(num_bins) * sizeof(unsigned long long);
+  const std::size_t edge_bytes = (edges.size() + 15) / 16 * 16;
+  const int shared = num_bins <= k::kHistogramSharedBins ? num_bins * static_cast<int>(sizeof(unsigned int)) : 0;
+
+  std::vector<std::vector<unsigned long long>> partial(group.size());
+  std::vector<void*> scratch(group.size(), nullptr);
+  for (std::size_t place = 0; place < group.size(); ++place) {
+    const long long n = in.shard_size(place);
+    if (n == 0) continue;
+    const auto stream = reinterpret_cast<cudaStream_t>(group.stream(place));
+    detail::DeviceGuard guard(group.device(place));
+    int sms = 0;
+    check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, group.device(place)), "cudaDeviceGetAttribute");
+    check(cudaMallocAsync(&scratch[place], edge_bytes + count_bytes, stream), "cudaMallocAsync");
+    auto* base = static_cast<unsigned char*>(scratch[place]);
+    check(cudaMemcpyAsync(base, edges.data(), edges.size(), cudaMemcpyHostToDevice, stream), "cudaMemcpyAsync (edges)");
+    check(cudaMemsetAsync(base + edge_bytes, 0, count_bytes, stream), "cudaMemsetAsync");
+    k::HistogramParams params{};
+    params.in = reinterpret_cast<const void*>(in.shard_pointer(place));
+    params.n = n;
+    params.edges = base;
+    params.counts = reinterpret_cast<unsigned long long*>(base + edge_bytes);
+    params.num_bins = num_bins;
+    const long long blocks = (n + k::kHistogramBlock - 1) / k::kHistogramBlock;
+    const auto grid = static_cast<unsigned>(std::min<long long>(blocks, static_cast<long long>(sms) * 8));
+    void* args[] = {&params};
+    check(cudaLaunchKernel(kernel.function, dim3(grid), dim3(k::kHistogramBlock), args, shared, stream),
+          "launching histogram");
+    partial[place].resize(num_bins);
+    check(cudaMemcpyAsync(partial[place].data(), base + edge_bytes, count_bytes, cudaMemcpyDeviceToHost, stream),
+          "cudaMemcpyAsync (counts)");
+    check(cudaFreeAsync(scratch[place], stream), "cudaFreeAsync");
+  }
+  group.sync();
+  std::vector<long long> counts(num_bins, 0);
+  for (const auto& place_counts : partial) {
+    for (std::size_t bin = 0; bin < place_counts.size(); ++bin) counts[bin] += static_cast<long long>(place_counts[bin]);
+  }
+  return counts;
+}
+
+}  // namespace csj

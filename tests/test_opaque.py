@@ -1,0 +1,105 @@
+"""fill, sequence, count and histogram_even against numpy, at shard boundaries."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import cuda_sharded_jit as sharded
+
+from conftest import ALL_DTYPES, sample
+
+SIZES = [[0, 0, 0], [1, 0, 2], [5000, 0, 4097], [4095, 4097, 1]]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ALL_DTYPES)
+@pytest.mark.parametrize("sizes", SIZES)
+def test_fill_and_sequence(three_places, dtype, sizes):
+    array = sharded.ShardedArray.allocate(three_places, sizes, dtype)
+    assert sharded.fill(array, 7) is array
+    np.testing.assert_array_equal(array.to_numpy(), np.full(sum(sizes), 7, dtype))
+    sharded.sequence(array, start=3, step=2)
+    np.testing.assert_array_equal(array.to_numpy(), (3 + 2 * np.arange(sum(sizes))).astype(dtype))
+    sharded.sequence(array)
+    np.testing.assert_array_equal(array.to_numpy(), np.arange(sum(sizes)).astype(dtype))
+
+
+@pytest.mark.gpu
+def test_sequence_of_floats_is_exact_for_large_indices(one_place):
+    array = sharded.ShardedArray.allocate(one_place, (1 << 25) + 3, np.float32)
+    sharded.sequence(array, start=0.5, step=0.25)
+    expected = (0.5 + 0.25 * np.arange(array.size, dtype=np.float64)).astype(np.float32)
+    np.testing.assert_array_equal(array.to_numpy(), expected)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ALL_DTYPES)
+@pytest.mark.parametrize("sizes", SIZES)
+def test_count(three_places, dtype, sizes):
+    host = (np.abs(np.round(sample(np.float64, sum(sizes), seed=3) * 3)) % 7).astype(dtype)
+    array = sharded.ShardedArray.from_numpy(three_places, host, sizes=sizes)
+    for value in (0, 3, 6, 100):
+        assert sharded.count(array, value) == int(np.count_nonzero(host == value))
+    assert sharded.count(array, 2.5) == int(np.count_nonzero(host == 2.5))
+
+
+@pytest.mark.gpu
+def test_count_nan(one_place):
+    host = np.array([np.nan, 1.0, np.nan, 2.0])
+    array = sharded.ShardedArray.from_numpy(one_place, host)
+    assert sharded.count(array, np.nan) == 0  # NaN equals nothing, as in numpy
+    assert sharded.count(array, 1.0) == 1
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ALL_DTYPES)
+@pytest.mark.parametrize("num_bins", [1, 7, 64, 10000])
+def test_histogram_matches_numpy(three_places, dtype, num_bins):
+    rng = np.random.default_rng(num_bins)
+    if np.dtype(dtype).kind == "f":
+        host = rng.uniform(-0.25, 1.25, 300_001).astype(dtype)
+        host[::97] = np.nan
+        host[1::101] = 1.0  # the closed last edge
+        lower, upper = 0.0, 1.0
+    else:
+        host = rng.integers(0, 300, 300_001).astype(dtype)
+        lower, upper = 10.0, 250.0
+    array = sharded.ShardedArray.from_numpy(three_places, host, sizes=[100_000, 1, 200_000])
+    expected, _ = np.histogram(host, bins=num_bins, range=(lower, upper))
+    got = sharded.histogram_even(array, num_bins, lower, upper)
+    assert got.dtype == np.int64
+    np.testing.assert_array_equal(got, expected)
+
+
+@pytest.mark.gpu
+def test_histogram_of_edge_values(one_place):
+    edges = np.linspace(0.0, 1.0, 65, dtype=np.float32)
+    host = np.concatenate([edges, np.nextafter(edges, np.float32(-1)), np.nextafter(edges, np.float32(2))])
+    array = sharded.ShardedArray.from_numpy(one_place, host.astype(np.float32))
+    expected, _ = np.histogram(host.astype(np.float32), bins=64, range=(0.0, 1.0))
+    np.testing.assert_array_equal(sharded.histogram_even(array, 64, 0.0, 1.0), expected)
+
+
+@pytest.mark.gpu
+def test_histogram_argument_errors(one_place):
+    array = sharded.ShardedArray.allocate(one_place, 10, np.float32)
+    with pytest.raises(ValueError, match="num_bins: expected a positive"):
+        sharded.histogram_even(array, 0, 0.0, 1.0)
+    with pytest.raises(TypeError, match="num_bins: expected an int"):
+        sharded.histogram_even(array, 2.5, 0.0, 1.0)
+    with pytest.raises(ValueError, match="finite"):
+        sharded.histogram_even(array, 4, 0.0, float("nan"))
+    with pytest.raises(ValueError, match="finite"):
+        sharded.histogram_even(array, 4, -np.inf, 1.0)
+    with pytest.raises(ValueError, match="lower < upper"):
+        sharded.histogram_even(array, 4, 1.0, 1.0)
+    with pytest.raises(ValueError, match="value: -1 does not fit uint32"):
+        sharded.fill(sharded.ShardedArray.allocate(one_place, 3, np.uint32), -1)
+
+
+def test_opaque_algorithms_check_their_array():
+    for call in (lambda: sharded.fill(np.zeros(3), 1), lambda: sharded.count([1, 2], 1),
+                 lambda: sharded.sequence(None), lambda: sharded.histogram_even(np.zeros(3), 4, 0.0, 1.0)):
+        with pytest.raises(TypeError, match="a: expected a ShardedArray"):
+            call()
