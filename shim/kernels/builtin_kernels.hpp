@@ -1,7 +1,24 @@
 // Host-visible handles of the kernels compiled into the shim at build time.
 #pragma once
 
+#include <cstdint>
+
 namespace csj::kernels {
+
+// Calls `f(T{})` with the C++ element type of a csj::DType integer value (the dtype switch
+// every table of built-in kernels needs).
+template <class F>
+auto with_dtype(int dtype, F&& f) -> decltype(f(float{})) {
+  switch (dtype) {
+    case 0: return f(float{});
+    case 1: return f(double{});
+    case 2: return f(std::int32_t{});
+    case 3: return f(std::int64_t{});
+    case 4: return f(std::uint32_t{});
+    case 5: return f(std::uint64_t{});
+  }
+  return {};
+}
 
 // Same order as csj::BuiltinOp.
 enum class BuiltinKernel { negate, scale, add_scalar, add, mul, axpy, fill, sequence };

@@ -61,15 +61,9 @@ __global__ void __launch_bounds__(kHistogramBlock) histogram_kernel(const __grid
 }  // namespace
 
 const void* builtin_histogram_kernel(int dtype) {
-  switch (dtype) {
-    case 0: return reinterpret_cast<const void*>(&histogram_kernel<float>);
-    case 1: return reinterpret_cast<const void*>(&histogram_kernel<double>);
-    case 2: return reinterpret_cast<const void*>(&histogram_kernel<std::int32_t>);
-    case 3: return reinterpret_cast<const void*>(&histogram_kernel<std::int64_t>);
-    case 4: return reinterpret_cast<const void*>(&histogram_kernel<std::uint32_t>);
-    case 5: return reinterpret_cast<const void*>(&histogram_kernel<std::uint64_t>);
-  }
-  return nullptr;
+  return with_dtype(dtype, [](auto tag) {
+    return reinterpret_cast<const void*>(&histogram_kernel<decltype(tag)>);
+  });
 }
 
 }  // namespace csj::kernels

@@ -96,27 +96,11 @@ BuiltinReduceKernels count_kernels_for() {
 }  // namespace
 
 BuiltinReduceKernels builtin_count_kernels(int dtype) {
-  switch (dtype) {
-    case 0: return count_kernels_for<float>();
-    case 1: return count_kernels_for<double>();
-    case 2: return count_kernels_for<std::int32_t>();
-    case 3: return count_kernels_for<std::int64_t>();
-    case 4: return count_kernels_for<std::uint32_t>();
-    case 5: return count_kernels_for<std::uint64_t>();
-  }
-  return {};
+  return with_dtype(dtype, [](auto tag) { return count_kernels_for<decltype(tag)>(); });
 }
 
 BuiltinReduceKernels builtin_reduce_kernels(BuiltinReduction op, int dtype) {
-  switch (dtype) {
-    case 0: return kernels_for<float>(op);
-    case 1: return kernels_for<double>(op);
-    case 2: return kernels_for<std::int32_t>(op);
-    case 3: return kernels_for<std::int64_t>(op);
-    case 4: return kernels_for<std::uint32_t>(op);
-    case 5: return kernels_for<std::uint64_t>(op);
-  }
-  return {};
+  return with_dtype(dtype, [op](auto tag) { return kernels_for<decltype(tag)>(op); });
 }
 
 }  // namespace csj::kernels

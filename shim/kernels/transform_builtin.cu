@@ -111,15 +111,7 @@ const void* kernel_for(BuiltinKernel op) {
 }  // namespace
 
 const void* builtin_transform_kernel(BuiltinKernel op, int dtype) {
-  switch (dtype) {
-    case 0: return kernel_for<float>(op);
-    case 1: return kernel_for<double>(op);
-    case 2: return kernel_for<std::int32_t>(op);
-    case 3: return kernel_for<std::int64_t>(op);
-    case 4: return kernel_for<std::uint32_t>(op);
-    case 5: return kernel_for<std::uint64_t>(op);
-  }
-  return nullptr;
+  return with_dtype(dtype, [op](auto tag) { return kernel_for<decltype(tag)>(op); });
 }
 
 }  // namespace csj::kernels
