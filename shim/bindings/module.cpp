@@ -54,8 +54,7 @@ NB_MODULE(_shim, m) {
            nb::call_guard<nb::gil_scoped_release>())
       .def("sync", &csj::PlaceGroup::sync, nb::call_guard<nb::gil_scoped_release>())
       .def("release_cached_memory", &csj::PlaceGroup::release_cached_memory,
-           nb::call_guard<nb::gil_scoped_release>())
-      .def("describe", &csj::PlaceGroup::describe);
+           nb::call_guard<nb::gil_scoped_release>());
 
   nb::class_<csj::ShardedArray>(m, "ShardedArray")
       .def_static("even_sizes", &csj::ShardedArray::even_sizes, "n"_a, "places"_a)

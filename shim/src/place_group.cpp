@@ -253,14 +253,4 @@ void PlaceGroup::release_cached_memory() const {
   }
 }
 
-std::string PlaceGroup::describe() const {
-  std::string out = "PlaceGroup(" + std::to_string(devices_.size()) + " place" +
-                    (devices_.size() == 1 ? "" : "s") + ": ";
-  for (std::size_t place = 0; place < devices_.size(); ++place) {
-    if (place) out += ", ";
-    out += std::to_string(place) + "->cuda:" + std::to_string(devices_[place]);
-  }
-  return out + ")";
-}
-
 }  // namespace csj

@@ -45,7 +45,6 @@ class PlaceGroup {
   // Waits for the places' streams, then returns the memory that the stream-ordered pools of
   // the group's devices keep cached for reuse to the driver.
   void release_cached_memory() const;
-  std::string describe() const;
 
   // A 64-byte slot of pinned host memory for small device-to-host results (fast, truly
   // asynchronous copies). Thread-safe; give it back with release_host_slot.
