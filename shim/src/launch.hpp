@@ -34,20 +34,8 @@ void launch(const KernelHandle& kernel, unsigned grid, unsigned block, cudaStrea
 }
 
 // Resident blocks per multiprocessor of the current device (at least 1): sizing grids to
-// exactly one wave keeps every block's fixed share of work running concurrently.
-inline int blocks_per_multiprocessor(const KernelHandle& kernel, int block) {
-  int blocks = 0;
-  if (kernel.api == KernelHandle::Api::driver) {
-    CUfunction function = nullptr;
-    check(driver().cuKernelGetFunction(&function, reinterpret_cast<CUkernel>(const_cast<void*>(kernel.function))),
-          "cuKernelGetFunction");
-    check(driver().cuOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, function, block, 0),
-          "cuOccupancyMaxActiveBlocksPerMultiprocessor");
-  } else {
-    check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel.function, block, 0),
-          "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
-  }
-  return blocks > 0 ? blocks : 1;
-}
+// exactly one wave keeps every block's fixed share of work running concurrently. Cached per
+// (kernel, device, block size): the answer never changes for a loaded kernel.
+int blocks_per_multiprocessor(const KernelHandle& kernel, int block);
 
 }  // namespace csj::detail
