@@ -1,0 +1,36 @@
+"""Every example runs and checks itself against numpy (GPU examples need a GPU)."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+
+
+def _run(name: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(EXAMPLES / name)], capture_output=True, text=True,
+                          cwd=EXAMPLES, timeout=600)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["quickstart.py", "black_scholes.py", "reductions.py", "scans.py"])
+def test_gpu_example(name):
+    result = _run(name)
+    assert result.returncode == 0, result.stderr
+
+
+def test_inspect_operator_runs_without_a_gpu():
+    result = _run("inspect_operator.py")
+    assert result.returncode == 0, result.stderr
+    assert "inlined (no CALL in SASS): True" in result.stdout
+
+
+def test_gpu_examples_explain_a_missing_gpu():
+    from conftest import DEVICE_COUNT
+
+    if DEVICE_COUNT:
+        pytest.skip("a GPU is visible")
+    result = _run("reductions.py")
+    assert result.returncode == 2 and "needs a CUDA GPU" in result.stderr
