@@ -173,7 +173,7 @@ unsigned char* first_pass(const std::vector<KernelSet>& sets, const ShardedArray
     detail::DeviceGuard guard(device);
     cuts[k] = chunking(sets[place], with_prefixes, in.shard_size(place), device, in_size, acc_size);
     scratch[k] = allocate_pass(cuts[k].grid, acc_size, with_prefixes, stream);
-    reduce_shard(sets[place], in, place, cuts[k], scratch[k]);
+    reduce_shard(sets[place], in, place, cuts[k], scratch[k], {}, map_value);
     if (count == 1) return nullptr;
     if (group.can_access_peer(home, device)) {
       fold.sources[k] = scratch[k].result;  // read in place by the fold kernel
