@@ -37,6 +37,11 @@ def scalar_dtype(value, argument: str) -> np.dtype:
     )
 
 
+def is_weak_scalar(value) -> bool:
+    """Python scalars (not numpy's, although np.float64 subclasses float) are weakly typed."""
+    return isinstance(value, (bool, int, float)) and not isinstance(value, np.generic)
+
+
 def is_scalar(value) -> bool:
     return isinstance(value, (int, float, np.generic)) and not isinstance(value, bool)
 

@@ -13,6 +13,13 @@ from ._dtypes import as_dtype
 from .places import PlaceGroup
 
 
+def check_array(value, argument: str = "a") -> "ShardedArray":
+    """TypeError naming `argument` unless `value` is a ShardedArray."""
+    if not isinstance(value, ShardedArray):
+        raise TypeError(f"{argument}: expected a ShardedArray, got {type(value).__name__}")
+    return value
+
+
 def _check_group(group) -> PlaceGroup:
     if not isinstance(group, PlaceGroup):
         raise TypeError(f"group: expected a PlaceGroup, got {type(group).__name__}")

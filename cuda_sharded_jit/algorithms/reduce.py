@@ -10,8 +10,8 @@ from __future__ import annotations
 import numpy as np
 
 from .. import _shim
-from .._dtypes import as_dtype, exact_cast
-from ..array import ShardedArray
+from .._dtypes import as_dtype, exact_cast, is_weak_scalar
+from ..array import ShardedArray, check_array
 from ..compiler import VALUE_MAP, kernel_libraries
 from ..op import Op, as_op
 
@@ -35,16 +35,6 @@ _PYTHON_OPS = {"sum": Op(_add), "min": Op(_min), "max": Op(_max)}
 _ADD = _PYTHON_OPS["sum"]
 
 
-def _check_array(a, argument: str = "a") -> ShardedArray:
-    if not isinstance(a, ShardedArray):
-        raise TypeError(f"{argument}: expected a ShardedArray, got {type(a).__name__}")
-    return a
-
-
-def _is_weak(value) -> bool:
-    """Python scalars (not numpy's, although np.float64 subclasses float) are weakly typed."""
-    return isinstance(value, (bool, int, float)) and not isinstance(value, np.generic)
-
 
 def _accumulator(dtype: np.dtype, init) -> np.dtype:
     """The input dtype, or init's when it is an explicitly typed (numpy) value and wider.
@@ -52,7 +42,7 @@ def _accumulator(dtype: np.dtype, init) -> np.dtype:
     Python scalars are weak, as in numpy: `reduce(float32_array, op, init=0.0)` stays
     float32; `init=np.float64(0)` accumulates in float64.
     """
-    if init is None or _is_weak(init):
+    if init is None or is_weak_scalar(init):
         return dtype
     init_dtype = as_dtype(np.asarray(init).dtype, "init")
     return init_dtype if np.promote_types(dtype, init_dtype) == init_dtype else dtype
@@ -93,7 +83,7 @@ def reduce(a: ShardedArray, op="sum", init=None):
 
     >>> sharded.reduce(a, op=lambda x, y: max(abs(x), abs(y)), init=0.0)   # doctest: +SKIP
     """
-    _check_array(a)
+    check_array(a)
     op = _operator(op, 2, "reduce")
     acc = _accumulator(a.dtype, init)
     if isinstance(op, str):
@@ -130,13 +120,13 @@ def transform_reduce(a: ShardedArray, map_op, reduce_op, init):
 
     >>> sharded.transform_reduce(a, lambda x: x * x, lambda x, y: x + y, 0.0)  # L2 norm²  # doctest: +SKIP
     """
-    _check_array(a)
+    check_array(a)
     map_op = as_op(map_op, "map_op")
     map_op.check_arity(1, "transform_reduce's map")
     reduce_op = _operator(reduce_op, 2, "transform_reduce")
     if isinstance(reduce_op, str):
         reduce_op = _PYTHON_OPS[reduce_op]
-    request = None if init is None or _is_weak(init) else as_dtype(np.asarray(init).dtype, "init")
+    request = None if init is None or is_weak_scalar(init) else as_dtype(np.asarray(init).dtype, "init")
     acc, libraries = kernel_libraries(reduce_op, "reduce", (("array", a.dtype),), request,
                                       a.group.archs, ("call", map_op))
     valid, raw = _shim.reduce(libraries, a._impl, acc.itemsize, _pack(init, acc))
@@ -148,7 +138,7 @@ def count_if(a: ShardedArray, pred) -> int:
 
     >>> sharded.count_if(a, lambda x: x != x)   # NaNs           # doctest: +SKIP
     """
-    _check_array(a)
+    check_array(a)
     pred = as_op(pred, "pred")
     pred.check_arity(1, "count_if")
     int64 = np.dtype(np.int64)
@@ -159,10 +149,10 @@ def count_if(a: ShardedArray, pred) -> int:
 
 
 def _scan(a, op, init, out, exclusive: bool, what: str) -> ShardedArray:
-    _check_array(a)
+    check_array(a)
     op = _operator(op, 2, what)
     if out is not None:
-        _check_array(out, "out")
+        check_array(out, "out")
         acc = out.dtype
     else:
         acc = _accumulator(a.dtype, init)
@@ -215,9 +205,9 @@ def adjacent_difference(a: ShardedArray, out: ShardedArray | None = None, op=Non
 
     >>> d = sharded.adjacent_difference(a)                                   # doctest: +SKIP
     """
-    _check_array(a)
+    check_array(a)
     if out is not None:
-        _check_array(out, "out")
+        check_array(out, "out")
         if out is a:
             raise ValueError("out: must not alias a (each element reads its predecessor)")
     if op is None:

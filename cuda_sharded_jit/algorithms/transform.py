@@ -8,7 +8,7 @@ import numpy as np
 
 from .. import _shim
 from .._dtypes import as_dtype, exact_cast, is_scalar, scalar_dtype
-from ..array import ShardedArray
+from ..array import ShardedArray, check_array
 from ..compiler import kernel_libraries
 from ..op import as_op
 from ..ops import Descriptor
@@ -31,8 +31,7 @@ def pack_scalars(values, dtypes) -> bytes:
 def _check_out(out, first: ShardedArray):
     if out is None:
         return None
-    if not isinstance(out, ShardedArray):
-        raise TypeError(f"out: expected a ShardedArray, got {type(out).__name__}")
+    check_array(out, "out")
     if out.group is not first.group:
         raise ValueError("out: belongs to another PlaceGroup than the inputs")
     if out.shard_sizes != first.shard_sizes:
