@@ -24,7 +24,7 @@ std::vector<long long> histogram_even(const ShardedArray& in, int num_bins, cons
   const auto kernel = detail::KernelHandle::builtin(k::builtin_histogram_kernel(static_cast<int>(in.dtype())));
   const std::size_t count_bytes = static_cast<std::size_t>(num_bins) * sizeof(unsigned long long);
   const std::size_t edge_bytes = (edges.size() + 15) / 16 * 16;
-  const int shared = num_bins <= k::kHistogramSharedBins ? num_bins * static_cast<int>(sizeof(unsigned int)) : 0;
+  const unsigned shared = num_bins <= k::kHistogramSharedBins ? static_cast<unsigned>(num_bins * sizeof(unsigned int)) : 0u;
 
   std::vector<std::vector<unsigned long long>> partial(group.size());
   std::vector<void*> scratch(group.size(), nullptr);
@@ -47,9 +47,7 @@ std::vector<long long> histogram_even(const ShardedArray& in, int num_bins, cons
     params.num_bins = num_bins;
     const long long blocks = (n + k::kHistogramBlock - 1) / k::kHistogramBlock;
     const auto grid = static_cast<unsigned>(std::min<long long>(blocks, static_cast<long long>(sms) * 8));
-    void* args[] = {&params};
-    check(cudaLaunchKernel(kernel.function, dim3(grid), dim3(k::kHistogramBlock), args, shared, stream),
-          "launching histogram");
+    detail::launch(kernel, grid, k::kHistogramBlock, stream, params, "launching histogram", shared);
     partial[place].resize(num_bins);
     check(cudaMemcpyAsync(partial[place].data(), base + edge_bytes, count_bytes, cudaMemcpyDeviceToHost, stream),
           "cudaMemcpyAsync (counts)");

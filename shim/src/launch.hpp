@@ -18,18 +18,19 @@ struct KernelHandle {
   static KernelHandle builtin(const void* kernel) { return {Api::runtime, kernel}; }
 };
 
-// Launches `kernel(*params)` (one parameter block, passed by value).
+// Launches `kernel(*params)` (one parameter block, passed by value), with optional dynamic
+// shared memory.
 template <class Params>
 void launch(const KernelHandle& kernel, unsigned grid, unsigned block, cudaStream_t stream,
-            Params& params, const char* what) {
+            Params& params, const char* what, unsigned shared_bytes = 0) {
   void* args[] = {&params};
   if (kernel.api == KernelHandle::Api::driver) {
     check(driver().cuLaunchKernel(reinterpret_cast<CUfunction>(const_cast<void*>(kernel.function)),
-                                  grid, 1, 1, block, 1, 1, 0, reinterpret_cast<CUstream>(stream),
+                                  grid, 1, 1, block, 1, 1, shared_bytes, reinterpret_cast<CUstream>(stream),
                                   args, nullptr),
           what);
   } else {
-    check(cudaLaunchKernel(kernel.function, dim3(grid), dim3(block), args, 0, stream), what);
+    check(cudaLaunchKernel(kernel.function, dim3(grid), dim3(block), args, shared_bytes, stream), what);
   }
 }
 
