@@ -25,6 +25,7 @@ from .algorithms.reduce import (
     transform_reduce,
 )
 from .algorithms.opaque import count, fill, histogram_even, sequence
+from .algorithms.sort import sort
 from .algorithms.transform import transform
 from .array import ShardedArray, ShardView
 from .compiler import CompiledKernel, cache_info, clear_cache, compile
@@ -38,7 +39,7 @@ __all__ = [
     "op", "Op", "compile", "CompiledKernel", "transform", "ops",
     "reduce", "sum", "min", "max", "transform_reduce", "count_if",
     "inclusive_scan", "exclusive_scan", "adjacent_difference",
-    "fill", "sequence", "count", "histogram_even",
+    "fill", "sequence", "count", "histogram_even", "sort",
     "cache_dir", "cache_info", "clear_cache", "CacheWarning", "VersionSkewError",
     "__version__",
 ]

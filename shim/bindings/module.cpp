@@ -11,6 +11,7 @@
 #include "csj/place_group.hpp"
 #include "csj/reduce.hpp"
 #include "csj/sharded_array.hpp"
+#include "csj/sort.hpp"
 #include "csj/transform.hpp"
 
 namespace nb = nanobind;
@@ -145,6 +146,7 @@ NB_MODULE(_shim, m) {
         return csj::histogram_even(in, num_bins, bytes);
       },
       "a"_a, "num_bins"_a, "edges"_a);
+  m.def("sort", &csj::sort, "a"_a, "out"_a, "descending"_a, nb::call_guard<nb::gil_scoped_release>());
   m.def("adjacent_difference", &csj::adjacent_difference, "difference"_a, "first"_a, "a"_a,
         "out"_a, nb::call_guard<nb::gil_scoped_release>());
 

@@ -1,0 +1,16 @@
+// The multi-place sort. CUDA-free header.
+#pragma once
+
+#include "csj/sharded_array.hpp"
+
+namespace csj {
+
+// Sorts `in` into `out` (which may be `in`) in global order; shard sizes never change.
+// Each place radix-sorts its shard, exact splitters come from a multi-sequence selection
+// over the sorted shards (so output shard q receives exactly its size), the pieces travel
+// over peer copies and each output shard merges its pieces. NaNs sort last (first when
+// descending) and are rewritten as the positive quiet NaN; -0.0 and +0.0 compare equal.
+// Returns after the splitters are known; the rest is queued on the places' streams.
+void sort(const ShardedArray& in, ShardedArray& out, bool descending);
+
+}  // namespace csj

@@ -1,0 +1,123 @@
+// The sort engine (see sort_engine.hpp): one instantiation of CUB's radix sort and merge per
+// element type and direction, plus the splitter-counting kernel of the multi-place sort.
+#include <cub/device/device_merge.cuh>
+#include <cub/device/device_radix_sort.cuh>
+#include <cuda/std/limits>
+#include <cuda/std/type_traits>
+
+#include "builtin_kernels.hpp"
+#include "sort_engine.hpp"
+
+namespace csj::kernels {
+namespace {
+
+template <class T>
+using Bits = cuda::std::conditional_t<sizeof(T) == 4, unsigned int, unsigned long long>;
+
+// The ordered key (see sort_engine.hpp): monotone in the order CUB sorts by.
+template <class T, bool Descending>
+__device__ __forceinline__ Bits<T> ordered_key(T value) {
+  using U = Bits<T>;
+  constexpr U sign = U(1) << (sizeof(T) * 8 - 1);
+  U key;
+  if constexpr (cuda::std::is_floating_point_v<T>) {
+    if (value != value) {
+      key = ~U(0);
+    } else if (value == T(0)) {
+      key = sign;
+    } else {
+      const U bits = cuda::std::bit_cast<U>(value);
+      key = (bits & sign) ? ~bits : (bits | sign);
+    }
+  } else if constexpr (cuda::std::is_signed_v<T>) {
+    key = static_cast<U>(value) ^ sign;
+  } else {
+    key = static_cast<U>(value);
+  }
+  return Descending ? ~key : key;
+}
+
+template <class T, bool Descending>
+struct OrderedLess {
+  __device__ __forceinline__ bool operator()(T a, T b) const {
+    return ordered_key<T, Descending>(a) < ordered_key<T, Descending>(b);
+  }
+};
+
+// One thread per (boundary, candidate): how many keys of the sorted run lie below the
+// candidate (a lower bound by binary search on ordered keys).
+template <class T, bool Descending>
+__global__ void __launch_bounds__(kSplitterBlock) splitter_kernel(const __grid_constant__ SplitterParams p) {
+  const long long slot = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (slot >= static_cast<long long>(p.boundaries) * p.candidates) return;
+  const int boundary = static_cast<int>(slot / p.candidates);
+  const unsigned long long j = static_cast<unsigned long long>(slot % p.candidates);
+  const auto candidate = static_cast<Bits<T>>(p.bases[boundary] + (j << p.shift));
+  const T* keys = static_cast<const T*>(p.keys);
+  long long low = 0, high = p.n;
+  while (low < high) {
+    const long long mid = low + (high - low) / 2;
+    if (ordered_key<T, Descending>(keys[mid]) < candidate) low = mid + 1;
+    else high = mid;
+  }
+  p.counts[slot] = static_cast<unsigned long long>(low);
+}
+
+template <class T>
+__global__ void canonicalize_nan_kernel(const __grid_constant__ KeysParams p) {
+  T* data = static_cast<T*>(p.keys);
+  const long long stride = static_cast<long long>(gridDim.x) * blockDim.x;
+  for (long long i = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x; i < p.n; i += stride) {
+    const T value = data[i];
+    if (value != value) data[i] = cuda::std::numeric_limits<T>::quiet_NaN();
+  }
+}
+
+template <class T, bool Descending>
+cudaError_t radix_sort(void* temp, std::size_t& temp_bytes, void* current, void* alternate, long long n,
+                       bool* current_is_alternate, cudaStream_t stream) {
+  cub::DoubleBuffer<T> keys(static_cast<T*>(current), static_cast<T*>(alternate));
+  cudaError_t status;
+  if constexpr (Descending) {
+    status = cub::DeviceRadixSort::SortKeysDescending(temp, temp_bytes, keys, n, 0, int(sizeof(T) * 8), stream);
+  } else {
+    status = cub::DeviceRadixSort::SortKeys(temp, temp_bytes, keys, n, 0, int(sizeof(T) * 8), stream);
+  }
+  if (current_is_alternate) *current_is_alternate = keys.selector != 0;
+  return status;
+}
+
+template <class T, bool Descending>
+cudaError_t merge(void* temp, std::size_t& temp_bytes, const void* first, long long first_n,
+                  const void* second, long long second_n, void* out, cudaStream_t stream) {
+  return cub::DeviceMerge::MergeKeys(temp, temp_bytes, static_cast<const T*>(first), first_n,
+                                     static_cast<const T*>(second), second_n, static_cast<T*>(out),
+                                     OrderedLess<T, Descending>{}, stream);
+}
+
+template <class T, bool Descending>
+SortEngine make_engine() {
+  SortEngine engine{};
+  engine.key_bits = static_cast<int>(sizeof(T) * 8);
+  engine.sort = &radix_sort<T, Descending>;
+  engine.merge = &merge<T, Descending>;
+  engine.splitter_kernel = reinterpret_cast<const void*>(&splitter_kernel<T, Descending>);
+  if constexpr (cuda::std::is_floating_point_v<T>) {
+    engine.canonicalize_kernel = reinterpret_cast<const void*>(&canonicalize_nan_kernel<T>);
+  }
+  return engine;
+}
+
+}  // namespace
+
+const SortEngine* sort_engine(int dtype, bool descending) {
+  // Built on first use; function-local statics are initialised once, thread-safely.
+  return with_dtype(dtype, [descending](auto zero) -> const SortEngine* {
+    using T = decltype(zero);
+    static const SortEngine ascending_engine = make_engine<T, false>();
+    static const SortEngine descending_engine = make_engine<T, true>();
+    return descending ? &descending_engine : &ascending_engine;
+  });
+}
+
+}  // namespace csj::kernels
