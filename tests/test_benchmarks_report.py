@@ -49,6 +49,16 @@ def test_parse_places_and_devices():
     assert place_devices(3, [0]) == [0, 0, 0]
 
 
+def test_run_selection():
+    import run
+
+    assert run.selection("all", "") == set(run.ALGORITHMS + run.SUITES)
+    assert run.selection("transform,compile", "") == {"transform_unary", "transform_binary", "compile"}
+    assert "compile" not in run.selection("all", "compile")
+    with pytest.raises(ValueError, match="unknown name"):
+        run.selection("transfrom", "")
+
+
 # ---- measures and the block runner ----------------------------------------------------------------
 
 def test_measure_statistics():
