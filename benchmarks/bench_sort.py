@@ -152,7 +152,8 @@ def blocks(cp, sharded, options, size: int, dtypes: list, groups: dict) -> list[
                     teardown(data)
                 finally:
                     shared.clear()
-                    cp.get_default_memory_pool().free_all_blocks()
+                    with cp.cuda.Device(device):
+                        cp.get_default_memory_pool().free_all_blocks()
 
             last.teardown = release
         result += dtype_blocks

@@ -103,11 +103,15 @@ class Data:
             self.cp.cuda.Device(device).synchronize()
 
     def release(self) -> None:
-        """Drop the references to the arrays (the memory pools can then hand them back)."""
+        """Drop the references to the arrays and hand CuPy's cached blocks back to the driver
+        on every device of the configuration (its pool is per device)."""
         for arrays in (self.x, self.y, self.out):
             arrays.clear()
         self.tensors.clear()
         self.context.clear()
+        for device in sorted(set(self.devices)):
+            with self.cp.cuda.Device(device):
+                self.cp.get_default_memory_pool().free_all_blocks()
 
 
 # ---- data -----------------------------------------------------------------------------------
@@ -293,7 +297,6 @@ def peer_teardown(cp, data: Data) -> None:
 
         torch.cuda.set_stream(torch.cuda.default_stream(torch.device("cuda", data.devices[0])))
         torch.cuda.empty_cache()
-    cp.get_default_memory_pool().free_all_blocks()
 
 
 def place_group(sharded, devices: list, groups: dict):
@@ -326,7 +329,6 @@ def ours_teardown(cp, data: Data) -> None:
     for array in data.arrays.values():
         array.free()
     data.group.release_cached_memory()
-    cp.get_default_memory_pool().free_all_blocks()
 
 
 # ---- blocks ---------------------------------------------------------------------------------
