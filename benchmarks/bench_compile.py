@@ -60,10 +60,11 @@ def _child(code: str, env: dict) -> float:
 
 
 def _new_operator(rep: int, arity: int):
-    """An operator with constants no earlier cache key has seen."""
+    """A plain function (as cuda.compute's examples write them) with constants no earlier
+    cache key has seen."""
     namespace = {}
     arguments = ", ".join("ab"[:arity])
-    exec(f"op = lambda {arguments}: a * {rep + 0.123456} + {time.time_ns() % 1000003}.0", namespace)
+    exec(f"def op({arguments}):\n    return a * {rep + 0.123456} + {time.time_ns() % 1000003}.0", namespace)
     return namespace["op"]
 
 

@@ -446,8 +446,8 @@ def write(out: Path, measures: list, env: dict, options: dict, plots: bool = Tru
         try:
             files = plot(measures, out)
             printed += "\n\nPlots: " + ", ".join(str(path) for path in files)
-        except ImportError:
-            printed += "\n\nNo plots: matplotlib is not installed (pip install .[bench])."
+        except ImportError as error:
+            printed += f"\n\nNo plots: matplotlib does not import ({error}; pip install .[bench])."
         except Exception as error:  # noqa: BLE001 - the figures are written; a plot failure must not lose them
             printed += f"\n\nPlots failed: {type(error).__name__}: {error}"
     return printed + f"\n\nWritten: {out / 'results.md'}, {out / 'results.json'}"
