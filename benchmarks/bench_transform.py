@@ -1,109 +1,107 @@
-"""Transform: ours (user operator and descriptor) vs cuda.compute, CuPy and the device copy
-limit on one GPU; weak scaling over places; host overhead per small call."""
+"""Transform cases: unary (x + x) and binary (a + b); ours with a user operator and with a
+built-in descriptor, vs CuPy, torch and cuda.compute. Bytes counted: every input read and
+the output written."""
 
 from __future__ import annotations
 
-import numpy as np
-
 import cuda_sharded_jit as sharded
 
-from common import Measure, host_time_per_call, time_events, time_wall
+from sweep import Case, Impl, assert_equal, cuda_compute
+
+# The bars' "user lambda": a Python lambda the library JIT-compiles, as a user would write it.
+USER_ADD = sharded.op(lambda a, b: a + b)
+USER_DOUBLE = sharded.op(lambda a: a + a)
 
 
-def _cuda_compute():
-    try:
-        import cuda.compute as cc  # noqa: F401
-
-        return cc
-    except Exception:  # not installed or no matching driver: measured only when importable
-        return None
+# cuda.compute's operators: module-level functions, so that its build cache sees one operator.
+def add(a, b):
+    return a + b
 
 
-def run(cp, log2n: int, reps: int, devices: list[int]) -> list[Measure]:
-    n = 1 << log2n
-    results = []
-    f32 = np.float32
-    one = sharded.PlaceGroup.by_devices([devices[0]])
-    device = devices[0]
+def double(a):
+    return a + a
 
-    with cp.cuda.Device(device):
-        src = cp.random.random(n, dtype=f32)
-        dst = cp.empty_like(src)
-        stream = cp.cuda.Stream(non_blocking=True)
 
-        def copy():
-            cp.cuda.runtime.memcpyAsync(dst.data.ptr, src.data.ptr, n * 4,
-                                        cp.cuda.runtime.memcpyDeviceToDevice, stream.ptr)
+# ---- unary: out = x + x -----------------------------------------------------------------------
 
-        results.append(Measure("device copy (limit)", time_events(cp, stream.ptr, device, copy, reps),
-                               2 * n * 4, "read + write"))
+def _ours_unary(data) -> Impl:
+    x, out = data.arrays["x"], data.arrays["out"]
+    return Impl(lambda: sharded.transform(USER_DOUBLE, x, out=out))
 
-        x_cp, y_cp = cp.random.random(n, dtype=f32), cp.random.random(n, dtype=f32)
-        z_cp = cp.empty_like(x_cp)
 
-        def cupy_add():
-            with stream:
-                cp.add(x_cp, y_cp, out=z_cp)
+def _cupy_unary(data) -> Impl:
+    cp, x, out = data.cp, data.x[0], data.out[0]
+    return Impl(lambda: cp.add(x, x, out=out))
 
-        results.append(Measure("cupy add", time_events(cp, stream.ptr, device, cupy_add, reps), 3 * n * 4))
 
-        cc = _cuda_compute()
-        if cc is not None:
-            def add(a, b):
-                return a + b
+def _torch_unary(data) -> Impl:
+    import torch
 
-            transform = cc.make_binary_transform(d_in1=x_cp, d_in2=y_cp, d_out=z_cp, op=add)
+    x, out = data.tensors["x"], data.tensors["out"]
+    return Impl(lambda: torch.add(x, x, out=out))
 
-            def cccl_add():
-                transform(d_in1=x_cp, d_in2=y_cp, d_out=z_cp, op=add, num_items=n, stream=stream)
 
-            results.append(Measure("cuda.compute binary_transform", time_events(cp, stream.ptr, device, cccl_add, reps),
-                                   3 * n * 4))
-            np.testing.assert_allclose(cp.asnumpy(z_cp[:1000]), cp.asnumpy(x_cp[:1000] + y_cp[:1000]))
-            small = [cp.random.random(1024, dtype=f32) for _ in range(3)]
-            small_transform = cc.make_binary_transform(d_in1=small[0], d_in2=small[1], d_out=small[2], op=add)
-            host = host_time_per_call(
-                lambda: small_transform(d_in1=small[0], d_in2=small[1], d_out=small[2], op=add,
-                                        num_items=1024, stream=stream),
-                stream.synchronize)
-            results.append(Measure("cuda.compute host time per call (1024 elements)", [host]))
+def _cccl_unary(data) -> Impl:
+    x, out, stream = data.x[0], data.out[0], data.stream
+    size = int(x.size)
+    build = cuda_compute().make_unary_transform(d_in=x, d_out=out, op=double)
+    return Impl(lambda: build(d_in=x, d_out=out, op=double, num_items=size, stream=stream))
 
-    x_host = np.random.default_rng(1).random(n, dtype=f32)
-    y_host = np.random.default_rng(2).random(n, dtype=f32)
-    x = sharded.ShardedArray.from_numpy(one, x_host)
-    y = sharded.ShardedArray.from_numpy(one, y_host)
-    z = sharded.ShardedArray.allocate(one, n, f32)
-    user_add = sharded.op(lambda a, b: a + b)
-    sharded.transform(user_add, x, y, out=z)
-    np.testing.assert_array_equal(z.to_numpy()[:1 << 20], (x_host + y_host)[:1 << 20])
-    sharded.transform(sharded.ops.add, x, y, out=z)
-    np.testing.assert_array_equal(z.to_numpy()[-(1 << 20):], (x_host + y_host)[-(1 << 20):])
-    stream_ptr = one.stream(0)
-    results.append(Measure("sharded transform, user lambda add (1 GPU)",
-                           time_events(cp, stream_ptr, device, lambda: sharded.transform(user_add, x, y, out=z), reps),
-                           3 * n * 4))
-    results.append(Measure("sharded transform, ops.add descriptor (1 GPU)",
-                           time_events(cp, stream_ptr, device, lambda: sharded.transform(sharded.ops.add, x, y, out=z), reps),
-                           3 * n * 4))
-    one_wall = time_wall(lambda: sharded.transform(user_add, x, y, out=z), one.sync, reps)
-    results.append(Measure("sharded transform, user add, wall (1 GPU)", one_wall, 3 * n * 4))
-    del x, y, z
 
-    for count in (2, 4):
-        if len(devices) < count:
-            continue
-        group = sharded.PlaceGroup.by_devices(devices[:count])
-        xs = sharded.ShardedArray.from_numpy(group, np.full(n * count, 1.5, f32))
-        ys = sharded.ShardedArray.from_numpy(group, np.full(n * count, 2.0, f32))
-        zs = sharded.ShardedArray.allocate(group, n * count, f32)
-        sharded.transform(user_add, xs, ys, out=zs)
-        assert np.all(zs.to_numpy() == 3.5)
-        wall = time_wall(lambda: sharded.transform(user_add, xs, ys, out=zs), group.sync, reps)
-        results.append(Measure(f"sharded transform, user add, wall ({count} GPUs, 2^{log2n} each)",
-                               wall, 3 * n * 4 * count))
-        del xs, ys, zs
+def _check_unary(data, value) -> None:
+    for place, (x, out) in enumerate(zip(data.x, data.out)):
+        with data.cp.cuda.Device(data.devices[place]):
+            assert_equal(data.cp, out, x + x, f"x + x, shard {place}")
 
-    small = [sharded.ShardedArray.from_numpy(one, np.ones(1024, f32)) for _ in range(3)]
-    host = host_time_per_call(lambda: sharded.transform(user_add, small[0], small[1], out=small[2]), one.sync)
-    results.append(Measure("sharded host time per call (1024 elements, 1 place)", [host]))
-    return results
+
+TRANSFORM_UNARY = Case(
+    "transform_unary", 2,
+    ours={"ours": _ours_unary},
+    peers={"cupy": _cupy_unary, "torch": _torch_unary, "cuda.compute": _cccl_unary},
+    check=_check_unary, note="x + x")
+
+
+# ---- binary: out = a + b ----------------------------------------------------------------------
+
+def _ours_binary(data) -> Impl:
+    x, y, out = data.arrays["x"], data.arrays["y"], data.arrays["out"]
+    return Impl(lambda: sharded.transform(USER_ADD, x, y, out=out))
+
+
+def _ours_binary_builtin(data) -> Impl:
+    x, y, out = data.arrays["x"], data.arrays["y"], data.arrays["out"]
+    return Impl(lambda: sharded.transform(sharded.ops.add, x, y, out=out))
+
+
+def _cupy_binary(data) -> Impl:
+    cp, x, y, out = data.cp, data.x[0], data.y[0], data.out[0]
+    return Impl(lambda: cp.add(x, y, out=out))
+
+
+def _torch_binary(data) -> Impl:
+    import torch
+
+    x, y, out = data.tensors["x"], data.tensors["y"], data.tensors["out"]
+    return Impl(lambda: torch.add(x, y, out=out))
+
+
+def _cccl_binary(data) -> Impl:
+    x, y, out, stream = data.x[0], data.y[0], data.out[0], data.stream
+    size = int(x.size)
+    build = cuda_compute().make_binary_transform(d_in1=x, d_in2=y, d_out=out, op=add)
+    return Impl(lambda: build(d_in1=x, d_in2=y, d_out=out, op=add, num_items=size, stream=stream))
+
+
+def _check_binary(data, value) -> None:
+    for place, (x, y, out) in enumerate(zip(data.x, data.y, data.out)):
+        with data.cp.cuda.Device(data.devices[place]):
+            assert_equal(data.cp, out, x + y, f"a + b, shard {place}")
+
+
+TRANSFORM_BINARY = Case(
+    "transform_binary", 3,
+    ours={"ours": _ours_binary, "ours built-in": _ours_binary_builtin},
+    peers={"cupy": _cupy_binary, "torch": _torch_binary, "cuda.compute": _cccl_binary},
+    check=_check_binary, note="a + b; built-in: sharded.ops.add")
+
+CASES = [TRANSFORM_UNARY, TRANSFORM_BINARY]

@@ -1,0 +1,201 @@
+"""The performance bars of the issues, read off one run's measures: each bar's two figures,
+their ratio and pass / fail. Pure Python (the CPU tests evaluate fake measures).
+
+Both figures of a ratio come from the same run and the same timer: CUDA events where both
+sides run on one place, host wall clock where either side spans several.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from common import Measure, log2_label
+
+BAR_ELEMENTS = 1 << 28  # the bars' size: elements per GPU (sort: keys in total)
+
+
+@dataclass(frozen=True)
+class Ref:
+    """Which measure a figure comes from, and by which timer."""
+
+    label: str
+    algorithm: str
+    impl: str
+    dtype: str = "float32"
+    places: int = 1
+    gpus: int = 1
+    timer: str = "events"
+    variant: str = ""
+    size: str = "per_gpu"   # the bar size is elements per GPU ("per_gpu"), in total ("total"), or none
+
+    def matches(self, measure: Measure, elements: int | None) -> bool:
+        if (measure.algorithm, measure.impl, measure.variant) != (self.algorithm, self.impl, self.variant):
+            return False
+        if self.size == "none":
+            return measure.places == self.places and measure.timer == self.timer
+        if (measure.dtype, measure.places, measure.gpus) != (self.dtype, self.places, self.gpus):
+            return False
+        if measure.timer not in ("events", "wall"):  # host-time and compile rows have no size to compare
+            return False
+        size = measure.elements_per_gpu if self.size == "per_gpu" else measure.elements
+        return elements is None or size == elements
+
+
+@dataclass(frozen=True)
+class Bar:
+    """ours / reference (or ours alone when there is no reference) against `target`.
+
+    metric "rate": throughput (GB/s where both count bytes, else elements/s); passes when
+    ours / reference >= target. metric "time": seconds (the references' times add up);
+    passes when ours / reference <= target, or ours <= target without a reference.
+    """
+
+    issue: int
+    text: str
+    ours: Ref
+    reference: tuple = ()
+    target: float = 1.0
+    metric: str = "rate"
+
+
+def _transform(label="sharded.transform(lambda a, b: a + b)", **keys) -> Ref:
+    return Ref(label, "transform_binary", "ours", **keys)
+
+
+_WALL2 = dict(places=2, gpus=2, timer="wall")
+_WALL4 = dict(places=4, gpus=4, timer="wall")
+
+BARS = (
+    Bar(3, "binary transform, user lambda ≥ 0.95 × cuda.compute binary_transform",
+        _transform(), (Ref("cuda.compute binary_transform", "transform_binary", "cuda.compute"),), 0.95),
+    Bar(3, "binary transform, user lambda ≥ 0.97 × built-in sharded.ops.add",
+        _transform(), (Ref("transform(sharded.ops.add)", "transform_binary", "ours built-in"),), 0.97),
+    Bar(3, "binary transform on 2 GPUs ≥ 1.9 × one GPU (same size per GPU)",
+        _transform("2 GPUs", **_WALL2), (_transform("1 GPU", timer="wall"),), 1.9),
+    Bar(3, "first call of a new operator, warm process ≤ 0.3 s",
+        Ref("first call", "compile", "ours", variant="warm process", timer="process", size="none"),
+        (), 0.3, "time"),
+    Bar(3, "first call in a new process, warm disk cache ≤ 50 ms",
+        Ref("first call", "compile", "ours", variant="new process, warm disk cache", timer="process",
+            size="none"), (), 0.05, "time"),
+    Bar(3, "host time per call, 1024 elements, 1 place ≤ 10 µs",
+        Ref("transform(lambda a, b: a + b)", "transform_binary", "ours", timer="host", size="none"),
+        (), 10e-6, "time"),
+    Bar(4, "reduce, user add ≥ 0.95 × cupy sum",
+        Ref("sharded.reduce(a, lambda a, b: a + b)", "reduce", "ours"), (Ref("cupy sum", "reduce", "cupy"),), 0.95),
+    Bar(4, "inclusive scan, user add ≥ 1.0 × torch.cumsum",
+        Ref("sharded.inclusive_scan(a, add)", "inclusive_scan", "ours"),
+        (Ref("torch.cumsum", "inclusive_scan", "torch"),), 1.0),
+    Bar(4, "inclusive scan, user add ≥ 0.95 × built-in \"sum\" scan",
+        Ref("sharded.inclusive_scan(a, add)", "inclusive_scan", "ours"),
+        (Ref("inclusive_scan(a, \"sum\")", "inclusive_scan", "ours built-in"),), 0.95),
+    Bar(4, "reduce on 2 GPUs ≤ 1.05 × one-GPU reduce time (same size per GPU)",
+        Ref("reduce, 2 GPUs", "reduce", "ours", **_WALL2),
+        (Ref("reduce, 1 GPU", "reduce", "ours", timer="wall"),), 1.05, "time"),
+    Bar(4, "inclusive scan on 2 GPUs ≤ 1.10 × (one-GPU reduce + one-GPU scan time)",
+        Ref("scan, 2 GPUs", "inclusive_scan", "ours", **_WALL2),
+        (Ref("reduce, 1 GPU", "reduce", "ours", timer="wall"),
+         Ref("scan, 1 GPU", "inclusive_scan", "ours", timer="wall")), 1.10, "time"),
+    Bar(5, "sort of 2^28 int32 keys on 2 GPUs ≥ 1.5 × cupy.sort on one GPU",
+        Ref("sharded.sort, 2 GPUs", "sort", "ours", "int32", size="total", **_WALL2),
+        (Ref("cupy.sort, 1 GPU", "sort", "cupy", "int32", timer="wall", size="total"),), 1.5),
+    Bar(5, "sort of 2^28 int32 keys on 4 GPUs ≥ 2.5 × cupy.sort on one GPU",
+        Ref("sharded.sort, 4 GPUs", "sort", "ours", "int32", size="total", **_WALL4),
+        (Ref("cupy.sort, 1 GPU", "sort", "cupy", "int32", timer="wall", size="total"),), 2.5),
+    Bar(5, "sort of 2^28 int32 keys, one place ≥ 0.95 × cupy.sort",
+        Ref("sharded.sort, 1 place", "sort", "ours", "int32", size="total"),
+        (Ref("cupy.sort", "sort", "cupy", "int32", size="total"),), 0.95),
+    Bar(5, "count ≥ 0.9 × cupy sum bandwidth (same data)",
+        Ref("sharded.count", "count", "ours"), (Ref("cupy sum", "reduce", "cupy"),), 0.9),
+    Bar(5, "histogram_even, 64 bins, uniform float32 ≥ 0.6 × cupy sum bandwidth",
+        Ref("sharded.histogram_even", "histogram_even", "ours"), (Ref("cupy sum", "reduce", "cupy"),), 0.6),
+    Bar(5, "histogram_even faster than cupy.histogram",
+        Ref("sharded.histogram_even", "histogram_even", "ours"),
+        (Ref("cupy.histogram", "histogram_even", "cupy"),), 1.0),
+    Bar(6, "argmin ≥ 0.8 × user-add reduce",
+        Ref("sharded.argmin", "argmin", "ours"), (Ref("reduce, user add", "reduce", "ours"),), 0.8),
+    Bar(6, "argmin ≥ 1.0 × cupy.argmin",
+        Ref("sharded.argmin", "argmin", "ours"), (Ref("cupy.argmin", "argmin", "cupy"),), 1.0),
+)
+
+
+@dataclass
+class BarResult:
+    bar: Bar
+    elements: int | None          # the size both sides were measured at (None: no size)
+    ours: float = math.nan        # seconds, or throughput (GB/s or elements/s)
+    reference: float = math.nan
+    ratio: float = math.nan
+    unit: str = ""
+    status: str = ""              # "pass", "FAIL", or "not measured: why"
+
+    def as_dict(self) -> dict:
+        return {"issue": self.bar.issue, "bar": self.bar.text, "elements": self.elements, "ours": self.ours,
+                "reference": self.reference, "ratio": self.ratio, "target": self.bar.target,
+                "metric": self.bar.metric, "unit": self.unit, "status": self.status}
+
+
+def _find(measures: list, ref: Ref, elements: int | None):
+    """The measure `ref` names (an error row when that is all there is), or None."""
+    found = [m for m in measures if ref.matches(m, elements)]
+    return next((m for m in found if m.ok), found[0] if found else None)
+
+
+def _figure(measure: Measure, ref: Ref, metric: str, unit: str) -> float:
+    seconds = measure.median_by(ref.timer)
+    if metric == "time":
+        return seconds
+    amount = measure.bytes_moved / 1e9 if unit == "GB/s" else measure.elements
+    return amount / seconds if seconds else math.nan
+
+
+def _size(measures: list, ref: Ref) -> int | None:
+    """BAR_ELEMENTS where ours was measured there, else the largest size it was measured at."""
+    if ref.size == "none":
+        return None
+    sizes = {m.elements_per_gpu if ref.size == "per_gpu" else m.elements
+             for m in measures if ref.matches(m, None) and m.ok}
+    if not sizes or BAR_ELEMENTS in sizes:
+        return BAR_ELEMENTS
+    return max(sizes)
+
+
+def _missing(measure, ref: Ref, elements) -> str | None:
+    if measure is None:
+        where = "" if elements is None else f" at {log2_label(elements)}"
+        return f"not measured: no {ref.label} ({ref.impl}, {ref.places} place(s), {ref.gpus} GPU(s)){where}"
+    if not measure.ok or math.isnan(measure.median_by(ref.timer)):
+        return f"not measured: {ref.label}: {measure.error or 'no ' + ref.timer + ' timing'}"
+    return None
+
+
+def evaluate(measures: list, bars=BARS) -> list[BarResult]:
+    results = []
+    for bar in bars:
+        elements = _size(measures, bar.ours)
+        result = BarResult(bar, elements)
+        results.append(result)
+        ours = _find(measures, bar.ours, elements)
+        references = [_find(measures, ref, elements) for ref in bar.reference]
+        problems = [_missing(m, ref, elements) for m, ref in zip([ours] + references, (bar.ours,) + bar.reference)]
+        problems = [problem for problem in problems if problem]
+        if problems:
+            result.status = problems[0]
+            continue
+        if bar.metric == "time":
+            result.unit = "s"
+        elif all(m.bytes_moved for m in [ours] + references):
+            result.unit = "GB/s"
+        else:
+            result.unit = "elements/s"
+        result.ours = _figure(ours, bar.ours, bar.metric, result.unit)
+        figures = [_figure(m, ref, bar.metric, result.unit) for m, ref in zip(references, bar.reference)]
+        if not references:
+            passed = result.ours <= bar.target
+        else:
+            result.reference = sum(figures)
+            result.ratio = result.ours / result.reference if result.reference else math.nan
+            passed = result.ratio <= bar.target if bar.metric == "time" else result.ratio >= bar.target
+        result.status = "pass" if passed else "FAIL"
+    return results

@@ -1,0 +1,160 @@
+"""Sort: sharded.sort on 1, 2, 4 ... places (measured only where the library has it) vs
+cupy.sort, torch.sort and cuda.compute radix_sort of the same keys on one GPU.
+
+Sizes are the total number of keys, split evenly over the places (not per GPU): the bars
+compare sorting the same 2^28 keys on one GPU and on several. Keys are random from a fixed
+seed; the reference is cupy.sort of all of them on the first GPU. A sort overwrites its input,
+so the input is refilled from a pristine copy before every call, outside the timed region
+(cuda.compute and torch write to a separate output and need no refill).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from common import Block, log2_label, place_devices
+from sweep import (Case, Data, Impl, assert_equal, copy_to_device, cuda_compute, measure_task, ours_teardown,
+                   peer_teardown, place_group, shard_view, template, use_peer_stream)
+
+
+def random_keys(cp, size: int, dtype: np.dtype, seed: int):
+    """Keys over (most of) the dtype's range, on the current device."""
+    uniform = cp.random.RandomState(seed).random_sample(size, dtype=cp.float64)
+    if dtype.kind == "f":
+        return (uniform * 2.0 - 1.0).astype(dtype)
+    bits = dtype.itemsize * 8
+    if dtype.kind == "i":
+        return ((uniform - 0.5) * 2.0 ** bits).astype(dtype)
+    return (uniform * 2.0 ** bits).astype(dtype)
+
+
+def _check(data, value) -> None:
+    cp, reference = data.cp, data.context["reference"]
+    if not data.is_ours:
+        assert_equal(cp, cp.asarray(value), reference, "sorted keys")
+        return
+    for place, (offset, keys) in enumerate(zip(data.context["offsets"], data.x)):
+        expected = copy_to_device(cp, reference[offset:offset + keys.size], data.devices[place])
+        with cp.cuda.Device(data.devices[place]):
+            assert_equal(cp, keys, expected, f"sorted keys, shard {place}")
+
+
+def _ours(data) -> Impl:
+    import cuda_sharded_jit as sharded
+
+    cp, keys = data.cp, data.arrays["keys"]
+    shards = list(zip(data.devices, data.x, data.context["pristine"]))
+
+    def refill():
+        for device, shard, pristine in shards:
+            with cp.cuda.Device(device):
+                cp.copyto(shard, pristine)
+        data.settle()
+
+    return Impl(lambda: sharded.sort(keys), prepare=refill)
+
+
+def _cupy(data) -> Impl:
+    work, keys, stream = data.x[0], data.context["keys"], data.stream
+
+    def refill():
+        data.cp.copyto(work, keys)
+        stream.synchronize()
+
+    return Impl(work.sort, prepare=refill, result=lambda: work)
+
+
+def _torch(data) -> Impl:
+    import torch
+
+    keys, values, indices = data.tensors["keys"], data.tensors["out"], data.tensors["indices"]
+    return Impl(lambda: torch.sort(keys, out=(values, indices)), result=lambda: data.out[0])
+
+
+def _cccl(data) -> Impl:
+    cp, keys, out, stream = data.cp, data.context["keys"], data.out[0], data.stream
+    size = int(keys.size)
+    build = cuda_compute().make_radix_sort(d_in_keys=keys, d_out_keys=out, d_in_values=None, d_out_values=None,
+                                           order=cuda_compute().SortOrder.ASCENDING)
+    arguments = dict(d_in_keys=keys, d_out_keys=out, d_in_values=None, d_out_values=None, num_items=size)
+    scratch = cp.empty(build(temp_storage=None, **arguments), cp.uint8)
+    return Impl(lambda: build(temp_storage=scratch, stream=stream, **arguments), result=lambda: out)
+
+
+SORT = Case("sort", 0, ours={"ours": _ours}, peers={"cupy": _cupy, "torch": _torch, "cuda.compute": _cccl},
+            check=_check, note="keys per second; total keys split over the places; in place (refilled untimed)")
+
+
+def blocks(cp, sharded, options, size: int, dtypes: list, groups: dict) -> list[Block]:
+    """Per dtype: the peers on the first GPU, then ours on each place count (where the
+    library has sort), all sorting the same `size` keys."""
+    device = options.devices[0]
+    reps = max(5, options.reps // 2)
+    result = []
+    for dtype in dtypes:
+        shared = {}
+        size_label = f"{log2_label(size)} keys"
+
+        def sort_input(dtype=dtype, shared=shared) -> dict:
+            """The pristine keys and their reference sort, on the first GPU, made once."""
+            if not shared:
+                with cp.cuda.Device(device):
+                    keys = random_keys(cp, size, dtype, options.seed)
+                    shared.update(keys=keys, reference=cp.sort(keys))
+                    cp.cuda.Device(device).synchronize()
+            return shared
+
+        def peer_setup(dtype=dtype, sort_input=sort_input) -> Data:
+            shared = sort_input()
+            cp.cuda.Device(device).use()  # the peers' calls run on the current device
+            stream = cp.cuda.Stream(non_blocking=True)
+            work, out = shared["keys"].copy(), cp.empty_like(shared["keys"])
+            # torch.sort's indices (int64), made as CuPy memory like everything else here
+            indices = cp.empty(size, cp.int64)
+            cp.cuda.Device(device).synchronize()
+            data = Data(cp, dtype, [device], [work], out=[out], stream=stream, context=dict(shared))
+            use_peer_stream(cp, options, data, {"keys": shared["keys"], "out": out, "indices": indices})
+            return data
+
+        def ours_setup(devices, dtype=dtype, sort_input=sort_input) -> Data:
+            shared = sort_input()
+            group = place_group(sharded, devices, groups)
+            keys = sharded.ShardedArray.allocate(group, size, dtype)
+            views = [shard_view(cp, keys, place) for place in range(len(devices))]
+            pristine = [copy_to_device(cp, shared["keys"][offset:offset + view.size], place_device)
+                        for offset, view, place_device in zip(keys.shard_offsets, views, devices)]
+            return Data(cp, dtype, list(devices), views, gpus=len(set(devices)), group=group,
+                        arrays={"keys": keys},
+                        context=dict(shared, pristine=pristine, offsets=keys.shard_offsets))
+
+        dtype_blocks = []
+        tasks = [measure_task(SORT, impl, maker, template(SORT, impl, dtype, size, 1, 1, size_label), reps,
+                              options.warmup)
+                 for impl, maker in SORT.peers.items() if impl in options.peers]
+        if tasks:
+            dtype_blocks.append(Block(f"sort {dtype.name} {size_label} peers", tasks, peer_setup,
+                                      lambda data: peer_teardown(cp, data)))
+        if hasattr(sharded, "sort"):
+            for places in options.places:
+                devices = place_devices(places, options.devices)
+                row = template(SORT, "ours", dtype, size, places, len(set(devices)), size_label)
+                dtype_blocks.append(Block(
+                    f"sort {dtype.name} {size_label} ours, {places} place{'s' if places > 1 else ''}",
+                    [measure_task(SORT, "ours", _ours, row, reps, options.warmup)],
+                    lambda devices=devices, ours_setup=ours_setup: ours_setup(devices),
+                    lambda data: ours_teardown(cp, data)))
+        if dtype_blocks:
+            # the last block of this dtype lets the pristine keys and the reference go
+            last = dtype_blocks[-1]
+
+            def release(data, teardown=last.teardown, shared=shared):
+                try:
+                    teardown(data)
+                finally:
+                    shared.clear()
+                    with cp.cuda.Device(device):
+                        cp.get_default_memory_pool().free_all_blocks()
+
+            last.teardown = release
+        result += dtype_blocks
+    return result
