@@ -44,6 +44,16 @@ struct ReduceParams {
   int has_init;
   alignas(8) unsigned char init[8];
   alignas(8) unsigned char map_value[8];  // a runtime value for built-in maps (count)
+  // Several places (place_count > 1), no fold launch: the last block of each place stores
+  // its shard's total in place_totals[place_index] (memory of place 0's device) and counts
+  // itself in place_counter (system scope); the place that arrives last folds the totals
+  // in place order, init first, into final_result (pinned host memory) and zeroes the
+  // counter. `result` is then unused.
+  void* place_totals;
+  unsigned int* place_counter;
+  void* final_result;
+  int place_index;
+  int place_count;
 };
 
 // Folds `count` accumulators in order: total = init? op v0 op v1 ...; prefixes[k] holds the

@@ -71,9 +71,17 @@ struct Reduction {
   static constexpr int kVectors = kLaneItems / kVectorItems;
   static constexpr long long kWarpTile = 32LL * kLaneItems;
 
+  // Block tiles: the block's warps read one contiguous tile together (warp w its w-th
+  // part), so a block streams through one region of memory as CUB's reductions do. Each
+  // warp's part of each tile waits in shared memory, and every kWindow tiles warp 0 folds
+  // the window in (tile, warp) order: element order, whatever the operator.
+  static constexpr long long kBlockTile = kReduceWarps * kWarpTile;
+  static constexpr int kWindow = 16;
+
   struct TempStorage {
     Acc warp_values[kReduceWarps];
     int warp_valid[kReduceWarps];
+    Acc parts[kWindow * kReduceWarps];
     bool is_last;
   };
 
@@ -138,28 +146,111 @@ struct Reduction {
     return acc;
   }
 
+  // Loads one warp's kVectors 16-byte vectors of the block tile at `tile`.
+  __device__ __forceinline__ static void load_part(const In* data, long long tile, int warp, int lane,
+                                                   uint4 (&vectors)[kVectors]) {
+    const uint4* part = reinterpret_cast<const uint4*>(data + tile + warp * kWarpTile);
+#pragma unroll
+    for (int j = 0; j < kVectors; ++j) vectors[j] = part[j * 32 + lane];
+  }
+
+  // Fold of one warp's part of a block tile, in element order; valid in lane 0.
+  __device__ __forceinline__ static Acc fold_part(const ReduceParams& p, long long tile, int warp, int lane,
+                                                  const uint4 (&vectors)[kVectors]) {
+    Acc acc{};
+#pragma unroll
+    for (int j = 0; j < kVectors; ++j) {
+      const In* items = reinterpret_cast<const In*>(&vectors[j]);
+      const long long index =
+          p.index_base + tile + warp * kWarpTile + (static_cast<long long>(j) * 32 + lane) * kVectorItems;
+      Acc lane_acc = map(p, items[0], index);
+#pragma unroll
+      for (int i = 1; i < kVectorItems; ++i) lane_acc = Combine<Op, Acc>()(lane_acc, map(p, items[i], index + i));
+      const Acc part = warp_fold<Op, Acc>(lane_acc, 32);
+      acc = j == 0 ? part : Combine<Op, Acc>()(acc, part);
+    }
+    return acc;
+  }
+
+  // Warp 0 folds the first `count` window parts in order into (acc, have) (lane 0's copy).
+  __device__ __forceinline__ static void fold_window(TempStorage& temp, int count, int lane, Acc& acc, bool& have) {
+    const int per_lane = (count + 31) / 32;
+    const int first = lane * per_lane;
+    const int last = min(first + per_lane, count);
+    Acc value{};
+    for (int k = first; k < last; ++k) value = k == first ? temp.parts[k] : Combine<Op, Acc>()(value, temp.parts[k]);
+    const Acc window = warp_fold<Op, Acc>(value, (count + per_lane - 1) / per_lane);
+    if (lane == 0) {
+      acc = have ? Combine<Op, Acc>()(acc, window) : window;
+      have = true;
+    }
+  }
+
+  // The fold of [block_begin, block_end), valid in thread 0. Whole block tiles first (when
+  // the data is 16-byte aligned), then the rest cut into one contiguous part per warp.
+  __device__ __forceinline__ static Acc block_range(const ReduceParams& p, TempStorage& temp, long long block_begin,
+                                                    long long block_end) {
+    const int warp = threadIdx.x / 32;
+    const int lane = threadIdx.x & 31;
+    const In* data = static_cast<const In*>(p.in);
+    Acc acc{};
+    bool have = false;
+    long long tile = block_begin;
+    if (aligned16(data + block_begin) && tile + kBlockTile <= block_end) {
+      uint4 next[kVectors];
+      load_part(data, tile, warp, lane, next);
+      int slot = 0;
+      for (; tile + kBlockTile <= block_end; tile += kBlockTile) {
+        uint4 current[kVectors];
+#pragma unroll
+        for (int j = 0; j < kVectors; ++j) current[j] = next[j];
+        if (tile + 2 * kBlockTile <= block_end) load_part(data, tile + kBlockTile, warp, lane, next);
+        const Acc part = fold_part(p, tile, warp, lane, current);
+        if (lane == 0) temp.parts[slot * kReduceWarps + warp] = part;
+        if (++slot == kWindow) {
+          __syncthreads();
+          if (warp == 0) fold_window(temp, kWindow * kReduceWarps, lane, acc, have);
+          __syncthreads();
+          slot = 0;
+        }
+      }
+      if (slot > 0) {
+        __syncthreads();
+        if (warp == 0) fold_window(temp, slot * kReduceWarps, lane, acc, have);
+        __syncthreads();
+      }
+    }
+    if (tile < block_end) {
+      long long begin, end;
+      warp_part<InSize>(tile, block_end, warp, begin, end);
+      const Acc warp_total = warp_range(p, begin, end);
+      if (lane == 0) {
+        temp.warp_values[warp] = warp_total;
+        temp.warp_valid[warp] = end > begin;
+      }
+      __syncthreads();
+      if (threadIdx.x == 0) {
+#pragma unroll
+        for (int w = 0; w < kReduceWarps; ++w) {
+          if (!temp.warp_valid[w]) continue;
+          acc = have ? Combine<Op, Acc>()(acc, temp.warp_values[w]) : temp.warp_values[w];
+          have = true;
+        }
+      }
+    }
+    return acc;
+  }
+
   __device__ static void run(const ReduceParams& p) {
     __shared__ TempStorage temp;
     const int warp = threadIdx.x / 32;
     const int lane = threadIdx.x & 31;
     const long long block_begin = static_cast<long long>(blockIdx.x) * p.chunk;
     const long long block_end = min(block_begin + p.chunk, p.n);
-    long long begin, end;
-    warp_part<InSize>(block_begin, block_end, warp, begin, end);
-    const Acc warp_total = warp_range(p, begin, end);
-    if (lane == 0) {
-      temp.warp_values[warp] = warp_total;
-      temp.warp_valid[warp] = end > begin;
-    }
-    __syncthreads();
+    const Acc block_total = block_range(p, temp, block_begin, block_end);
 
     Acc* partials = static_cast<Acc*>(p.partials);
     if (threadIdx.x == 0) {
-      Acc block_total = temp.warp_values[0];  // warp 0 always has elements
-#pragma unroll
-      for (int w = 1; w < kReduceWarps; ++w) {
-        if (temp.warp_valid[w]) block_total = Combine<Op, Acc>()(block_total, temp.warp_values[w]);
-      }
       partials[blockIdx.x] = block_total;
       __threadfence();
       temp.is_last = atomicAdd(p.counter, 1u) == gridDim.x - 1;
@@ -194,9 +285,29 @@ struct Reduction {
     }
     const Acc total = warp_fold<Op, Acc>(acc, (blocks + per_lane - 1) / per_lane);
     if (lane == 0) {
-      *static_cast<Acc*>(p.result) = with_init(p, total);
+      if (p.place_count > 1) {
+        combine_places(p, total);
+      } else {
+        *static_cast<Acc*>(p.result) = with_init(p, total);
+      }
       *p.counter = 0;
     }
+  }
+
+  // See ReduceParams::place_totals. The totals are read back in place order whatever the
+  // order of arrival, so the result is deterministic.
+  __device__ static void combine_places(const ReduceParams& p, const Acc& total) {
+    volatile Acc* totals = static_cast<volatile Acc*>(p.place_totals);
+    totals[p.place_index] = total;
+    __threadfence_system();
+    if (atomicAdd_system(p.place_counter, 1u) != static_cast<unsigned int>(p.place_count - 1)) return;
+    __threadfence_system();
+    Acc acc = totals[0];
+    if (p.has_init) acc = Combine<Op, Acc>()(*reinterpret_cast<const Acc*>(p.init), acc);
+    for (int k = 1; k < p.place_count; ++k) acc = Combine<Op, Acc>()(acc, static_cast<Acc>(totals[k]));
+    *static_cast<volatile Acc*>(p.final_result) = acc;
+    atomicExch_system(p.place_counter, 0u);
+    __threadfence_system();
   }
 
   __device__ __forceinline__ static Acc with_init(const ReduceParams& p, const Acc& total) {
