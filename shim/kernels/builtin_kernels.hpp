@@ -53,9 +53,15 @@ struct HistogramParams {
   const void* edges;
   unsigned long long* counts;
   int num_bins;
+  int edges_in_shared;  // copy the edges to the start of dynamic shared memory
+  // 32-bit sub-histograms in shared memory: kHistogramWarps (one per warp), 1, or 0 (atomics
+  // straight on `counts`).
+  int copies;
+  int bins_offset;      // where they start in dynamic shared memory (16-byte aligned)
 };
 const void* builtin_histogram_kernel(int dtype);
 constexpr int kHistogramBlock = 256;
-constexpr int kHistogramSharedBins = 8192;  // block-private bins in shared memory up to this
+constexpr int kHistogramWarps = kHistogramBlock / 32;
+constexpr int kHistogramSharedBytes = 48 * 1024;  // dynamic shared memory without opt-in
 
 }  // namespace csj::kernels

@@ -14,47 +14,121 @@ namespace {
 template <class T>
 using BinType = cuda::std::conditional_t<cuda::std::is_same_v<T, float>, float, double>;
 
+// The range and the bin width, read once per thread. The bin is estimated in the edges'
+// precision (float for float32 data: fast), then settled against the edges themselves.
 template <class T>
-__device__ __forceinline__ int bin_of(T value, const BinType<T>* edges, int num_bins, bool& keep) {
-  using B = BinType<T>;
-  const B x = static_cast<B>(value);
-  keep = x >= edges[0] && x <= edges[num_bins];  // false for NaN
-  if (!keep) return 0;
-  const double scale = num_bins / (static_cast<double>(edges[num_bins]) - static_cast<double>(edges[0]));
-  long long bin = static_cast<long long>((static_cast<double>(x) - static_cast<double>(edges[0])) * scale);
-  bin = bin < 0 ? 0 : (bin >= num_bins ? num_bins - 1 : bin);
-  // the estimate may be one off at an edge: settle it against the edges themselves
-  while (bin > 0 && x < edges[bin]) --bin;
-  while (bin < num_bins - 1 && x >= edges[bin + 1]) ++bin;
-  return static_cast<int>(bin);
-}
+struct Bins {
+  BinType<T> lower, upper;
+  BinType<T> scale;  // num_bins / (upper - lower)
+  int num_bins;
+};
 
 template <class T>
-__global__ void __launch_bounds__(kHistogramBlock) histogram_kernel(const __grid_constant__ HistogramParams p) {
-  extern __shared__ unsigned int shared_bins[];
+__device__ __forceinline__ int bin_of(T value, const BinType<T>* edges, const Bins<T>& bins, bool& keep) {
+  using B = BinType<T>;
+  const B x = static_cast<B>(value);
+  keep = x >= bins.lower && x <= bins.upper;  // false for NaN
+  if (!keep) return 0;
+  int bin = static_cast<int>((x - bins.lower) * bins.scale);
+  bin = min(max(bin, 0), bins.num_bins - 1);
+  // the estimate may be off at an edge: settle it against the edges themselves
+  while (bin > 0 && x < edges[bin]) --bin;
+  while (bin < bins.num_bins - 1 && x >= edges[bin + 1]) ++bin;
+  return bin;
+}
+
+// Where a counted value goes: a shared sub-histogram (per warp or per block) or the
+// global counts; atomics either way.
+struct SharedCounters {
+  unsigned int* bins;
+  __device__ __forceinline__ void add(int bin) const { atomicAdd(bins + bin, 1u); }
+};
+struct GlobalCounters {
+  unsigned long long* counts;
+  __device__ __forceinline__ void add(int bin) const { atomicAdd(counts + bin, 1ull); }
+};
+
+template <class T, class Sink>
+__device__ __forceinline__ void count_value(T value, const BinType<T>* edges, const Bins<T>& range, const Sink& sink) {
+  bool keep;
+  const int bin = bin_of<T>(value, edges, range, keep);
+  if (keep) sink.add(bin);
+}
+
+// Every element of the shard, 16-byte vectors (two in flight per thread) when aligned.
+template <class T, class Sink>
+__device__ __forceinline__ void count_all(const HistogramParams& p, const BinType<T>* edges, const Bins<T>& range,
+                                          const Sink& sink) {
   const T* data = static_cast<const T*>(p.in);
-  const auto* edges = static_cast<const BinType<T>*>(p.edges);
-  const bool in_shared = p.num_bins <= kHistogramSharedBins;
-  if (in_shared) {
-    for (int bin = threadIdx.x; bin < p.num_bins; bin += blockDim.x) shared_bins[bin] = 0;
-    __syncthreads();
+  const long long thread = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const long long threads = static_cast<long long>(gridDim.x) * blockDim.x;
+  long long done = 0;
+  if ((reinterpret_cast<unsigned long long>(data) & 15) == 0) {
+    constexpr int kPerVector = 16 / sizeof(T);
+    const long long vectors = p.n / kPerVector;
+    const uint4* in = reinterpret_cast<const uint4*>(data);
+    long long v = thread;
+    for (; v + threads < vectors; v += 2 * threads) {
+      const uint4 first = __ldcs(in + v);
+      const uint4 second = __ldcs(in + v + threads);
+      const T* a = reinterpret_cast<const T*>(&first);
+      const T* b = reinterpret_cast<const T*>(&second);
+#pragma unroll
+      for (int i = 0; i < kPerVector; ++i) count_value<T>(a[i], edges, range, sink);
+#pragma unroll
+      for (int i = 0; i < kPerVector; ++i) count_value<T>(b[i], edges, range, sink);
+    }
+    if (v < vectors) {
+      const uint4 last = __ldcs(in + v);
+      const T* a = reinterpret_cast<const T*>(&last);
+#pragma unroll
+      for (int i = 0; i < kPerVector; ++i) count_value<T>(a[i], edges, range, sink);
+    }
+    done = vectors * kPerVector;
   }
-  const long long stride = static_cast<long long>(gridDim.x) * blockDim.x;
-  for (long long i = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x; i < p.n; i += stride) {
-    bool keep;
-    const int bin = bin_of<T>(data[i], edges, p.num_bins, keep);
-    if (!keep) continue;
-    if (in_shared) {
-      atomicAdd(shared_bins + bin, 1u);
+  for (long long i = done + thread; i < p.n; i += threads) count_value<T>(data[i], edges, range, sink);
+}
+
+// Dynamic shared memory: the edges (when edges_in_shared), then `copies` sub-histograms of
+// 32-bit counters. Per-warp copies keep warps from contending for a counter (measured on an
+// H200, 64 bins: 0.61 of cupy sum's bandwidth, against 0.49 with a 16-bit counter per
+// thread and bin updated without atomics).
+template <class T>
+__global__ void __launch_bounds__(kHistogramBlock) histogram_kernel(const __grid_constant__ HistogramParams p) {
+  using B = BinType<T>;
+  extern __shared__ __align__(16) unsigned char shared[];
+  const B* edges = static_cast<const B*>(p.edges);
+  if (p.edges_in_shared) {
+    B* shared_edges = reinterpret_cast<B*>(shared);
+    for (int e = threadIdx.x; e <= p.num_bins; e += blockDim.x) shared_edges[e] = edges[e];
+    edges = shared_edges;
+  }
+  auto* bins = reinterpret_cast<unsigned int*>(shared + p.bins_offset);
+  for (int slot = threadIdx.x; slot < p.copies * p.num_bins; slot += blockDim.x) bins[slot] = 0;
+  __syncthreads();
+  const Bins<T> range{edges[0], edges[p.num_bins],
+                      static_cast<B>(p.num_bins / (static_cast<double>(edges[p.num_bins]) - static_cast<double>(edges[0]))),
+                      p.num_bins};
+  // one instance per kind of edge memory: with the edges known to be in shared memory the
+  // settling loads are shared-memory loads, not generic ones
+  auto count_into = [&](const auto& sink) {
+    if (p.edges_in_shared) {
+      count_all<T>(p, reinterpret_cast<const B*>(shared), range, sink);
     } else {
-      atomicAdd(p.counts + bin, 1ull);
+      count_all<T>(p, static_cast<const B*>(p.edges), range, sink);
     }
+  };
+
+  if (p.copies == 0) {
+    count_into(GlobalCounters{p.counts});
+    return;
   }
-  if (in_shared) {
-    __syncthreads();
-    for (int bin = threadIdx.x; bin < p.num_bins; bin += blockDim.x) {
-      if (shared_bins[bin]) atomicAdd(p.counts + bin, static_cast<unsigned long long>(shared_bins[bin]));
-    }
+  count_into(SharedCounters{bins + (p.copies > 1 ? (threadIdx.x / 32) * p.num_bins : 0)});
+  __syncthreads();
+  for (int bin = threadIdx.x; bin < p.num_bins; bin += blockDim.x) {
+    unsigned long long total = 0;
+    for (int copy = 0; copy < p.copies; ++copy) total += bins[copy * p.num_bins + bin];
+    if (total) atomicAdd(p.counts + bin, total);
   }
 }
 

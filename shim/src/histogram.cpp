@@ -24,7 +24,20 @@ std::vector<long long> histogram_even(const ShardedArray& in, int num_bins, cons
   const auto kernel = detail::KernelHandle::builtin(k::builtin_histogram_kernel(static_cast<int>(in.dtype())));
   const std::size_t count_bytes = static_cast<std::size_t>(num_bins) * sizeof(unsigned long long);
   const std::size_t edge_bytes = (edges.size() + 15) / 16 * 16;
-  const unsigned shared = num_bins <= k::kHistogramSharedBins ? static_cast<unsigned>(num_bins * sizeof(unsigned int)) : 0u;
+  // Shared memory: the edges, then per-warp sub-histograms when they fit (warps then never
+  // contend for a counter), else one per block, else counts go straight to global memory.
+  const std::size_t bins_bytes = static_cast<std::size_t>(num_bins) * sizeof(unsigned int);
+  const bool edges_in_shared = edge_bytes <= static_cast<std::size_t>(k::kHistogramSharedBytes);
+  const std::size_t room = edges_in_shared ? k::kHistogramSharedBytes - edge_bytes : k::kHistogramSharedBytes;
+  int copies = 0;
+  std::size_t counter_bytes = 0;
+  if (bins_bytes * k::kHistogramWarps <= room) {
+    copies = k::kHistogramWarps, counter_bytes = bins_bytes * k::kHistogramWarps;
+  } else if (bins_bytes <= room) {
+    copies = 1, counter_bytes = bins_bytes;
+  }
+  const int bins_offset = edges_in_shared ? static_cast<int>(edge_bytes) : 0;
+  const auto shared = static_cast<unsigned>(bins_offset + counter_bytes);
 
   std::vector<std::vector<unsigned long long>> partial(group.size());
   std::vector<void*> scratch(group.size(), nullptr);
@@ -45,6 +58,9 @@ std::vector<long long> histogram_even(const ShardedArray& in, int num_bins, cons
     params.edges = base;
     params.counts = reinterpret_cast<unsigned long long*>(base + edge_bytes);
     params.num_bins = num_bins;
+    params.edges_in_shared = edges_in_shared ? 1 : 0;
+    params.copies = copies;
+    params.bins_offset = bins_offset;
     const long long blocks = (n + k::kHistogramBlock - 1) / k::kHistogramBlock;
     const auto grid = static_cast<unsigned>(std::min<long long>(blocks, static_cast<long long>(sms) * 8));
     detail::launch(kernel, grid, k::kHistogramBlock, stream, params, "launching histogram", shared);
