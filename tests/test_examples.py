@@ -15,7 +15,8 @@ def _run(name: str) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("name", ["quickstart.py", "black_scholes.py", "reductions.py", "scans.py"])
+@pytest.mark.parametrize("name", ["quickstart.py", "black_scholes.py", "reductions.py", "scans.py",
+                                  "sort_and_histogram.py", "interop.py"])
 def test_gpu_example(name):
     result = _run(name)
     assert result.returncode == 0, result.stderr
