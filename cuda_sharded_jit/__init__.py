@@ -15,6 +15,8 @@ from ._dtypes import SUPPORTED_DTYPES
 from ._link import VersionSkewError
 from .algorithms.reduce import (
     adjacent_difference,
+    argmax,
+    argmin,
     count_if,
     exclusive_scan,
     inclusive_scan,
@@ -37,7 +39,7 @@ __version__ = "0.1.0"
 __all__ = [
     "PlaceGroup", "ShardedArray", "ShardView", "SUPPORTED_DTYPES",
     "op", "Op", "compile", "CompiledKernel", "transform", "ops",
-    "reduce", "sum", "min", "max", "transform_reduce", "count_if",
+    "reduce", "sum", "min", "max", "transform_reduce", "count_if", "argmin", "argmax",
     "inclusive_scan", "exclusive_scan", "adjacent_difference",
     "fill", "sequence", "count", "histogram_even", "sort",
     "cache_dir", "cache_info", "clear_cache", "CacheWarning", "VersionSkewError",

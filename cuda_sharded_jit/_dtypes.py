@@ -58,3 +58,45 @@ def exact_cast(value, dtype: np.dtype, argument: str):
     if dtype.kind in "iu" and cast != value:
         raise ValueError(f"{argument}: {value!r} does not fit {dtype} (it would become {cast})")
     return cast
+
+
+# Tuple accumulators travel as aligned records (C structs) with fields f0, f1, ...: the layout
+# the shim's kernels move as raw bytes (4, 8, 12, 16, 24 or 32 of them).
+MAX_RECORD_FIELDS = 4
+RECORD_SIZES = (4, 8, 12, 16, 24, 32)
+
+
+def record_dtype(fields, argument: str = "accumulator") -> np.dtype:
+    """The aligned record of `fields` (supported dtypes), as a tuple accumulator is laid out."""
+    fields = [as_dtype(field, f"{argument}[{index}]") for index, field in enumerate(fields)]
+    if not 1 <= len(fields) <= MAX_RECORD_FIELDS:
+        raise TypeError(f"{argument}: tuples of 1 to {MAX_RECORD_FIELDS} numbers are supported, "
+                        f"got {len(fields)}")
+    record = np.dtype([(f"f{index}", field) for index, field in enumerate(fields)], align=True)
+    if record.itemsize not in RECORD_SIZES:
+        raise TypeError(f"{argument}: a record of {record.itemsize} bytes is not supported "
+                        f"(sizes {', '.join(map(str, RECORD_SIZES))})")
+    return record
+
+
+def is_record(dtype) -> bool:
+    return np.dtype(dtype).names is not None
+
+
+def record_fields(dtype: np.dtype) -> list[tuple[int, np.dtype]]:
+    """(byte offset, dtype) of each field of a record, in order."""
+    return [(dtype.fields[name][1], dtype.fields[name][0]) for name in dtype.names]
+
+
+def dtype_key(dtype: np.dtype) -> str:
+    """A text form of a dtype or record that `dtype_from_key` reads back (cache headers)."""
+    dtype = np.dtype(dtype)
+    if is_record(dtype):
+        return "(" + ",".join(field.name for _, field in record_fields(dtype)) + ")"
+    return dtype.name
+
+
+def dtype_from_key(key: str) -> np.dtype:
+    if key.startswith("("):
+        return record_dtype(key[1:-1].split(","))
+    return np.dtype(key)

@@ -14,6 +14,8 @@ import types
 
 import numpy as np
 
+from ._dtypes import is_record, record_dtype, record_fields
+
 _state_lock = threading.Lock()
 _compile_lock = threading.RLock()
 _target = threading.local()
@@ -158,23 +160,84 @@ def _type_error(op, arg_dtypes, error) -> TypeError:
     )
 
 
-def infer_result_dtype(op, arg_dtypes, cc) -> np.dtype:
-    """The dtype the operator returns for these argument dtypes (TypeError if unsupported)."""
+def _return_type(op, argtypes, arg_dtypes, cc):
     _, _, numba_errors = _load_numba()
     dispatcher = _device_dispatcher(op)
-    argtypes = tuple(numba_type(d) for d in arg_dtypes)
     with _TargetCC(cc):
         try:
-            result = dispatcher.compile_device(argtypes).signature.return_type
+            return dispatcher.compile_device(tuple(argtypes)).signature.return_type
         except numba_errors as error:
             raise _type_error(op, arg_dtypes, error) from None
+
+
+def infer_result_dtype(op, arg_dtypes, cc, tuples: bool = False) -> np.dtype:
+    """The dtype the operator returns for these argument dtypes (TypeError if unsupported).
+
+    With `tuples`, a returned tuple of numbers becomes a record dtype (an accumulator).
+    """
+    result = _return_type(op, [numba_type(d) for d in arg_dtypes], arg_dtypes, cc)
+    if tuples and _is_tuple(result):
+        names = [str(member) for member in result]
+        if all(name in _RESULT_DTYPES for name in names):
+            return record_dtype([_RESULT_DTYPES[name] for name in names], f"operator {op.name}'s result")
     name = str(result)
     if name not in _RESULT_DTYPES:
+        where = "no accumulator" if tuples else "no array"
         raise TypeError(
             f"operator {op.name} returns {name} for argument types {_describe(arg_dtypes)}, "
-            f"which no array can hold; return a number or pass out= with the dtype you want"
+            f"which {where} can hold; return a number"
+            + (" or a tuple of numbers" if tuples else " or pass out= with the dtype you want")
         )
     return np.dtype(_RESULT_DTYPES[name])
+
+
+def _is_tuple(numba_type_) -> bool:
+    _, types, _ = _load_numba()
+    return isinstance(numba_type_, types.BaseTuple)
+
+
+_intrinsics = None
+
+
+def _field_intrinsics():
+    """numba intrinsics that read and write one field of a record behind a void pointer:
+    load_field(pointer, byte_offset, numba_type) and store_field(pointer, byte_offset, value)."""
+    global _intrinsics
+    with _state_lock:
+        if _intrinsics is not None:
+            return _intrinsics
+    _, types, _ = _load_numba()
+    from llvmlite import ir
+    try:
+        from numba.cuda.extending import intrinsic
+    except ImportError:  # older numba-cuda
+        from numba.core.extending import intrinsic
+
+    def field_pointer(builder, pointer, offset, value_type):
+        address = builder.gep(builder.bitcast(pointer, ir.IntType(8).as_pointer()), [offset])
+        return builder.bitcast(address, value_type.as_pointer())
+
+    @intrinsic
+    def load_field(typingctx, pointer, offset, field_type):
+        target = field_type.instance_type
+
+        def codegen(context, builder, signature, args):
+            return builder.load(field_pointer(builder, args[0], args[1], context.get_value_type(target)))
+
+        return target(pointer, offset, field_type), codegen
+
+    @intrinsic
+    def store_field(typingctx, pointer, offset, value):
+        def codegen(context, builder, signature, args):
+            builder.store(args[2], field_pointer(builder, args[0], args[1],
+                                                 context.get_value_type(signature.args[2])))
+            return context.get_dummy_value()
+
+        return types.void(pointer, offset, value), codegen
+
+    with _state_lock:
+        _intrinsics = (load_field, store_field)
+    return _intrinsics
 
 
 def compile_transform(op, arg_kinds, out_dtype, cc, max_scalars: int) -> bytes:
@@ -229,15 +292,56 @@ def _compile_wrapper(source: str, name: str, abi_name: str, namespace: dict, sig
 
 
 def infer_map_dtype(map_spec, in_dtype, cc) -> np.dtype:
-    """Accumulator dtype a map specification produces from `in_dtype`."""
+    """Accumulator dtype (a record for a map that returns a tuple) a map specification
+    produces from `in_dtype`."""
     kind, map_op = map_spec
     if kind == "value":
         return np.dtype(in_dtype)
     if kind == "predicate":
         return np.dtype(np.int64)
     if kind == "call_index":
-        return infer_result_dtype(map_op, [in_dtype, np.dtype(np.int64)], cc)
-    return infer_result_dtype(map_op, [in_dtype], cc)
+        return infer_result_dtype(map_op, [in_dtype, np.dtype(np.int64)], cc, tuples=True)
+    return infer_result_dtype(map_op, [in_dtype], cc, tuples=True)
+
+
+_MAP_CALLS = {"call": "_map(value[0])", "call_index": "_map(value[0], index)"}
+
+
+def _compile_record_reduction(op, map_spec, in_dtype, acc_dtype, cc) -> tuple[bytes, bytes]:
+    """compile_reduction for a record (tuple) accumulator: the wrappers read the fields into
+    a tuple, call the operator and store each field of the tuple it returns."""
+    _, types, _ = _load_numba()
+    load_field, store_field = _field_intrinsics()
+    fields = record_fields(acc_dtype)
+    namespace = {"_load": load_field, "_store": store_field}
+    for index, (_, field) in enumerate(fields):
+        namespace[f"_t{index}"] = numba_type(field)
+
+    def as_tuple(pointer):
+        return "(" + "".join(f"_load({pointer}, {offset}, _t{index}), "
+                             for index, (offset, _) in enumerate(fields)) + ")"
+
+    stores = "".join(f"    _store(out, {offset}, _t{index}(r[{index}]))\n"
+                     for index, (offset, _) in enumerate(fields))
+    tuple_type = types.Tuple([numba_type(field) for _, field in fields])
+    returned = _return_type(op, [tuple_type, tuple_type], [acc_dtype, acc_dtype], cc)
+    if not (_is_tuple(returned) and len(returned) == len(fields)):
+        raise TypeError(f"operator {op.name} returns {returned} for two {len(fields)}-tuples of "
+                        f"{_describe([field for _, field in fields])}; it must return a tuple "
+                        f"of {len(fields)} numbers")
+    op_source = f"def csj_op(a, b, out):\n    r = _op({as_tuple('a')}, {as_tuple('b')})\n{stores}"
+    op_ir = _compile_wrapper(op_source, op.name, "csj_op", dict(namespace, _op=_device_dispatcher(op)),
+                             (types.voidptr, types.voidptr, types.voidptr), cc, op, [acc_dtype, acc_dtype])
+    kind, map_op = map_spec
+    if kind not in _MAP_CALLS:
+        raise TypeError(f"a tuple accumulator needs a map operator that builds the tuple from each "
+                        f"element (transform_reduce), not a {kind!r} map")
+    map_source = f"def csj_map(value, index, out):\n    r = {_MAP_CALLS[kind]}\n{stores}"
+    map_ir = _compile_wrapper(map_source, map_op.name, "csj_map",
+                              dict(namespace, _map=_device_dispatcher(map_op)),
+                              (types.CPointer(numba_type(in_dtype)), types.int64, types.voidptr), cc,
+                              map_op, [in_dtype])
+    return op_ir, map_ir
 
 
 def compile_reduction(op, map_spec, in_dtype, acc_dtype, cc) -> tuple[bytes, bytes]:
@@ -248,6 +352,8 @@ def compile_reduction(op, map_spec, in_dtype, acc_dtype, cc) -> tuple[bytes, byt
     ("call_index", op) applies map(value, global_index); ("predicate", op) gives 1 where
     op(value) is true, else 0.
     """
+    if is_record(acc_dtype):
+        return _compile_record_reduction(op, map_spec, in_dtype, np.dtype(acc_dtype), cc)
     _, types, _ = _load_numba()
     acc_type = types.CPointer(numba_type(acc_dtype))
     in_type = types.CPointer(numba_type(in_dtype))

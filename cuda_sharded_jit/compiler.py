@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from . import _cache, _link, _shim
-from ._dtypes import as_dtype
+from ._dtypes import as_dtype, dtype_from_key, dtype_key, is_record
 from .op import Op, as_op, disk_cacheable
 
 ALGORITHMS = ("transform", "reduce", "scan")
@@ -111,6 +111,9 @@ def _build(op: Op, key: tuple, map_spec) -> CompiledKernel:
     else:  # reduce, scan: one input array, accumulator = out_request or the map's type
         in_dtype = arg_kinds[0][1]
         out_dtype = out_request if out_request is not None else _jit.infer_map_dtype(map_spec, in_dtype, cc)
+        if algorithm == "scan" and is_record(out_dtype):
+            raise TypeError(f"operator {op.name}: scans of tuple accumulators are not supported "
+                            f"yet (reductions are: transform_reduce)")
         module = f"{algorithm}_a{out_dtype.itemsize}_i{in_dtype.itemsize}"
         op_ltoir, map_ltoir = _jit.compile_reduction(op, map_spec, in_dtype, out_dtype, cc)
         ltoirs = [op_ltoir, map_ltoir]
@@ -164,7 +167,7 @@ def _lookup(op: Op, key: tuple, map_spec=VALUE_MAP) -> CompiledKernel:
             try:
                 cubin_end = header["cubin_size"]
                 ltoir_end = cubin_end + header["ltoir_size"]
-                return CompiledKernel(algorithm, op.name, arg_kinds, np.dtype(header["out_dtype"]),
+                return CompiledKernel(algorithm, op.name, arg_kinds, dtype_from_key(header["out_dtype"]),
                                       arch, header["module"], body[:cubin_end],
                                       body[cubin_end:ltoir_end], digest, True,
                                       time.perf_counter() - started, body[ltoir_end:])
@@ -174,7 +177,7 @@ def _lookup(op: Op, key: tuple, map_spec=VALUE_MAP) -> CompiledKernel:
         kernel = replace(_build(op, key, map_spec), cache_key=digest)
         if on_disk:
             _cache.write_entry(digest, {"algorithm": algorithm, "op": op.name, "arch": arch,
-                                        "module": kernel.module, "out_dtype": kernel.out_dtype.name,
+                                        "module": kernel.module, "out_dtype": dtype_key(kernel.out_dtype),
                                         "cubin_size": len(kernel.cubin),
                                         "ltoir_size": len(kernel.ltoir)},
                                kernel.cubin + kernel.ltoir + kernel.map_ltoir)
@@ -197,13 +200,15 @@ def _normalise_kinds(dtypes, scalars) -> tuple:
 
 
 def compile(op, algorithm: str, dtypes, arch: str | None = None, *, scalars=(), out_dtype=None,
-            map_op=None) -> CompiledKernel:  # noqa: A001 - the public name of the build step
+            map_op=None, with_index: bool = False) -> CompiledKernel:  # noqa: A001 - the build step
     """Build (or fetch from cache) the kernel an algorithm runs for an operator.
 
     transform: `dtypes` are the operator's argument dtypes in order; `scalars` lists the
     positions that are runtime scalars rather than arrays; `out_dtype` fixes the result type.
     reduce / scan: `dtypes` is the input dtype; `out_dtype` the accumulator (default: the
-    input's, or `map_op`'s result, the map applied to each element first).
+    input's, or `map_op`'s result, the map applied to each element first: `map_op(x)`, or
+    `map_op(x, global_index)` with `with_index`; a map returning a tuple makes a record
+    accumulator, and `op` then takes and returns tuples).
     `arch` ("sm_90") is required with no GPU; by default it is device 0's. Works with no
     GPU: for inspection, AOT builds and CI. `cache_hit` tells whether the kernel came from a
     cache (memory or disk).
@@ -226,8 +231,10 @@ def compile(op, algorithm: str, dtypes, arch: str | None = None, *, scalars=(), 
         op.check_arity(2, algorithm)
         if map_op is not None:
             map_op = as_op(map_op, "map_op")
-            map_op.check_arity(1, "the map of a reduction")
-            map_spec = ("call", map_op)
+            map_op.check_arity(2 if with_index else 1, "the map of a reduction")
+            map_spec = ("call_index" if with_index else "call", map_op)
+        elif with_index:
+            raise ValueError("with_index: needs a map_op (it receives each element's global index)")
     if arch is None:
         from .places import PlaceGroup
 

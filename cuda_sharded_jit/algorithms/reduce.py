@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import _shim
-from .._dtypes import as_dtype, exact_cast, is_weak_scalar
+from .._dtypes import as_dtype, exact_cast, is_record, is_weak_scalar, record_fields
 from ..array import ShardedArray, check_array
 from ..compiler import VALUE_MAP, kernel_libraries
 from ..op import Op, as_op
@@ -51,6 +51,18 @@ def _accumulator(dtype: np.dtype, init) -> np.dtype:
 def _pack(value, dtype: np.dtype) -> bytes:
     if value is None:
         return b""
+    if is_record(dtype):
+        fields = record_fields(dtype)
+        if not isinstance(value, tuple) or len(value) != len(fields):
+            raise TypeError(f"init: the accumulator is a tuple of {len(fields)} "
+                            f"({', '.join(field.name for _, field in fields)}); got {value!r}")
+        record = np.zeros((), dtype)
+        for index, (item, name) in enumerate(zip(value, dtype.names)):
+            record[name] = exact_cast(item, dtype.fields[name][0], f"init[{index}]")
+        return record.tobytes()
+    if isinstance(value, tuple):
+        raise TypeError(f"init: a tuple, but the accumulator is a single {dtype}; a tuple "
+                        f"accumulator comes from a map that returns tuples (transform_reduce)")
     return exact_cast(value, dtype, "init").tobytes()
 
 
@@ -71,7 +83,10 @@ def _result(valid: bool, raw: bytes, dtype: np.dtype, op, what: str):
             return dtype.type(0)
         raise ValueError(f"{what}: the array is empty and no init was given, and the operator "
                          f"has no known identity; pass init=")
-    return np.frombuffer(raw, dtype=dtype)[0]
+    value = np.frombuffer(raw, dtype=dtype)[0]
+    if is_record(dtype):  # a tuple of numpy scalars
+        return tuple(dtype.fields[name][0].type(value[name]) for name in dtype.names)
+    return value
 
 
 def reduce(a: ShardedArray, op="sum", init=None):
@@ -85,6 +100,9 @@ def reduce(a: ShardedArray, op="sum", init=None):
     """
     check_array(a)
     op = _operator(op, 2, "reduce")
+    if isinstance(init, tuple):
+        raise TypeError("init: a tuple accumulator is built from each element by a map: use "
+                        "sharded.transform_reduce(a, map_op, reduce_op, init)")
     acc = _accumulator(a.dtype, init)
     if isinstance(op, str):
         if acc == a.dtype:
@@ -113,24 +131,85 @@ def max(a: ShardedArray):  # noqa: A001
     return reduce(a, "max")
 
 
-def transform_reduce(a: ShardedArray, map_op, reduce_op, init):
+def transform_reduce(a: ShardedArray, map_op, reduce_op, init, with_index: bool = False):
     """reduce(map_op(x) for x in a) in one pass (nothing is written in between).
 
-    The accumulator is map_op's result type, or init's dtype when init is a numpy value.
+    With `with_index`, the map also receives each element's global index: map_op(x, i).
+    The accumulator is map_op's result type, or init's dtype when init is a numpy value. A map
+    that returns a tuple of numbers makes a tuple accumulator: reduce_op then takes and
+    returns tuples, init is a tuple (or None) and the result is a tuple of numpy scalars.
 
     >>> sharded.transform_reduce(a, lambda x: x * x, lambda x, y: x + y, 0.0)  # L2 norm²  # doctest: +SKIP
+    >>> def first_min(p, q):               # (value, index): the first smallest  # doctest: +SKIP
+    ...     return q if q[0] < p[0] else p
+    >>> sharded.transform_reduce(a, lambda x, i: (x, i), first_min, None, with_index=True)  # doctest: +SKIP
+    (np.float32(-3.2), np.int64(41))
     """
     check_array(a)
+    if not isinstance(with_index, bool):
+        raise TypeError(f"with_index: expected a bool, got {type(with_index).__name__}")
     map_op = as_op(map_op, "map_op")
-    map_op.check_arity(1, "transform_reduce's map")
+    map_op.check_arity(2 if with_index else 1, "transform_reduce's map" + (" (value, index)" if with_index else ""))
     reduce_op = _operator(reduce_op, 2, "transform_reduce")
     if isinstance(reduce_op, str):
         reduce_op = _PYTHON_OPS[reduce_op]
-    request = None if init is None or is_weak_scalar(init) else as_dtype(np.asarray(init).dtype, "init")
+    scalar_init = init is not None and not isinstance(init, tuple) and not is_weak_scalar(init)
+    request = as_dtype(np.asarray(init).dtype, "init") if scalar_init else None
     acc, libraries = kernel_libraries(reduce_op, "reduce", (("array", a.dtype),), request,
-                                      a.group.archs, ("call", map_op))
+                                      a.group.archs, ("call_index" if with_index else "call", map_op))
     valid, raw = _shim.reduce(libraries, a._impl, acc.itemsize, _pack(init, acc))
     return _result(valid, raw, acc, None, "transform_reduce")
+
+
+def _pair_with_index(value, index):
+    return value, index
+
+
+# Pairs (value, global index); `p` always comes before `q`, so keeping `p` on ties gives the
+# first index, as numpy does; the first NaN wins, as in numpy.
+def _first_min(p, q):
+    if p[0] != p[0]:
+        return p
+    if q[0] != q[0] or q[0] < p[0]:
+        return q
+    return p
+
+
+def _first_max(p, q):
+    if p[0] != p[0]:
+        return p
+    if q[0] != q[0] or q[0] > p[0]:
+        return q
+    return p
+
+
+_FIRST_MIN, _FIRST_MAX, _PAIR = Op(_first_min), Op(_first_max), Op(_pair_with_index)
+
+
+def argmin(a: ShardedArray) -> int:
+    """Global index of the smallest element (the first one on ties, the first NaN if any),
+    as `np.argmin`; ValueError when empty. One pass: transform_reduce over (value, index).
+
+    >>> sharded.argmin(a)                                                   # doctest: +SKIP
+    """
+    check_array(a)
+    if a.size == 0:
+        raise ValueError("argmin: the array is empty")
+    _, index = transform_reduce(a, _PAIR, _FIRST_MIN, None, with_index=True)
+    return int(index)
+
+
+def argmax(a: ShardedArray) -> int:
+    """Global index of the largest element (the first one on ties, the first NaN if any),
+    as `np.argmax`; ValueError when empty.
+
+    >>> sharded.argmax(a)                                                   # doctest: +SKIP
+    """
+    check_array(a)
+    if a.size == 0:
+        raise ValueError("argmax: the array is empty")
+    _, index = transform_reduce(a, _PAIR, _FIRST_MAX, None, with_index=True)
+    return int(index)
 
 
 def count_if(a: ShardedArray, pred) -> int:

@@ -10,6 +10,8 @@ constexpr int kMaxInputs = 4;
 constexpr int kMaxScalars = 8;
 constexpr int kScalarSlot = 8;  // bytes per runtime scalar
 
+constexpr int kMaxAccSize = 32;  // bytes: tuple accumulators of up to four 8-byte fields
+
 struct ScalarPack {
   alignas(8) unsigned char bytes[kMaxScalars * kScalarSlot];
 };
@@ -42,7 +44,7 @@ struct ReduceParams {
   unsigned int* counter;     // zero before launch; the last block resets it
   void* result;              // one accumulator: init op (the fold of the whole shard)
   int has_init;
-  alignas(8) unsigned char init[8];
+  alignas(8) unsigned char init[kMaxAccSize];
   alignas(8) unsigned char map_value[8];  // a runtime value for built-in maps (count)
   // Several places (place_count > 1), no fold launch: the last block of each place stores
   // its shard's total in place_totals[place_index] (memory of place 0's device) and counts
@@ -66,7 +68,7 @@ struct FoldParams {
   void* total;
   int count;
   int has_init;
-  alignas(8) unsigned char init[8];
+  alignas(8) unsigned char init[kMaxAccSize];
 };
 
 constexpr int kScanBlock = 256;
@@ -85,7 +87,7 @@ struct ScanParams {
   const void* seed;  // device memory: everything before in[0] (or null: seed_value)
   int has_seed;
   int exclusive;
-  alignas(8) unsigned char seed_value[8];
+  alignas(8) unsigned char seed_value[kMaxAccSize];
 };
 
 }  // namespace csj::kernels

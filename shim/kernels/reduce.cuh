@@ -44,7 +44,7 @@ __device__ __forceinline__ Acc warp_fold(Acc value, int valid) {
   const int lane = threadIdx.x & 31;
 #pragma unroll
   for (int offset = 1; offset < 32; offset <<= 1) {
-    const Acc other = __shfl_down_sync(0xffffffffu, value, offset);
+    const Acc other = shuffle_down(value, offset);
     if ((lane & (2 * offset - 1)) == 0 && lane + offset < valid) value = Combine<Op, Acc>()(value, other);
   }
   return value;
@@ -264,10 +264,10 @@ struct Reduction {
     if (p.prefixes) {
       if (threadIdx.x == 0) {
         Acc* prefixes = static_cast<Acc*>(p.prefixes);
-        Acc acc = __ldcg(partials);
+        Acc acc = load_cg(partials);
         for (int b = 1; b < blocks; ++b) {
           prefixes[b] = acc;
-          acc = Combine<Op, Acc>()(acc, __ldcg(partials + b));
+          acc = Combine<Op, Acc>()(acc, load_cg(partials + b));
         }
         *static_cast<Acc*>(p.result) = with_init(p, acc);
         *p.counter = 0;
@@ -280,7 +280,7 @@ struct Reduction {
     const int last = min(first + per_lane, blocks);
     Acc acc{};
     for (int b = first; b < last; ++b) {
-      const Acc value = __ldcg(partials + b);
+      const Acc value = load_cg(partials + b);
       acc = b == first ? value : Combine<Op, Acc>()(acc, value);
     }
     const Acc total = warp_fold<Op, Acc>(acc, (blocks + per_lane - 1) / per_lane);
@@ -297,15 +297,15 @@ struct Reduction {
   // See ReduceParams::place_totals. The totals are read back in place order whatever the
   // order of arrival, so the result is deterministic.
   __device__ static void combine_places(const ReduceParams& p, const Acc& total) {
-    volatile Acc* totals = static_cast<volatile Acc*>(p.place_totals);
-    totals[p.place_index] = total;
+    Acc* totals = static_cast<Acc*>(p.place_totals);
+    store_volatile(totals + p.place_index, total);
     __threadfence_system();
     if (atomicAdd_system(p.place_counter, 1u) != static_cast<unsigned int>(p.place_count - 1)) return;
     __threadfence_system();
-    Acc acc = totals[0];
+    Acc acc = load_volatile<Acc>(totals);
     if (p.has_init) acc = Combine<Op, Acc>()(*reinterpret_cast<const Acc*>(p.init), acc);
-    for (int k = 1; k < p.place_count; ++k) acc = Combine<Op, Acc>()(acc, static_cast<Acc>(totals[k]));
-    *static_cast<volatile Acc*>(p.final_result) = acc;
+    for (int k = 1; k < p.place_count; ++k) acc = Combine<Op, Acc>()(acc, load_volatile<Acc>(totals + k));
+    store_volatile(p.final_result, acc);
     atomicExch_system(p.place_counter, 0u);
     __threadfence_system();
   }
@@ -324,7 +324,7 @@ __device__ void fold(const FoldParams& p) {
   Acc acc = *reinterpret_cast<const Acc*>(p.init);
   for (int k = 0; k < p.count; ++k) {
     if (prefixes) prefixes[k] = acc;
-    const Acc value = __ldcg(static_cast<const Acc*>(p.sources[k]));
+    const Acc value = load_cg(static_cast<const Acc*>(p.sources[k]));
     acc = have ? Combine<Op, Acc>()(acc, value) : value;
     have = true;
   }

@@ -24,6 +24,75 @@ struct Word<8> {
   using type = unsigned long long;
 };
 
+// Wider values (tuple accumulators: aligned records of up to four fields) as raw words.
+template <int Size>
+struct alignas(Size % 8 == 0 ? 8 : 4) Blob {
+  unsigned int words[Size / 4];
+};
+template <>
+struct Word<12> {
+  using type = Blob<12>;
+};
+template <>
+struct Word<16> {
+  using type = Blob<16>;
+};
+template <>
+struct Word<24> {
+  using type = Blob<24>;
+};
+template <>
+struct Word<32> {
+  using type = Blob<32>;
+};
+
+// Moves that builtins do only for machine words, word by word for blobs.
+template <class T>
+__device__ __forceinline__ T shuffle_down(const T& value, int offset) {
+  if constexpr (cuda::std::is_arithmetic_v<T>) {
+    return __shfl_down_sync(0xffffffffu, value, offset);
+  } else {
+    T out;
+#pragma unroll
+    for (int w = 0; w < int(sizeof(T) / 4); ++w) out.words[w] = __shfl_down_sync(0xffffffffu, value.words[w], offset);
+    return out;
+  }
+}
+
+template <class T>
+__device__ __forceinline__ T load_cg(const T* pointer) {  // L2 only: written by other blocks
+  if constexpr (cuda::std::is_arithmetic_v<T>) {
+    return __ldcg(pointer);
+  } else {
+    T out;
+#pragma unroll
+    for (int w = 0; w < int(sizeof(T) / 4); ++w) out.words[w] = __ldcg(pointer->words + w);
+    return out;
+  }
+}
+
+template <class T>
+__device__ __forceinline__ T load_volatile(const void* pointer) {
+  if constexpr (cuda::std::is_arithmetic_v<T>) {
+    return *static_cast<const volatile T*>(pointer);
+  } else {
+    T out;
+#pragma unroll
+    for (int w = 0; w < int(sizeof(T) / 4); ++w) out.words[w] = static_cast<const volatile unsigned int*>(pointer)[w];
+    return out;
+  }
+}
+
+template <class T>
+__device__ __forceinline__ void store_volatile(void* pointer, const T& value) {
+  if constexpr (cuda::std::is_arithmetic_v<T>) {
+    *static_cast<volatile T*>(pointer) = value;
+  } else {
+#pragma unroll
+    for (int w = 0; w < int(sizeof(T) / 4); ++w) static_cast<volatile unsigned int*>(pointer)[w] = value.words[w];
+  }
+}
+
 // 16-byte aligned: the vector path moves whole lanes as uint4.
 template <int Size>
 struct alignas(16) Lane {

@@ -52,8 +52,9 @@ std::vector<KernelSet> builtin_sets(BuiltinReduction op, DType dtype, std::size_
 }
 
 void check_acc(int acc_size, const std::string& init) {
-  if (acc_size != 4 && acc_size != 8) {
-    throw std::invalid_argument("acc_size: expected 4 or 8, got " + std::to_string(acc_size));
+  // machine words, and aligned records (tuple accumulators) of up to four fields
+  if (acc_size != 4 && acc_size != 8 && acc_size != 12 && acc_size != 16 && acc_size != 24 && acc_size != 32) {
+    throw std::invalid_argument("acc_size: expected 4, 8, 12, 16, 24 or 32, got " + std::to_string(acc_size));
   }
   if (!init.empty() && init.size() != static_cast<std::size_t>(acc_size)) {
     throw std::invalid_argument("init: expected " + std::to_string(acc_size) + " bytes");
@@ -95,21 +96,21 @@ class CombineSlots {
     std::lock_guard<std::mutex> lock(mutex());
     std::vector<Slot>& free_slots = pool()[device];
     if (free_slots.empty()) {
-      constexpr std::size_t kSlotBytes = 1024, kSlots = 64;
-      static_assert(k::kMaxFoldValues * 8 + 16 <= kSlotBytes, "a slot holds every place's total");
+      constexpr std::size_t kSlotBytes = 4096, kSlots = 64;
+      static_assert(k::kMaxFoldValues * k::kMaxAccSize + 16 <= kSlotBytes, "a slot holds every place's total");
       detail::DeviceGuard guard(device);
       unsigned char* memory = nullptr;
       unsigned char* host = nullptr;
       check(cudaMalloc(reinterpret_cast<void**>(&memory), kSlotBytes * kSlots), "cudaMalloc (combine slots)");
       check(cudaMemset(memory, 0, kSlotBytes * kSlots), "cudaMemset (combine slots)");
-      check(cudaHostAlloc(reinterpret_cast<void**>(&host), 64 * kSlots, cudaHostAllocPortable | cudaHostAllocMapped),
+      check(cudaHostAlloc(reinterpret_cast<void**>(&host), k::kMaxAccSize * kSlots, cudaHostAllocPortable | cudaHostAllocMapped),
             "cudaHostAlloc (combine slots)");
       for (std::size_t i = 0; i < kSlots; ++i) {
         Slot slot;
         slot.device = device;
         slot.totals = memory + i * kSlotBytes;
-        slot.counter = reinterpret_cast<unsigned int*>(memory + i * kSlotBytes + k::kMaxFoldValues * 8);
-        slot.result = host + i * 64;  // with unified addressing, also its device address
+        slot.counter = reinterpret_cast<unsigned int*>(memory + i * kSlotBytes + k::kMaxFoldValues * k::kMaxAccSize);
+        slot.result = host + i * k::kMaxAccSize;  // with unified addressing, also its device address
         free_slots.push_back(slot);
       }
     }
@@ -195,7 +196,7 @@ PassScratch allocate_pass(unsigned grid, int acc_size, bool with_prefixes, cudaS
   const std::size_t block_bytes = (static_cast<std::size_t>(grid) * acc_size + 15) / 16 * 16;
   PassScratch scratch;
   scratch.base = static_cast<unsigned char*>(
-      allocate(block_bytes * (with_prefixes ? 2 : 1) + 32, stream));
+      allocate(block_bytes * (with_prefixes ? 2 : 1) + 16 + 2 * k::kMaxAccSize, stream));
   scratch.partials = scratch.base;
   scratch.prefixes = with_prefixes ? scratch.base + block_bytes : nullptr;
   unsigned char* tail = scratch.base + block_bytes * (with_prefixes ? 2 : 1);
@@ -457,7 +458,7 @@ void scan_impl(const std::vector<KernelSet>& sets, const ShardedArray& in, Shard
       if (group.can_access_peer(device, home)) {
         seed = prefix;  // read in place
       } else {
-        seed = static_cast<unsigned char*>(scratch[k].result) + 8;  // spare slot after the total
+        seed = static_cast<unsigned char*>(scratch[k].result) + k::kMaxAccSize;  // spare slot after the total
         check(cudaMemcpyPeerAsync(seed, device, prefix, home, acc_size, stream),
               "cudaMemcpyPeerAsync (prefix)");
       }
