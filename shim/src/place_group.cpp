@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
+#include <map>
+#include <mutex>
 #include <numeric>
 #include <stdexcept>
 
@@ -107,6 +109,23 @@ cudaMemPool_t create_pool(int device) {
   return pool;
 }
 
+// The pool of `device` shared by every live group: groups reuse each other's cached memory
+// (one group's cache cannot starve another's allocations), and the pool is destroyed, its
+// memory back to the driver, when the last group on the device goes. A new group after that
+// (after a device reset, say) gets a new pool.
+std::shared_ptr<void> shared_pool(int device) {
+  static std::mutex mutex;
+  static std::map<int, std::weak_ptr<void>> pools;
+  std::lock_guard<std::mutex> lock(mutex);
+  if (std::shared_ptr<void> pool = pools[device].lock()) return pool;
+  std::shared_ptr<void> pool(create_pool(device), [](void* handle) {
+    // deferred by the driver until frees still queued have run
+    if (cudaMemPoolDestroy(static_cast<cudaMemPool_t>(handle)) != cudaSuccess) cudaGetLastError();
+  });
+  pools[device] = pool;
+  return pool;
+}
+
 }  // namespace
 
 PlaceGroup::PlaceGroup(std::vector<int> devices, std::vector<int> domains)
@@ -125,7 +144,8 @@ PlaceGroup::PlaceGroup(std::vector<int> devices, std::vector<int> domains)
     for (int device : unique_devices_) {
       detail::DeviceGuard guard(device);
       peer_[device][device] = true;
-      device_pools_.push_back(reinterpret_cast<std::uintptr_t>(create_pool(device)));
+      pool_owners_.push_back(shared_pool(device));
+      device_pools_.push_back(reinterpret_cast<std::uintptr_t>(pool_owners_.back().get()));
       for (int other : unique_devices_) {
         if (other == device) continue;
         int can = 0;
@@ -204,9 +224,9 @@ void PlaceGroup::release_resources() noexcept {
     cudaStreamDestroy(reinterpret_cast<cudaStream_t>(streams_[place]));
   }
   cudaSetDevice(previous);
-  for (std::uintptr_t pool : device_pools_) cudaMemPoolDestroy(reinterpret_cast<cudaMemPool_t>(pool));
   for (void* chunk : pinned_chunks_) cudaFreeHost(chunk);
   streams_.clear();
+  pool_owners_.clear();  // the last group on a device destroys its pool
   device_pools_.clear();
   pinned_chunks_.clear();
   cudaGetLastError();

@@ -45,9 +45,10 @@ class PlaceGroup {
   // Waits for the places' streams, then returns the memory that the group's stream-ordered
   // pools keep cached for reuse to the driver.
   void release_cached_memory() const;
-  // The group's own stream-ordered memory pool on the place's device (a cudaMemPool_t; places
-  // of one device share it). Every allocation of the library comes from these pools: the
-  // device's default pool, which CuPy and torch may use too, is left as the driver made it.
+  // The library's stream-ordered memory pool on the place's device (a cudaMemPool_t), shared
+  // by every group alive on that device. Every allocation of the library comes from these
+  // pools: the device's default pool, which CuPy and torch may use too, is left as the
+  // driver made it.
   std::uintptr_t memory_pool(std::size_t place) const;
 
   // A 64-byte slot of pinned host memory for small device-to-host results (fast, truly
@@ -63,8 +64,9 @@ class PlaceGroup {
   std::vector<int> domains_;
   std::vector<int> unique_devices_;
   std::vector<std::uintptr_t> streams_;
-  std::vector<std::uintptr_t> device_pools_;  // parallel to unique_devices_
-  std::vector<std::uintptr_t> place_pools_;   // per place
+  std::vector<std::shared_ptr<void>> pool_owners_;  // keep the shared pools alive
+  std::vector<std::uintptr_t> device_pools_;        // parallel to unique_devices_
+  std::vector<std::uintptr_t> place_pools_;         // per place
   std::vector<std::vector<bool>> peer_;  // indexed by device id
   mutable std::mutex slots_mutex_;
   mutable std::vector<void*> pinned_chunks_;
