@@ -20,6 +20,20 @@ def check_array(value, argument: str = "a") -> "ShardedArray":
     return value
 
 
+def check_out(out, like: "ShardedArray", like_name: str = "the inputs"):
+    """`out` (None passes), checked before anything compiles or runs: TypeError unless a
+    ShardedArray, ValueError when its group or shard sizes differ from `like`'s."""
+    if out is None:
+        return None
+    check_array(out, "out")
+    if out.group is not like.group:
+        raise ValueError(f"out: belongs to another PlaceGroup than {like_name}")
+    if out.shard_sizes != like.shard_sizes:
+        raise ValueError(f"out: shard sizes {out.shard_sizes} differ from {like_name}: "
+                         f"{like.shard_sizes}")
+    return out
+
+
 def _check_group(group) -> PlaceGroup:
     if not isinstance(group, PlaceGroup):
         raise TypeError(f"group: expected a PlaceGroup, got {type(group).__name__}")
