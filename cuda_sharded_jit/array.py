@@ -57,6 +57,13 @@ def _shard_sizes(group: PlaceGroup, n_or_sizes, argument: str = "n") -> list[int
     )
 
 
+def _release_contiguous(impl) -> None:
+    """Frees a contiguous array when its wrapper goes. Unmapping waits for the places' streams:
+    `free()` waits with the GIL released, where the C++ destructor (run when the last reference
+    drops, GIL held) would stall every other Python thread meanwhile."""
+    impl.free()
+
+
 def _release_adopted(group_impl, buffers) -> None:
     """Waits for the group's queued work; `buffers` are released when this returns."""
     try:
@@ -124,7 +131,7 @@ class ShardedArray:
         self._impl = impl
         self._group = group
         self._dtype = np.dtype(impl.dtype)
-        self._keepalive = None  # adopted arrays: a finalizer holding the buffers
+        self._keepalive = None  # adopted and contiguous arrays: a finalizer (adopt, allocate_contiguous)
 
     # ---- construction -------------------------------------------------------------------
     @classmethod
@@ -154,8 +161,10 @@ class ShardedArray:
         """
         group = _check_group(group)
         dtype = as_dtype(dtype)
-        return cls(_shim.ShardedArray.allocate(group._impl, _shard_sizes(group, n), dtype.name, True),
-                   group)
+        impl = _shim.ShardedArray.allocate(group._impl, _shard_sizes(group, n), dtype.name, True)
+        array = cls(impl, group)
+        array._keepalive = weakref.finalize(array, _release_contiguous, impl)
+        return array
 
     @classmethod
     def from_numpy(cls, group: PlaceGroup, host, sizes=None, contiguous: bool = False) -> ShardedArray:
