@@ -223,8 +223,9 @@ def test_scratch_allocation_failure_is_memory_error_and_leaks_nothing(three_plac
     for group in (three_places, one_place):
         group.release_cached_memory()
     before = _free_bytes()
-    # leave 512 MiB: a 2^26-bin histogram needs 512 MiB of counts per place
-    hog = sharded.ShardedArray.allocate(one_place, (before - (512 << 20)) // 8, np.float64)
+    # leave 1.5 GiB: a 2^26-bin histogram needs 1 GiB of edges and counts per place, so the
+    # first place gets its scratch and the second does not
+    hog = sharded.ShardedArray.allocate(one_place, (before - (1536 << 20)) // 8, np.float64)
     with pytest.raises(MemoryError):
         sharded.histogram_even(array, 1 << 26, 0.0, 3000.0)
     hog.free()
