@@ -147,17 +147,16 @@ class MemoryCache:
             return value
         with self._lock:
             key_lock = self._building.setdefault(key, threading.Lock())
-        try:
-            with key_lock:
+        with key_lock:  # a KeyboardInterrupt while waiting here leaves the builder's lock be
+            try:
                 value = self._entries.get(key)
                 if value is None:
                     value = build()
                     self._entries[key] = value
-        finally:
-            with self._lock:
-                # only the lock this call used: a later builder may have made a new one
-                if self._building.get(key) is key_lock:
-                    del self._building[key]
+            finally:
+                with self._lock:
+                    if self._building.get(key) is key_lock:
+                        del self._building[key]
         return value
 
     def clear(self) -> None:

@@ -8,6 +8,7 @@ key are tested in test_compile.py.
 from __future__ import annotations
 
 import _thread
+import concurrent.futures
 import errno
 import os
 import subprocess
@@ -276,3 +277,28 @@ def test_keyboard_interrupt_between_calls_leaves_the_group_usable(three_places):
     assert np.all(values == values[0]) and values[0] >= 1.0  # every element saw every call
     assert sharded.sum(keep) == 499500
     np.testing.assert_array_equal(sharded.inclusive_scan(keep).to_numpy(), np.cumsum(np.arange(1000)))
+
+
+def test_memory_cache_builds_once_and_forgets_failed_builds():
+    cache = _cache.MemoryCache()
+    builds, release = [], threading.Event()
+
+    def slow_build():
+        builds.append(1)
+        release.wait(10)
+        return "value"
+
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        futures = [pool.submit(cache.get_or_build, "key", slow_build) for _ in range(8)]
+        time.sleep(0.2)  # every thread is now building or waiting for the builder
+        release.set()
+        assert [future.result(timeout=30) for future in futures] == ["value"] * 8
+    assert len(builds) == 1 and cache._building == {}
+
+    def failing_build():
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        cache.get_or_build("other", failing_build)
+    assert cache._building == {} and cache.get("other") is None
+    assert cache.get_or_build("other", lambda: "built again") == "built again"
