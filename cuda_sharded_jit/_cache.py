@@ -127,7 +127,11 @@ def clear_disk() -> int:
 
 
 class MemoryCache:
-    """A dict whose misses are built once even when many threads miss at the same time."""
+    """A dict whose misses are built once even when many threads miss at the same time.
+
+    A build that raises (a type error, KeyboardInterrupt) stores nothing: the next call builds
+    again.
+    """
 
     def __init__(self):
         self._entries: dict = {}
@@ -143,13 +147,16 @@ class MemoryCache:
             return value
         with self._lock:
             key_lock = self._building.setdefault(key, threading.Lock())
-        with key_lock:
-            value = self._entries.get(key)
-            if value is None:
-                value = build()
-                self._entries[key] = value
-        with self._lock:
-            self._building.pop(key, None)
+        with key_lock:  # a KeyboardInterrupt while waiting here leaves the builder's lock be
+            try:
+                value = self._entries.get(key)
+                if value is None:
+                    value = build()
+                    self._entries[key] = value
+            finally:
+                with self._lock:
+                    if self._building.get(key) is key_lock:
+                        del self._building[key]
         return value
 
     def clear(self) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import numbers
+
 import numpy as np
 
 SUPPORTED_DTYPES: tuple[np.dtype, ...] = tuple(
@@ -50,6 +52,10 @@ def exact_cast(value, dtype: np.dtype, argument: str):
     """`value` as a numpy scalar of `dtype`; ValueError when it does not fit (an integer out
     of range, a negative for an unsigned type) or would lose its fraction in an integer."""
     dtype = np.dtype(dtype)
+    if isinstance(value, np.ndarray) and value.ndim == 0:
+        value = value[()]
+    if not isinstance(value, (numbers.Real, np.bool_)):
+        raise TypeError(f"{argument}: expected a real number, got {type(value).__name__}")
     try:
         with np.errstate(all="ignore"):
             cast = np.asarray(value).astype(dtype)[()]

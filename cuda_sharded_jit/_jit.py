@@ -8,6 +8,8 @@ package import.
 
 from __future__ import annotations
 
+import functools
+import importlib
 import inspect
 import threading
 import types
@@ -17,6 +19,8 @@ import numpy as np
 from ._dtypes import is_record, record_dtype, record_fields
 
 _state_lock = threading.Lock()
+# numba's typing and dispatcher state are not documented thread-safe (and numba-cuda 0.30
+# declares no free-threading support): every entry point below holds this lock throughout.
 _compile_lock = threading.RLock()
 _target = threading.local()
 _numba = None
@@ -33,10 +37,16 @@ def _load_numba():
     with _state_lock:
         if _numba is not None:
             return _numba
-        import numba
-        import numba.cuda
-        import numba.cuda.dispatcher as dispatcher_module
-        from numba import types
+        try:
+            import numba
+            import numba.cuda
+            import numba.cuda.dispatcher as dispatcher_module
+            from numba import types
+        except ImportError as error:
+            raise ImportError(
+                f"compiling an operator needs numba-cuda, which did not import ({error}): "
+                f"pip install 'numba-cuda>=0.30.1'"
+            ) from error
 
         original = dispatcher_module.get_current_device
 
@@ -49,13 +59,15 @@ def _load_numba():
             return original() if cc is None else _TargetDevice(cc)
 
         dispatcher_module.get_current_device = get_current_device
-        errors = [numba.core.errors.NumbaError]
-        try:
-            from numba.cuda.core import errors as cuda_errors
-
-            errors.append(cuda_errors.NumbaError)
-        except ImportError:
-            pass
+        # UnsupportedBytecodeError (an operator that assigns a global, say) is no NumbaError
+        error_modules = [numba.core.errors]
+        for name in ("numba.cuda.core.errors", "numba.cuda.errors"):
+            try:
+                error_modules.append(importlib.import_module(name))
+            except ImportError:
+                pass
+        errors = [getattr(module, name) for module in error_modules
+                  for name in ("NumbaError", "UnsupportedBytecodeError") if hasattr(module, name)]
         _numba = (numba, types, tuple(errors))
         return _numba
 
@@ -71,6 +83,17 @@ class _TargetCC:
     def __exit__(self, *exc):
         _target.cc = None
         _compile_lock.release()
+
+
+def _serialised(function):
+    """Runs `function` holding the compile lock (numba is entered by one thread at a time)."""
+
+    @functools.wraps(function)
+    def locked(*args, **kwargs):
+        with _compile_lock:
+            return function(*args, **kwargs)
+
+    return locked
 
 
 _NUMPY_OF = {
@@ -153,7 +176,12 @@ def _fresh_function(func, memo):
     return dispatcher
 
 
-def _type_error(op, arg_dtypes, error) -> TypeError:
+def _type_error(op, arg_dtypes, error) -> Exception:
+    from ._link import missing_library_error
+
+    missing = missing_library_error(error)  # numba may wrap a library that failed to load
+    if missing is not None:
+        return missing
     return TypeError(
         f"operator {op.name} cannot be compiled for argument types {_describe(arg_dtypes)}: "
         f"numba says:\n{error}"
@@ -170,6 +198,7 @@ def _return_type(op, argtypes, arg_dtypes, cc):
             raise _type_error(op, arg_dtypes, error) from None
 
 
+@_serialised
 def infer_result_dtype(op, arg_dtypes, cc, tuples: bool = False) -> np.dtype:
     """The dtype the operator returns for these argument dtypes (TypeError if unsupported).
 
@@ -240,6 +269,7 @@ def _field_intrinsics():
     return _intrinsics
 
 
+@_serialised
 def compile_transform(op, arg_kinds, out_dtype, cc, max_scalars: int) -> bytes:
     """LTO-IR of `csj_transform_op` for an operator whose arguments are arrays or scalars.
 
@@ -291,6 +321,7 @@ def _compile_wrapper(source: str, name: str, abi_name: str, namespace: dict, sig
     return bytes(ltoir)
 
 
+@_serialised
 def infer_map_dtype(map_spec, in_dtype, cc) -> np.dtype:
     """Accumulator dtype (a record for a map that returns a tuple) a map specification
     produces from `in_dtype`."""
@@ -344,6 +375,7 @@ def _compile_record_reduction(op, map_spec, in_dtype, acc_dtype, cc) -> tuple[by
     return op_ir, map_ir
 
 
+@_serialised
 def compile_reduction(op, map_spec, in_dtype, acc_dtype, cc) -> tuple[bytes, bytes]:
     """LTO-IR of `csj_op` (acc, acc -> acc) and `csj_map` (input -> acc) for the reduce and
     scan modules.

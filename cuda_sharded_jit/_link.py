@@ -18,6 +18,39 @@ class VersionSkewError(RuntimeError):
     """nvJitLink is older than the NVVM that produced the operator's LTO-IR."""
 
 
+# The shared libraries the JIT path loads at its first compile: what each does, and the
+# wheel that ships it (a CUDA 13 toolkit has them all).
+_LIBRARIES = {
+    "nvjitlink": ("nvJitLink (it links operators into the library's kernels)", "nvidia-nvjitlink>=13,<14"),
+    "nvvm": ("NVVM (it compiles operators to LTO-IR)", "nvidia-nvvm>=13,<14"),
+    "nvrtc": ("NVRTC (numba-cuda asks it which architectures it can compile for)",
+              "nvidia-cuda-nvrtc>=13,<14"),
+}
+_SUPPORT_ERRORS = {"NvvmSupportError": "nvvm", "NvrtcSupportError": "nvrtc"}
+
+
+def missing_library_error(error: BaseException) -> RuntimeError | None:
+    """A RuntimeError naming the package to install when `error`, or an exception it wraps,
+    says a CUDA library could not be loaded (cuda.pathfinder's DynamicLibNotFoundError,
+    numba-cuda's NvvmSupportError / NvrtcSupportError); None for any other error."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        kind = type(error).__name__
+        text = str(error)
+        library = _SUPPORT_ERRORS.get(kind)
+        if library is None and kind == "DynamicLibNotFoundError":
+            library = next((name for name in _LIBRARIES if name in text.lower()), None)
+        if library is not None:
+            what, package = _LIBRARIES[library]
+            return RuntimeError(
+                f"{what} could not be loaded: {text}. Install it: pip install '{package}' "
+                f"(or install the CUDA 13 toolkit)"
+            )
+        error = error.__cause__ or error.__context__
+    return None
+
+
 @functools.lru_cache(maxsize=None)
 def kernel_module(name: str) -> bytes:
     """The LTO-IR fatbin of one kernel module, e.g. "transform_o4_i4_4"."""

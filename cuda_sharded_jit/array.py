@@ -20,6 +20,20 @@ def check_array(value, argument: str = "a") -> "ShardedArray":
     return value
 
 
+def check_out(out, like: "ShardedArray", like_name: str = "the inputs"):
+    """`out` (None passes), checked before anything compiles or runs: TypeError unless a
+    ShardedArray, ValueError when its group or shard sizes differ from `like`'s."""
+    if out is None:
+        return None
+    check_array(out, "out")
+    if out.group is not like.group:
+        raise ValueError(f"out: belongs to another PlaceGroup than {like_name}")
+    if out.shard_sizes != like.shard_sizes:
+        raise ValueError(f"out: shard sizes {out.shard_sizes} differ from {like_name}: "
+                         f"{like.shard_sizes}")
+    return out
+
+
 def _check_group(group) -> PlaceGroup:
     if not isinstance(group, PlaceGroup):
         raise TypeError(f"group: expected a PlaceGroup, got {type(group).__name__}")
@@ -41,6 +55,13 @@ def _shard_sizes(group: PlaceGroup, n_or_sizes, argument: str = "n") -> list[int
         f"{argument}: expected a total size (int) or a list of shard sizes, "
         f"got {type(n_or_sizes).__name__}"
     )
+
+
+def _release_contiguous(impl) -> None:
+    """Frees a contiguous array when its wrapper goes. Unmapping waits for the places' streams:
+    `free()` waits with the GIL released, where the C++ destructor (run when the last reference
+    drops, GIL held) would stall every other Python thread meanwhile."""
+    impl.free()
 
 
 def _release_adopted(group_impl, buffers) -> None:
@@ -110,7 +131,7 @@ class ShardedArray:
         self._impl = impl
         self._group = group
         self._dtype = np.dtype(impl.dtype)
-        self._keepalive = None  # adopted arrays: a finalizer holding the buffers
+        self._keepalive = None  # adopted and contiguous arrays: a finalizer (adopt, allocate_contiguous)
 
     # ---- construction -------------------------------------------------------------------
     @classmethod
@@ -140,8 +161,10 @@ class ShardedArray:
         """
         group = _check_group(group)
         dtype = as_dtype(dtype)
-        return cls(_shim.ShardedArray.allocate(group._impl, _shard_sizes(group, n), dtype.name, True),
-                   group)
+        impl = _shim.ShardedArray.allocate(group._impl, _shard_sizes(group, n), dtype.name, True)
+        array = cls(impl, group)
+        array._keepalive = weakref.finalize(array, _release_contiguous, impl)
+        return array
 
     @classmethod
     def from_numpy(cls, group: PlaceGroup, host, sizes=None, contiguous: bool = False) -> ShardedArray:

@@ -97,6 +97,16 @@ def _transform_module(arg_kinds, out_dtype) -> str:
 
 
 def _build(op: Op, key: tuple, map_spec) -> CompiledKernel:
+    try:
+        return _build_kernel(op, key, map_spec)
+    except Exception as error:
+        missing = _link.missing_library_error(error)
+        if missing is None:
+            raise
+        raise missing from error
+
+
+def _build_kernel(op: Op, key: tuple, map_spec) -> CompiledKernel:
     from . import _jit
 
     algorithm, _, _, arg_kinds, out_request, arch = key

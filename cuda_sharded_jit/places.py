@@ -81,7 +81,9 @@ class PlaceGroup:
 
     def release_cached_memory(self) -> None:
         """Wait for every place, then hand the device memory that freed arrays left cached in
-        the stream-ordered pools (kept for fast reuse) back to the driver."""
+        the library's stream-ordered pools on the group's devices (kept for fast reuse, and
+        shared with other groups on those devices) back to the driver. The devices' default
+        pools, which other libraries may use, are never touched."""
         self._impl.release_cached_memory()
 
     @property

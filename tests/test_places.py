@@ -61,3 +61,48 @@ def test_archs():
 def test_distinct_devices_have_peer_access():
     group = sharded.PlaceGroup.by_devices([0, 1])
     assert group._impl.can_access_peer(0, 1) and group._impl.can_access_peer(1, 0)
+
+
+def _free_bytes() -> int:
+    from cuda.bindings import runtime
+
+    assert runtime.cudaSetDevice(0)[0] == runtime.cudaError_t.cudaSuccess
+    status, free, _ = runtime.cudaMemGetInfo()
+    assert status == runtime.cudaError_t.cudaSuccess
+    return free
+
+
+def test_the_device_default_pool_is_left_as_the_driver_made_it():
+    """CuPy and torch may allocate from the device's default pool: its release threshold
+    stays 0 (memory goes back at each synchronisation) however we use the device."""
+    from cuda.bindings import runtime
+
+    group = sharded.PlaceGroup.by_devices([0, 0])
+    array = sharded.ShardedArray.from_numpy(group, np.arange(1 << 20, dtype=np.int64))
+    assert sharded.sum(array) == (1 << 20) * ((1 << 20) - 1) // 2
+    array.free()
+    group.sync()
+    status, pool = runtime.cudaDeviceGetDefaultMemPool(0)
+    assert status == runtime.cudaError_t.cudaSuccess
+    status, threshold = runtime.cudaMemPoolGetAttribute(
+        pool, runtime.cudaMemPoolAttr.cudaMemPoolAttrReleaseThreshold)
+    assert status == runtime.cudaError_t.cudaSuccess
+    assert int(threshold) == 0
+
+
+def test_the_library_pool_keeps_freed_memory_until_released():
+    """Repeated calls reuse cached memory (no cudaMalloc per call); release_cached_memory
+    gives it back to the driver."""
+    group = sharded.PlaceGroup.by_devices([0])
+    group.release_cached_memory()
+    before = _free_bytes()
+    array = sharded.ShardedArray.allocate(group, 1 << 28, np.float32)  # 1 GiB
+    array.free()
+    group.sync()
+    assert _free_bytes() <= before - (1 << 30) + (64 << 20)  # still cached by the pool
+    again = sharded.ShardedArray.allocate(group, 1 << 28, np.float32)  # served from the cache
+    group.sync()
+    assert _free_bytes() >= before - (1 << 30) - (64 << 20)
+    again.free()
+    group.release_cached_memory()
+    assert _free_bytes() >= before - (64 << 20)

@@ -56,6 +56,9 @@ def count(a: ShardedArray, value) -> int:
     return _shim.count(a._impl, target.tobytes())
 
 
+_MAX_BINS = (1 << 31) - 2  # num_bins + 1 edges fit the kernel's int
+
+
 def histogram_even(a: ShardedArray, num_bins: int, lower: float, upper: float) -> np.ndarray:
     """Counts in `num_bins` equal bins over [lower, upper], as
     `np.histogram(x, bins=num_bins, range=(lower, upper))`: values outside ignored, NaN
@@ -66,8 +69,12 @@ def histogram_even(a: ShardedArray, num_bins: int, lower: float, upper: float) -
     check_array(a)
     if isinstance(num_bins, bool) or not isinstance(num_bins, numbers.Integral):
         raise TypeError(f"num_bins: expected an int, got {type(num_bins).__name__}")
-    if num_bins <= 0:
-        raise ValueError(f"num_bins: expected a positive number of bins, got {num_bins}")
+    if not 0 < num_bins <= _MAX_BINS:
+        raise ValueError(f"num_bins: expected a positive number of bins (at most {_MAX_BINS}), "
+                         f"got {num_bins}")
+    for name, bound in (("lower", lower), ("upper", upper)):
+        if isinstance(bound, (bool, np.bool_)) or not isinstance(bound, numbers.Real):
+            raise TypeError(f"{name}: expected a real number, got {type(bound).__name__}")
     lower, upper = float(lower), float(upper)
     if not (math.isfinite(lower) and math.isfinite(upper)):
         raise ValueError(f"lower, upper: the range must be finite, got ({lower}, {upper})")

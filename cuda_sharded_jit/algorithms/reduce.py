@@ -11,7 +11,7 @@ import numpy as np
 
 from .. import _shim
 from .._dtypes import as_dtype, exact_cast, is_record, is_weak_scalar, record_fields
-from ..array import ShardedArray, check_array
+from ..array import ShardedArray, check_array, check_out
 from ..compiler import VALUE_MAP, kernel_libraries
 from ..op import Op, as_op
 
@@ -231,7 +231,7 @@ def _scan(a, op, init, out, exclusive: bool, what: str) -> ShardedArray:
     check_array(a)
     op = _operator(op, 2, what)
     if out is not None:
-        check_array(out, "out")
+        check_out(out, a, "a")
         acc = out.dtype
     else:
         acc = _accumulator(a.dtype, init)
@@ -286,7 +286,7 @@ def adjacent_difference(a: ShardedArray, out: ShardedArray | None = None, op=Non
     """
     check_array(a)
     if out is not None:
-        check_array(out, "out")
+        check_out(out, a, "a")
         if out is a:
             raise ValueError("out: must not alias a (each element reads its predecessor)")
     if op is None:

@@ -8,7 +8,7 @@ import numpy as np
 
 from .. import _shim
 from .._dtypes import as_dtype, exact_cast, is_scalar, scalar_dtype
-from ..array import ShardedArray, check_array
+from ..array import ShardedArray, check_out
 from ..compiler import kernel_libraries
 from ..op import as_op
 from ..ops import Descriptor
@@ -26,17 +26,6 @@ def pack_scalars(values, dtypes) -> bytes:
         return b"".join(_PACK[dtype.name].pack(dtype.type(value)) for value, dtype in zip(values, dtypes))
     except (OverflowError, struct.error) as error:
         raise ValueError(f"args: a scalar does not fit its dtype ({error})") from None
-
-
-def _check_out(out, first: ShardedArray):
-    if out is None:
-        return None
-    check_array(out, "out")
-    if out.group is not first.group:
-        raise ValueError("out: belongs to another PlaceGroup than the inputs")
-    if out.shard_sizes != first.shard_sizes:
-        raise ValueError(f"out: shard sizes {out.shard_sizes} differ from the inputs' {first.shard_sizes}")
-    return out
 
 
 def transform(op, *args, out: ShardedArray | None = None) -> ShardedArray:
@@ -82,7 +71,7 @@ def transform(op, *args, out: ShardedArray | None = None) -> ShardedArray:
             raise ValueError(
                 f"args: array {index} has shard sizes {array.shard_sizes}, array 0 has {first.shard_sizes}"
             )
-    out = _check_out(out, first)
+    out = check_out(out, first)
     out_request = None if out is None else out.dtype
     out_dtype, libraries = kernel_libraries(op, "transform", tuple(kinds), out_request, first.group.archs)
     if out is None:
@@ -105,15 +94,15 @@ def _transform_descriptor(descriptor: Descriptor, args, out):
         if value.dtype != dtype:
             raise TypeError(f"args[{position}]: dtype {value.dtype} differs from args[0]'s {dtype}; "
                             f"descriptor operators need one dtype (use a Python operator to mix)")
-    out = _check_out(out, first)
+    out = check_out(out, first)
     if out is not None and out.dtype != dtype:
         raise TypeError(f"out: dtype {out.dtype} differs from the inputs' {dtype}")
-    if out is None:
-        out = ShardedArray.allocate(first.group, list(first.shard_sizes), dtype)
     scalars = b""
-    if descriptor.scalar is not None:
+    if descriptor.scalar is not None:  # checked before anything is allocated
         value = exact_cast(descriptor.scalar, dtype, f"ops.{descriptor.name}")
         scalars = pack_scalars([value], [as_dtype(dtype)])
+    if out is None:
+        out = ShardedArray.allocate(first.group, list(first.shard_sizes), dtype)
     _shim.transform_builtin(getattr(_shim.BuiltinOp, descriptor.name), [a._impl for a in args],
                             out._impl, scalars)
     return out

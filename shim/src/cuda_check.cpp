@@ -1,5 +1,9 @@
 #include "cuda_check.hpp"
 
+#include <exception>
+#include <utility>
+
+#include "csj/place_group.hpp"
 #include "driver_api.hpp"
 
 namespace csj::detail {
@@ -39,6 +43,78 @@ DeviceGuard::DeviceGuard(int device) {
 DeviceGuard::~DeviceGuard() {
   int current = -1;
   if (cudaGetDevice(&current) == cudaSuccess && current != previous_) cudaSetDevice(previous_);
+}
+
+void* allocate_async(std::size_t bytes, cudaStream_t stream, cudaMemPool_t pool) {
+  void* pointer = nullptr;
+  check(cudaMallocFromPoolAsync(&pointer, bytes, pool, stream), "cudaMallocFromPoolAsync");
+  return pointer;
+}
+
+StreamScratch::StreamScratch(std::size_t bytes, cudaStream_t stream, cudaMemPool_t pool)
+    : pointer_(allocate_async(bytes, stream, pool)), stream_(stream) {}
+
+StreamScratch::StreamScratch(StreamScratch&& other) noexcept
+    : pointer_(std::exchange(other.pointer_, nullptr)), stream_(other.stream_) {}
+
+StreamScratch& StreamScratch::operator=(StreamScratch&& other) noexcept {
+  if (this != &other) {
+    free_noexcept();
+    pointer_ = std::exchange(other.pointer_, nullptr);
+    stream_ = other.stream_;
+  }
+  return *this;
+}
+
+void StreamScratch::free() {
+  if (!pointer_) return;
+  void* pointer = std::exchange(pointer_, nullptr);
+  check(cudaFreeAsync(pointer, stream_), "cudaFreeAsync");
+}
+
+void StreamScratch::free_noexcept() noexcept {
+  if (!pointer_) return;
+  // stream-ordered: the memory returns to its pool after the work queued on stream_
+  if (cudaFreeAsync(std::exchange(pointer_, nullptr), stream_) != cudaSuccess) cudaGetLastError();
+}
+
+Event::Event(int device) : device_(device) {
+  DeviceGuard guard(device);
+  check(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming), "cudaEventCreateWithFlags");
+}
+
+Event::~Event() {
+  // safe with work still waiting on it: the event's resources go once that work has run
+  if (event_ && cudaEventDestroy(event_) != cudaSuccess) cudaGetLastError();
+}
+
+void Event::record(cudaStream_t stream) {
+  DeviceGuard guard(device_);
+  check(cudaEventRecord(event_, stream), "cudaEventRecord");
+}
+
+void Event::wait(cudaStream_t waiter) const {
+  check(cudaStreamWaitEvent(waiter, event_, 0), "cudaStreamWaitEvent");
+}
+
+void wait_for(cudaStream_t waiter, cudaStream_t producer, int producer_device) {
+  if (waiter == producer) return;  // a stream is ordered after itself
+  Event event(producer_device);
+  event.record(producer);
+  event.wait(waiter);
+}
+
+SyncOnUnwind::SyncOnUnwind(const PlaceGroup& group)
+    : group_(group), exceptions_(std::uncaught_exceptions()) {}
+
+SyncOnUnwind::~SyncOnUnwind() {
+  if (std::uncaught_exceptions() <= exceptions_) return;
+  for (std::size_t place = 0; place < group_.size(); ++place) {
+    // a broken context fails at once; the error is already on its way up
+    if (cudaStreamSynchronize(reinterpret_cast<cudaStream_t>(group_.stream(place))) != cudaSuccess) {
+      cudaGetLastError();
+    }
+  }
 }
 
 }  // namespace csj::detail

@@ -1,14 +1,21 @@
 // Internal: turn CUDA runtime / driver status codes into the exceptions the bindings map
 // (std::invalid_argument -> ValueError, std::bad_alloc -> MemoryError,
-//  std::runtime_error -> RuntimeError).
+//  std::runtime_error -> RuntimeError), and the small owners that keep error paths from
+// leaking: device guard, stream-ordered scratch memory, events.
 #pragma once
 
 #include <cuda.h>
 #include <cuda_runtime.h>
 
+#include <cstddef>
 #include <new>
 #include <stdexcept>
 #include <string>
+#include <vector>
+
+namespace csj {
+class PlaceGroup;
+}
 
 namespace csj::detail {
 
@@ -33,6 +40,74 @@ class DeviceGuard {
 
  private:
   int previous_ = -1;
+};
+
+// `bytes` from `pool`, stream-ordered on `stream` (std::bad_alloc when the device is full).
+void* allocate_async(std::size_t bytes, cudaStream_t stream, cudaMemPool_t pool);
+
+// Stream-ordered scratch memory that frees itself (cudaFreeAsync on the stream it was
+// allocated on) when its owner goes out of scope, so a throw between allocation and the last
+// use leaks nothing. Work queued on *other* streams that reads it must be waited for first
+// (see SyncOnUnwind).
+class StreamScratch {
+ public:
+  StreamScratch() = default;
+  StreamScratch(std::size_t bytes, cudaStream_t stream, cudaMemPool_t pool);
+  ~StreamScratch() { free_noexcept(); }
+  StreamScratch(StreamScratch&& other) noexcept;
+  StreamScratch& operator=(StreamScratch&& other) noexcept;
+  StreamScratch(const StreamScratch&) = delete;
+  StreamScratch& operator=(const StreamScratch&) = delete;
+
+  void* get() const { return pointer_; }
+  unsigned char* bytes() const { return static_cast<unsigned char*>(pointer_); }
+  explicit operator bool() const { return pointer_ != nullptr; }
+  // Queues the free now (after the work already queued on the stream), reporting failure.
+  void free();
+
+ private:
+  void free_noexcept() noexcept;
+
+  void* pointer_ = nullptr;
+  cudaStream_t stream_ = nullptr;
+};
+
+// A CUDA event (timing disabled) created on `device`, destroyed with its owner.
+class Event {
+ public:
+  explicit Event(int device);
+  ~Event();
+  Event(const Event&) = delete;
+  Event& operator=(const Event&) = delete;
+
+  // Captures the work queued so far on `stream`, a stream of the event's device.
+  void record(cudaStream_t stream);
+  // Makes `waiter` (a stream of any device) wait for the captured work.
+  void wait(cudaStream_t waiter) const;
+
+ private:
+  int device_;
+  cudaEvent_t event_ = nullptr;
+};
+
+// Makes `waiter` wait for the work queued so far on `producer`, a stream of
+// `producer_device` (events belong to the device of the stream they are recorded on).
+void wait_for(cudaStream_t waiter, cudaStream_t producer, int producer_device);
+
+// When its scope is left by an exception, waits for every place's stream of `group` before
+// the scratch declared *earlier* in the scope is freed: work already queued on one place may
+// still read or write another place's scratch (the cross-place fold, peer copies). Costs
+// nothing on success.
+class SyncOnUnwind {
+ public:
+  explicit SyncOnUnwind(const PlaceGroup& group);
+  ~SyncOnUnwind();
+  SyncOnUnwind(const SyncOnUnwind&) = delete;
+  SyncOnUnwind& operator=(const SyncOnUnwind&) = delete;
+
+ private:
+  const PlaceGroup& group_;
+  int exceptions_;
 };
 
 }  // namespace csj::detail

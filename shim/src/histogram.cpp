@@ -19,7 +19,7 @@ std::vector<long long> histogram_even(const ShardedArray& in, int num_bins, cons
   if (edges.size() != (static_cast<std::size_t>(num_bins) + 1) * edge_size) {
     throw std::invalid_argument("edges: expected num_bins + 1 edges of the bin dtype");
   }
-  in.check_alive("a");
+  const ArrayLeases leases({{&in, "a"}});
   const PlaceGroup& group = *in.group();
   const auto kernel = detail::KernelHandle::builtin(k::builtin_histogram_kernel(static_cast<int>(in.dtype())));
   const std::size_t count_bytes = static_cast<std::size_t>(num_bins) * sizeof(unsigned long long);
@@ -40,7 +40,7 @@ std::vector<long long> histogram_even(const ShardedArray& in, int num_bins, cons
   const auto shared = static_cast<unsigned>(bins_offset + counter_bytes);
 
   std::vector<std::vector<unsigned long long>> partial(group.size());
-  std::vector<void*> scratch(group.size(), nullptr);
+  const detail::SyncOnUnwind settle(group);  // no copy into `partial` outlives it
   for (std::size_t place = 0; place < group.size(); ++place) {
     const long long n = in.shard_size(place);
     if (n == 0) continue;
@@ -48,8 +48,11 @@ std::vector<long long> histogram_even(const ShardedArray& in, int num_bins, cons
     detail::DeviceGuard guard(group.device(place));
     int sms = 0;
     check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, group.device(place)), "cudaDeviceGetAttribute");
-    check(cudaMallocAsync(&scratch[place], edge_bytes + count_bytes, stream), "cudaMallocAsync");
-    auto* base = static_cast<unsigned char*>(scratch[place]);
+    // each place's scratch is used on its own stream only: a stream-ordered free is safe
+    // whenever a step throws
+    detail::StreamScratch scratch(edge_bytes + count_bytes, stream,
+                                  reinterpret_cast<cudaMemPool_t>(group.memory_pool(place)));
+    unsigned char* base = scratch.bytes();
     check(cudaMemcpyAsync(base, edges.data(), edges.size(), cudaMemcpyHostToDevice, stream), "cudaMemcpyAsync (edges)");
     check(cudaMemsetAsync(base + edge_bytes, 0, count_bytes, stream), "cudaMemsetAsync");
     k::HistogramParams params{};
@@ -67,7 +70,7 @@ std::vector<long long> histogram_even(const ShardedArray& in, int num_bins, cons
     partial[place].resize(num_bins);
     check(cudaMemcpyAsync(partial[place].data(), base + edge_bytes, count_bytes, cudaMemcpyDeviceToHost, stream),
           "cudaMemcpyAsync (counts)");
-    check(cudaFreeAsync(scratch[place], stream), "cudaFreeAsync");
+    scratch.free();
   }
   group.sync();
   std::vector<long long> counts(num_bins, 0);

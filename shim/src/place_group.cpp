@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
+#include <map>
+#include <mutex>
 #include <numeric>
 #include <stdexcept>
 
@@ -85,6 +87,47 @@ std::shared_ptr<PlaceGroup> PlaceGroup::by_locality_domains() {
   return std::shared_ptr<PlaceGroup>(new PlaceGroup(std::move(devices), std::move(domains)));
 }
 
+namespace {
+
+// A pool of the library's own on `device`. It keeps freed memory cached (no release
+// threshold) so that repeated calls never pay for cudaMalloc; release_cached_memory trims it.
+cudaMemPool_t create_pool(int device) {
+  cudaMemPoolProps props{};
+  props.allocType = cudaMemAllocationTypePinned;
+  props.handleTypes = cudaMemHandleTypeNone;
+  props.location.type = cudaMemLocationTypeDevice;
+  props.location.id = device;
+  cudaMemPool_t pool = nullptr;
+  check(cudaMemPoolCreate(&pool, &props), "cudaMemPoolCreate");
+  std::uint64_t threshold = UINT64_MAX;
+  const cudaError_t status =
+      cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &threshold);
+  if (status != cudaSuccess) {
+    cudaMemPoolDestroy(pool);
+    check(status, "cudaMemPoolSetAttribute");
+  }
+  return pool;
+}
+
+// The pool of `device` shared by every live group: groups reuse each other's cached memory
+// (one group's cache cannot starve another's allocations), and the pool is destroyed, its
+// memory back to the driver, when the last group on the device goes. A new group after that
+// (after a device reset, say) gets a new pool.
+std::shared_ptr<void> shared_pool(int device) {
+  static std::mutex mutex;
+  static std::map<int, std::weak_ptr<void>> pools;
+  std::lock_guard<std::mutex> lock(mutex);
+  if (std::shared_ptr<void> pool = pools[device].lock()) return pool;
+  std::shared_ptr<void> pool(create_pool(device), [](void* handle) {
+    // deferred by the driver until frees still queued have run
+    if (cudaMemPoolDestroy(static_cast<cudaMemPool_t>(handle)) != cudaSuccess) cudaGetLastError();
+  });
+  pools[device] = pool;
+  return pool;
+}
+
+}  // namespace
+
 PlaceGroup::PlaceGroup(std::vector<int> devices, std::vector<int> domains)
     : devices_(std::move(devices)), domains_(std::move(domains)) {
   for (int device : devices_) {
@@ -95,46 +138,46 @@ PlaceGroup::PlaceGroup(std::vector<int> devices, std::vector<int> domains)
   int max_device = *std::max_element(devices_.begin(), devices_.end());
   peer_.assign(max_device + 1, std::vector<bool>(max_device + 1, false));
 
-  // Peer access (kernels reading a neighbour's memory) and stream-ordered pools that keep
-  // freed memory cached instead of returning it to the driver at every synchronisation.
-  for (int device : unique_devices_) {
-    detail::DeviceGuard guard(device);
-    peer_[device][device] = true;
-    cudaMemPool_t pool;
-    check(cudaDeviceGetDefaultMemPool(&pool, device), "cudaDeviceGetDefaultMemPool");
-    std::uint64_t threshold = UINT64_MAX;
-    check(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &threshold),
-          "cudaMemPoolSetAttribute");
-    for (int other : unique_devices_) {
-      if (other == device) continue;
-      int can = 0;
-      check(cudaDeviceCanAccessPeer(&can, device, other), "cudaDeviceCanAccessPeer");
-      if (!can) continue;
-      cudaError_t status = cudaDeviceEnablePeerAccess(other, 0);
-      if (status == cudaErrorPeerAccessAlreadyEnabled) {
-        cudaGetLastError();
-      } else {
-        check(status, "cudaDeviceEnablePeerAccess");
-      }
-      peer_[device][other] = true;
-    }
-  }
-  // Let each device read the stream-ordered pool of every peer it can reach.
-  for (int owner : unique_devices_) {
-    cudaMemPool_t pool;
-    check(cudaDeviceGetDefaultMemPool(&pool, owner), "cudaDeviceGetDefaultMemPool");
-    for (int reader : unique_devices_) {
-      if (reader == owner || !peer_[reader][owner]) continue;
-      cudaMemAccessDesc access{};
-      access.location.type = cudaMemLocationTypeDevice;
-      access.location.id = reader;
-      access.flags = cudaMemAccessFlagsProtReadWrite;
-      check(cudaMemPoolSetAccess(pool, &access, 1), "cudaMemPoolSetAccess");
-    }
-  }
-
-  streams_.reserve(devices_.size());
+  // A throw here leaves no destructor to run: give back what was made so far.
   try {
+    // Peer access (kernels reading a neighbour's memory) and the group's pools.
+    for (int device : unique_devices_) {
+      detail::DeviceGuard guard(device);
+      peer_[device][device] = true;
+      pool_owners_.push_back(shared_pool(device));
+      device_pools_.push_back(reinterpret_cast<std::uintptr_t>(pool_owners_.back().get()));
+      for (int other : unique_devices_) {
+        if (other == device) continue;
+        int can = 0;
+        check(cudaDeviceCanAccessPeer(&can, device, other), "cudaDeviceCanAccessPeer");
+        if (!can) continue;
+        cudaError_t status = cudaDeviceEnablePeerAccess(other, 0);
+        if (status == cudaErrorPeerAccessAlreadyEnabled) {
+          cudaGetLastError();
+        } else {
+          check(status, "cudaDeviceEnablePeerAccess");
+        }
+        peer_[device][other] = true;
+      }
+    }
+    // Let each device read the pool of every peer it can reach.
+    for (std::size_t owner = 0; owner < unique_devices_.size(); ++owner) {
+      auto pool = reinterpret_cast<cudaMemPool_t>(device_pools_[owner]);
+      for (int reader : unique_devices_) {
+        if (reader == unique_devices_[owner] || !peer_[reader][unique_devices_[owner]]) continue;
+        cudaMemAccessDesc access{};
+        access.location.type = cudaMemLocationTypeDevice;
+        access.location.id = reader;
+        access.flags = cudaMemAccessFlagsProtReadWrite;
+        check(cudaMemPoolSetAccess(pool, &access, 1), "cudaMemPoolSetAccess");
+      }
+    }
+    for (int device : devices_) {
+      const auto unique = std::find(unique_devices_.begin(), unique_devices_.end(), device);
+      place_pools_.push_back(device_pools_[unique - unique_devices_.begin()]);
+    }
+
+    streams_.reserve(devices_.size());
     for (int device : devices_) {
       detail::DeviceGuard guard(device);
       cudaStream_t stream;
@@ -142,9 +185,7 @@ PlaceGroup::PlaceGroup(std::vector<int> devices, std::vector<int> domains)
       streams_.push_back(reinterpret_cast<std::uintptr_t>(stream));
     }
   } catch (...) {
-    for (std::size_t place = 0; place < streams_.size(); ++place) {
-      cudaStreamDestroy(reinterpret_cast<cudaStream_t>(streams_[place]));
-    }
+    release_resources();
     throw;
   }
 }
@@ -170,17 +211,25 @@ void PlaceGroup::release_host_slot(void* slot) const {
   free_slots_.push_back(slot);
 }
 
-PlaceGroup::~PlaceGroup() {
+PlaceGroup::~PlaceGroup() { release_resources(); }
+
+void PlaceGroup::release_resources() noexcept {
+  // Arrays hold their group, so every array of the group is gone and its memory's frees are
+  // queued. None of this waits: a stream with queued work is destroyed once the work has
+  // run, and a pool with allocations still to be freed once they are.
+  int previous = 0;
+  cudaGetDevice(&previous);
   for (std::size_t place = 0; place < streams_.size(); ++place) {
-    int previous = 0;
-    cudaGetDevice(&previous);
     cudaSetDevice(devices_[place]);
-    auto stream = reinterpret_cast<cudaStream_t>(streams_[place]);
-    cudaStreamSynchronize(stream);
-    cudaStreamDestroy(stream);
-    cudaSetDevice(previous);
+    cudaStreamDestroy(reinterpret_cast<cudaStream_t>(streams_[place]));
   }
+  cudaSetDevice(previous);
   for (void* chunk : pinned_chunks_) cudaFreeHost(chunk);
+  streams_.clear();
+  pool_owners_.clear();  // the last group on a device destroys its pool
+  device_pools_.clear();
+  pinned_chunks_.clear();
+  cudaGetLastError();
 }
 
 int PlaceGroup::device(std::size_t place) const {
@@ -226,14 +275,7 @@ void PlaceGroup::wait_for_stream(std::size_t place, std::uintptr_t foreign_strea
   cudaStream_t producer = foreign_stream == 1   ? cudaStreamLegacy
                           : foreign_stream == 2 ? cudaStreamPerThread
                                                 : reinterpret_cast<cudaStream_t>(foreign_stream);
-  cudaEvent_t event;
-  check(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), "cudaEventCreateWithFlags");
-  cudaError_t status = cudaEventRecord(event, producer);
-  if (status == cudaSuccess) {
-    status = cudaStreamWaitEvent(reinterpret_cast<cudaStream_t>(streams_[place]), event, 0);
-  }
-  cudaEventDestroy(event);
-  check(status, "waiting for a foreign stream");
+  detail::wait_for(reinterpret_cast<cudaStream_t>(streams_[place]), producer, id);
 }
 
 void PlaceGroup::sync() const {
@@ -246,11 +288,14 @@ void PlaceGroup::sync() const {
 
 void PlaceGroup::release_cached_memory() const {
   sync();
-  for (int device : unique_devices_) {
-    cudaMemPool_t pool;
-    check(cudaDeviceGetDefaultMemPool(&pool, device), "cudaDeviceGetDefaultMemPool");
-    check(cudaMemPoolTrimTo(pool, 0), "cudaMemPoolTrimTo");
+  for (std::uintptr_t pool : device_pools_) {
+    check(cudaMemPoolTrimTo(reinterpret_cast<cudaMemPool_t>(pool), 0), "cudaMemPoolTrimTo");
   }
+}
+
+std::uintptr_t PlaceGroup::memory_pool(std::size_t place) const {
+  device(place);  // range check
+  return place_pools_[place];
 }
 
 }  // namespace csj

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <stdexcept>
 #include <utility>
 
@@ -65,10 +66,8 @@ cudaStream_t stream_of(const PlaceGroup& group, std::size_t place) {
   return reinterpret_cast<cudaStream_t>(group.stream(place));
 }
 
-void* allocate(std::size_t bytes, cudaStream_t stream) {
-  void* pointer = nullptr;
-  check(cudaMallocAsync(&pointer, bytes, stream), "cudaMallocAsync (scratch)");
-  return pointer;
+cudaMemPool_t pool_of(const PlaceGroup& group, std::size_t place) {
+  return reinterpret_cast<cudaMemPool_t>(group.memory_pool(place));
 }
 
 int multiprocessors(int device) {
@@ -184,22 +183,24 @@ Chunking chunking(const KernelSet& kernels, bool with_scan, long long n, int dev
 }
 
 // Per-place scratch of the first pass: per-block partials and prefixes, counter, total.
+// Owned: freed on its place's stream when dropped.
 struct PassScratch {
-  unsigned char* base = nullptr;
+  detail::StreamScratch memory;
   void* partials = nullptr;
   void* prefixes = nullptr;
   unsigned int* counter = nullptr;
   void* result = nullptr;
 };
 
-PassScratch allocate_pass(unsigned grid, int acc_size, bool with_prefixes, cudaStream_t stream) {
+PassScratch allocate_pass(unsigned grid, int acc_size, bool with_prefixes, cudaStream_t stream,
+                          cudaMemPool_t pool) {
   const std::size_t block_bytes = (static_cast<std::size_t>(grid) * acc_size + 15) / 16 * 16;
   PassScratch scratch;
-  scratch.base = static_cast<unsigned char*>(
-      allocate(block_bytes * (with_prefixes ? 2 : 1) + 16 + 2 * k::kMaxAccSize, stream));
-  scratch.partials = scratch.base;
-  scratch.prefixes = with_prefixes ? scratch.base + block_bytes : nullptr;
-  unsigned char* tail = scratch.base + block_bytes * (with_prefixes ? 2 : 1);
+  scratch.memory = detail::StreamScratch(block_bytes * (with_prefixes ? 2 : 1) + 16 + 2 * k::kMaxAccSize, stream, pool);
+  unsigned char* base = scratch.memory.bytes();
+  scratch.partials = base;
+  scratch.prefixes = with_prefixes ? base + block_bytes : nullptr;
+  unsigned char* tail = base + block_bytes * (with_prefixes ? 2 : 1);
   scratch.counter = reinterpret_cast<unsigned int*>(tail);
   scratch.result = tail + 16;
   check(cudaMemsetAsync(scratch.counter, 0, sizeof(unsigned int), stream), "cudaMemsetAsync");
@@ -239,12 +240,13 @@ void reduce_shard(const KernelSet& kernels, const ShardedArray& in, std::size_t 
 // Runs the first pass on every listed place and folds their totals, in order, on place 0's
 // stream into `staging` on place 0's device: [0, K) staged totals (places place 0's device
 // cannot read), [K, 2K) exclusive prefixes, [2K] the total. Each place's scratch stays
-// allocated (returned) for a second pass. Returns null for one place (nothing to fold).
-unsigned char* first_pass(const std::vector<KernelSet>& sets, const ShardedArray& in,
-                          const std::vector<std::size_t>& places, int acc_size,
-                          const std::string& init, bool with_prefixes,
-                          std::vector<PassScratch>& scratch, std::vector<Chunking>& cuts,
-                          const std::string& map_value = {}) {
+// allocated (in `scratch`) for a second pass. For one place there is nothing to fold and
+// `staging` stays empty. The caller owns every allocation, and must wait for the places on
+// unwinding before dropping them (SyncOnUnwind): the fold reads other places' scratch.
+void first_pass(const std::vector<KernelSet>& sets, const ShardedArray& in,
+                const std::vector<std::size_t>& places, int acc_size, const std::string& init,
+                bool with_prefixes, std::vector<PassScratch>& scratch, std::vector<Chunking>& cuts,
+                detail::StreamScratch& staging, const std::string& map_value = {}) {
   const PlaceGroup& group = *in.group();
   const int home = group.device(0);
   const cudaStream_t home_stream = stream_of(group, 0);
@@ -254,49 +256,41 @@ unsigned char* first_pass(const std::vector<KernelSet>& sets, const ShardedArray
     throw std::invalid_argument("a: reductions combine at most " + std::to_string(k::kMaxFoldValues) +
                                 " non-empty shards");
   }
-  unsigned char* staging = nullptr;
-  cudaEvent_t staging_ready = nullptr;
+  std::optional<detail::Event> staging_ready;  // staging is allocated in home_stream's order
   if (count > 1) {
     detail::DeviceGuard guard(home);
-    staging = static_cast<unsigned char*>(allocate((2 * count + 1) * acc_size, home_stream));
-    check(cudaEventCreateWithFlags(&staging_ready, cudaEventDisableTiming), "cudaEventCreateWithFlags");
-    check(cudaEventRecord(staging_ready, home_stream), "cudaEventRecord");
+    staging = detail::StreamScratch((2 * count + 1) * acc_size, home_stream, pool_of(group, 0));
+    staging_ready.emplace(home);
+    staging_ready->record(home_stream);
   }
   k::FoldParams fold{};
-  std::vector<cudaEvent_t> done(count, nullptr);
   for (std::size_t k = 0; k < count; ++k) {
     const std::size_t place = places[k];
     const int device = group.device(place);
     const cudaStream_t stream = stream_of(group, place);
     detail::DeviceGuard guard(device);
     cuts[k] = chunking(sets[place], with_prefixes, in.shard_size(place), device, in_size, acc_size);
-    scratch[k] = allocate_pass(cuts[k].grid, acc_size, with_prefixes, stream);
+    scratch[k] = allocate_pass(cuts[k].grid, acc_size, with_prefixes, stream, pool_of(group, place));
     reduce_shard(sets[place], in, place, cuts[k], scratch[k], {}, map_value);
-    if (count == 1) return nullptr;
+    if (count == 1) return;
     if (group.can_access_peer(home, device)) {
       fold.sources[k] = scratch[k].result;  // read in place by the fold kernel
     } else {
-      check(cudaStreamWaitEvent(stream, staging_ready, 0), "cudaStreamWaitEvent");
-      check(cudaMemcpyPeerAsync(staging + k * acc_size, home, scratch[k].result, device, acc_size, stream),
+      staging_ready->wait(stream);
+      check(cudaMemcpyPeerAsync(staging.bytes() + k * acc_size, home, scratch[k].result, device,
+                                acc_size, stream),
             "cudaMemcpyPeerAsync (shard total)");
-      fold.sources[k] = staging + k * acc_size;
+      fold.sources[k] = staging.bytes() + k * acc_size;
     }
-    check(cudaEventCreateWithFlags(&done[k], cudaEventDisableTiming), "cudaEventCreateWithFlags");
-    check(cudaEventRecord(done[k], stream), "cudaEventRecord");
+    detail::wait_for(home_stream, stream, device);  // the fold runs after this place's total
   }
   detail::DeviceGuard guard(home);
-  for (cudaEvent_t event : done) {
-    check(cudaStreamWaitEvent(home_stream, event, 0), "cudaStreamWaitEvent");
-    cudaEventDestroy(event);
-  }
-  cudaEventDestroy(staging_ready);
-  fold.prefixes = staging + count * acc_size;
-  fold.total = staging + 2 * count * acc_size;
+  fold.prefixes = staging.bytes() + count * acc_size;
+  fold.total = staging.bytes() + 2 * count * acc_size;
   fold.count = static_cast<int>(count);
   fold.has_init = init.empty() ? 0 : 1;
   if (!init.empty()) std::memcpy(fold.init, init.data(), init.size());
   detail::launch(sets[0].fold, 1, 32, home_stream, fold, "launching fold");
-  return staging;
 }
 
 std::vector<std::size_t> non_empty_places(const ShardedArray& array) {
@@ -319,43 +313,54 @@ void combine_in_kernel(const std::vector<KernelSet>& sets, const ShardedArray& i
     throw std::invalid_argument("a: reductions combine at most " + std::to_string(k::kMaxFoldValues) +
                                 " non-empty shards");
   }
-  const CombineSlots::Slot slot = CombineSlots::acquire(group.device(0));
-  std::vector<void*> scratch(places.size(), nullptr);
-  try {
-    for (std::size_t k = 0; k < places.size(); ++k) {
-      const std::size_t place = places[k];
-      const int device = group.device(place);
-      const cudaStream_t stream = stream_of(group, place);
-      detail::DeviceGuard guard(device);
-      const Chunking cut = chunking(sets[place], false, in.shard_size(place), device, in_size, acc_size);
-      const PassScratch pass = allocate_pass(cut.grid, acc_size, false, stream);
-      scratch[k] = pass.base;
-      reduce_shard(sets[place], in, place, cut, pass, init, map_value, &slot, static_cast<int>(k),
-                   static_cast<int>(places.size()));
-      check(cudaFreeAsync(pass.base, stream), "cudaFreeAsync");
-      scratch[k] = nullptr;
+  // A slot goes back to the pool only after a clean run: after a failure its counter may
+  // never have reached the count, so it is dropped.
+  struct SlotReturn {
+    CombineSlots::Slot slot;
+    bool clean = false;
+    ~SlotReturn() {
+      if (clean) CombineSlots::release(slot);
     }
-    for (std::size_t place : places) {
-      detail::DeviceGuard guard(group.device(place));
-      check(cudaStreamSynchronize(stream_of(group, place)), "cudaStreamSynchronize");
-    }
-  } catch (...) {
-    // the counter may never reach its count: let queued work drain, then drop the slot
-    for (std::size_t k = 0; k < places.size(); ++k) {
-      detail::DeviceGuard guard(group.device(places[k]));
-      if (scratch[k]) cudaFreeAsync(scratch[k], stream_of(group, places[k]));
-      cudaStreamSynchronize(stream_of(group, places[k]));
-    }
-    throw;
+  } slot{CombineSlots::acquire(group.device(0))};
+  std::vector<PassScratch> scratch(places.size());
+  const detail::SyncOnUnwind settle(group);  // on a throw, queued work drains before scratch goes
+  for (std::size_t k = 0; k < places.size(); ++k) {
+    const std::size_t place = places[k];
+    const int device = group.device(place);
+    const cudaStream_t stream = stream_of(group, place);
+    detail::DeviceGuard guard(device);
+    const Chunking cut = chunking(sets[place], false, in.shard_size(place), device, in_size, acc_size);
+    scratch[k] = allocate_pass(cut.grid, acc_size, false, stream, pool_of(group, place));
+    reduce_shard(sets[place], in, place, cut, scratch[k], init, map_value, &slot.slot, static_cast<int>(k),
+                 static_cast<int>(places.size()));
+    scratch[k].memory.free();
   }
-  std::memcpy(result.value.data(), static_cast<const void*>(slot.result), acc_size);
-  CombineSlots::release(slot);
+  for (std::size_t place : places) {
+    detail::DeviceGuard guard(group.device(place));
+    check(cudaStreamSynchronize(stream_of(group, place)), "cudaStreamSynchronize");
+  }
+  std::memcpy(result.value.data(), static_cast<const void*>(slot.slot.result), acc_size);
+  slot.clean = true;
 }
+
+// A pinned host slot of the group for one small result, given back when dropped.
+class HostSlot {
+ public:
+  explicit HostSlot(const PlaceGroup& group) : group_(group), slot_(group.acquire_host_slot()) {}
+  ~HostSlot() { group_.release_host_slot(slot_); }
+  HostSlot(const HostSlot&) = delete;
+  HostSlot& operator=(const HostSlot&) = delete;
+  void* get() const { return slot_; }
+
+ private:
+  const PlaceGroup& group_;
+  void* slot_;
+};
 
 ReduceResult reduce_impl(const std::vector<KernelSet>& sets, const ShardedArray& in, int acc_size,
                          const std::string& init, const std::string& map_value = {}) {
   check_acc(acc_size, init);
-  in.check_alive("a");
+  const ArrayLeases leases({{&in, "a"}});
   const std::vector<std::size_t> places = non_empty_places(in);
   ReduceResult result;
   if (places.empty()) {
@@ -366,26 +371,27 @@ ReduceResult reduce_impl(const std::vector<KernelSet>& sets, const ShardedArray&
   const PlaceGroup& group = *in.group();
   result.value.assign(acc_size, '\0');
   result.valid = true;
-  void* slot = group.acquire_host_slot();
-  struct SlotGuard {
-    const PlaceGroup& group;
-    void* slot;
-    ~SlotGuard() { group.release_host_slot(slot); }
-  } slot_guard{group, slot};
+  // Declaration order is release order reversed: on a throw the places are waited for
+  // first, then scratch is freed, then the slot (a copy into it may have been queued) goes.
+  const HostSlot slot(group);
+  std::vector<PassScratch> scratch(places.size());
+  std::vector<Chunking> cuts(places.size());
+  detail::StreamScratch staging;
+  const detail::SyncOnUnwind settle(group);
   if (places.size() == 1) {  // one shard: its kernel applies init, no cross-place fold
     const std::size_t place = places[0];
     const int device = group.device(place);
     const cudaStream_t stream = stream_of(group, place);
     detail::DeviceGuard guard(device);
-    const Chunking cut = chunking(sets[place], false, in.shard_size(place), device,
-                                  static_cast<int>(itemsize(in.dtype())), acc_size);
-    const PassScratch scratch = allocate_pass(cut.grid, acc_size, false, stream);
-    reduce_shard(sets[place], in, place, cut, scratch, init, map_value);
-    check(cudaMemcpyAsync(slot, scratch.result, acc_size, cudaMemcpyDeviceToHost, stream),
+    cuts[0] = chunking(sets[place], false, in.shard_size(place), device,
+                       static_cast<int>(itemsize(in.dtype())), acc_size);
+    scratch[0] = allocate_pass(cuts[0].grid, acc_size, false, stream, pool_of(group, place));
+    reduce_shard(sets[place], in, place, cuts[0], scratch[0], init, map_value);
+    check(cudaMemcpyAsync(slot.get(), scratch[0].result, acc_size, cudaMemcpyDeviceToHost, stream),
           "cudaMemcpyAsync (result)");
-    check(cudaFreeAsync(scratch.base, stream), "cudaFreeAsync");
+    scratch[0].memory.free();
     check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
-    std::memcpy(result.value.data(), slot, acc_size);
+    std::memcpy(result.value.data(), slot.get(), acc_size);
     return result;
   }
   std::vector<int> devices;
@@ -394,32 +400,29 @@ ReduceResult reduce_impl(const std::vector<KernelSet>& sets, const ShardedArray&
     combine_in_kernel(sets, in, places, acc_size, init, map_value, result);
     return result;
   }
-  std::vector<PassScratch> scratch(places.size());
-  std::vector<Chunking> cuts(places.size());
-  unsigned char* staging = first_pass(sets, in, places, acc_size, init, false, scratch, cuts, map_value);
+  first_pass(sets, in, places, acc_size, init, false, scratch, cuts, staging, map_value);
   const cudaStream_t home_stream = stream_of(group, 0);
   {
     detail::DeviceGuard guard(group.device(0));
-    check(cudaMemcpyAsync(slot, staging + 2 * places.size() * acc_size, acc_size,
+    check(cudaMemcpyAsync(slot.get(), staging.bytes() + 2 * places.size() * acc_size, acc_size,
                           cudaMemcpyDeviceToHost, home_stream),
           "cudaMemcpyAsync (result)");
-    check(cudaFreeAsync(staging, home_stream), "cudaFreeAsync");
+    staging.free();
     check(cudaStreamSynchronize(home_stream), "cudaStreamSynchronize");
   }
   // the fold has read every place's total: their scratch can go
   for (std::size_t k = 0; k < places.size(); ++k) {
     detail::DeviceGuard guard(group.device(places[k]));
-    check(cudaFreeAsync(scratch[k].base, stream_of(group, places[k])), "cudaFreeAsync");
+    scratch[k].memory.free();
   }
-  std::memcpy(result.value.data(), slot, acc_size);
+  std::memcpy(result.value.data(), slot.get(), acc_size);
   return result;
 }
 
 void scan_impl(const std::vector<KernelSet>& sets, const ShardedArray& in, ShardedArray& out,
                int acc_size, const std::string& init, bool exclusive) {
   check_acc(acc_size, init);
-  in.check_alive("a");
-  out.check_alive("out");
+  const ArrayLeases leases({{&in, "a"}, {&out, "out"}});
   if (exclusive && init.empty()) throw std::invalid_argument("init: an exclusive scan needs one");
   if (in.group() != out.group()) throw std::invalid_argument("out: belongs to another PlaceGroup");
   if (in.shard_sizes() != out.shard_sizes()) throw std::invalid_argument("out: shard sizes differ from a's");
@@ -434,14 +437,14 @@ void scan_impl(const std::vector<KernelSet>& sets, const ShardedArray& in, Shard
 
   std::vector<PassScratch> scratch(places.size());
   std::vector<Chunking> cuts(places.size());
-  unsigned char* staging = first_pass(sets, in, places, acc_size, init, true, scratch, cuts);
-  cudaEvent_t folded = nullptr;
+  detail::StreamScratch staging;
+  const detail::SyncOnUnwind settle(group);  // before any scratch is freed on a throw
+  first_pass(sets, in, places, acc_size, init, true, scratch, cuts, staging);
+  std::optional<detail::Event> folded;
   if (staging) {
-    detail::DeviceGuard guard(home);
-    check(cudaEventCreateWithFlags(&folded, cudaEventDisableTiming), "cudaEventCreateWithFlags");
-    check(cudaEventRecord(folded, home_stream), "cudaEventRecord");
+    folded.emplace(home);
+    folded->record(home_stream);
   }
-  std::vector<cudaEvent_t> done(places.size(), nullptr);
   for (std::size_t k = 0; k < places.size(); ++k) {
     const std::size_t place = places[k];
     const int device = group.device(place);
@@ -453,8 +456,8 @@ void scan_impl(const std::vector<KernelSet>& sets, const ShardedArray& in, Shard
     if (k == 0 && seeded) {
       std::memcpy(params.seed_value, init.data(), acc_size);
     } else if (k > 0) {
-      check(cudaStreamWaitEvent(stream, folded, 0), "cudaStreamWaitEvent");
-      unsigned char* prefix = staging + (places.size() + k) * acc_size;
+      folded->wait(stream);
+      unsigned char* prefix = staging.bytes() + (places.size() + k) * acc_size;
       if (group.can_access_peer(device, home)) {
         seed = prefix;  // read in place
       } else {
@@ -474,18 +477,13 @@ void scan_impl(const std::vector<KernelSet>& sets, const ShardedArray& in, Shard
     params.exclusive = exclusive ? 1 : 0;
     detail::launch(sets[place].scan, cuts[k].grid, k::kScanBlock, stream, params, "launching scan");
     // the fold reads this place's total in place: free only after it ran
-    if (k == 0 && folded) check(cudaStreamWaitEvent(stream, folded, 0), "cudaStreamWaitEvent");
-    check(cudaFreeAsync(scratch[k].base, stream), "cudaFreeAsync");
-    check(cudaEventCreateWithFlags(&done[k], cudaEventDisableTiming), "cudaEventCreateWithFlags");
-    check(cudaEventRecord(done[k], stream), "cudaEventRecord");
+    if (k == 0 && folded) folded->wait(stream);
+    scratch[k].memory.free();
+    // staging is read until every place has its seed
+    if (staging) detail::wait_for(home_stream, stream, device);
   }
   detail::DeviceGuard guard(home);
-  if (folded) cudaEventDestroy(folded);
-  for (cudaEvent_t event : done) {  // staging is read until every place has its seed
-    if (staging) check(cudaStreamWaitEvent(home_stream, event, 0), "cudaStreamWaitEvent");
-    cudaEventDestroy(event);
-  }
-  if (staging) check(cudaFreeAsync(staging, home_stream), "cudaFreeAsync");
+  staging.free();
 }
 
 }  // namespace

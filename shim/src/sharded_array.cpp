@@ -4,6 +4,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <limits>
 #include <numeric>
 #include <stdexcept>
 
@@ -21,11 +22,18 @@ void validate_sizes(const std::vector<std::int64_t>& sizes, std::size_t places) 
     throw std::invalid_argument("sizes: expected one size per place (" + std::to_string(places) +
                                 "), got " + std::to_string(sizes.size()));
   }
+  std::int64_t total = 0;
   for (std::size_t shard = 0; shard < sizes.size(); ++shard) {
     if (sizes[shard] < 0) {
       throw std::invalid_argument("sizes: shard " + std::to_string(shard) +
                                   " has negative size " + std::to_string(sizes[shard]));
     }
+    // 2^60 elements is beyond any machine, and keeps byte counts of 8-byte items in range
+    if (sizes[shard] > (std::int64_t{1} << 60) - total) {
+      throw std::invalid_argument("sizes: the total of " + std::to_string(places) +
+                                  " shard sizes exceeds 2^60 elements");
+    }
+    total += sizes[shard];
   }
 }
 
@@ -67,11 +75,10 @@ std::shared_ptr<ShardedArray> ShardedArray::allocate(std::shared_ptr<PlaceGroup>
     const std::int64_t count = array->shard_sizes_[shard];
     if (count == 0) continue;
     detail::DeviceGuard guard(places.device(shard));
-    void* pointer = nullptr;
     // On failure the destructor of `array` frees the shards allocated so far.
-    check(cudaMallocAsync(&pointer, static_cast<std::size_t>(count) * element,
-                          reinterpret_cast<cudaStream_t>(places.stream(shard))),
-          "cudaMallocAsync");
+    void* pointer = detail::allocate_async(static_cast<std::size_t>(count) * element,
+                                           reinterpret_cast<cudaStream_t>(places.stream(shard)),
+                                           reinterpret_cast<cudaMemPool_t>(places.memory_pool(shard)));
     array->shard_pointers_[shard] = reinterpret_cast<std::uintptr_t>(pointer);
   }
   return array;
@@ -137,6 +144,9 @@ std::shared_ptr<ShardedArray> ShardedArray::allocate_contiguous(std::shared_ptr<
     array->chunk_handles_.push_back(handle);
     array->chunk_bytes_[place] = static_cast<std::int64_t>(bytes);
     check(api.cuMemMap(base + boundary[place], bytes, 0, handle, 0), "cuMemMap");
+    // unmapped one by one on release: a failure half way leaves holes in the range
+    array->mapped_offsets_.push_back(boundary[place]);
+    array->mapped_bytes_.push_back(bytes);
   }
   std::vector<CUmemAccessDesc> access;
   for (int device : places.unique_devices()) {
@@ -200,8 +210,12 @@ std::shared_ptr<ShardedArray> ShardedArray::adopt(std::shared_ptr<PlaceGroup> gr
   return array;
 }
 
-ShardedArray::~ShardedArray() { release_storage(); }
+ShardedArray::~ShardedArray() {
+  if (!is_freed()) release_storage();
+}
 
+// Runs once: from free() (which then marks the array freed) or from the destructor of an
+// array never freed. Shard pointers keep their values; freed_ guards every use.
 void ShardedArray::release_storage() noexcept {
   if (storage_ == Storage::separate) {
     for (std::size_t shard = 0; shard < shard_pointers_.size(); ++shard) {
@@ -209,12 +223,14 @@ void ShardedArray::release_storage() noexcept {
       int previous = 0;
       cudaGetDevice(&previous);
       cudaSetDevice(group_->devices()[shard]);
+      // stream-ordered: after the work queued on the shard's place, which is the only place
+      // that writes the shard (readers on other places are waited for by the algorithms)
       cudaFreeAsync(reinterpret_cast<void*>(shard_pointers_[shard]),
                     reinterpret_cast<cudaStream_t>(group_->stream(shard)));
       cudaSetDevice(previous);
     }
   } else if (storage_ == Storage::contiguous && va_base_) {
-    // Unmapping must wait for work still reading the range.
+    // Unmapping is not stream-ordered: it must wait for work still using the range.
     for (std::size_t place = 0; place < group_->size(); ++place) {
       int previous = 0;
       cudaGetDevice(&previous);
@@ -223,13 +239,15 @@ void ShardedArray::release_storage() noexcept {
       cudaSetDevice(previous);
     }
     const detail::DriverApi& api = driver();
-    api.cuMemUnmap(static_cast<CUdeviceptr>(va_base_), va_bytes_);
+    for (std::size_t chunk = 0; chunk < mapped_offsets_.size(); ++chunk) {
+      api.cuMemUnmap(static_cast<CUdeviceptr>(va_base_ + mapped_offsets_[chunk]), mapped_bytes_[chunk]);
+    }
     for (auto handle : chunk_handles_) api.cuMemRelease(handle);
     api.cuMemAddressFree(static_cast<CUdeviceptr>(va_base_), va_bytes_);
+    mapped_offsets_.clear();
+    mapped_bytes_.clear();
     chunk_handles_.clear();
-    va_base_ = 0;
   }
-  std::fill(shard_pointers_.begin(), shard_pointers_.end(), 0);
   cudaGetLastError();
 }
 
@@ -258,7 +276,7 @@ std::uintptr_t ShardedArray::base_pointer() const {
 }
 
 void ShardedArray::copy_from_host(std::uintptr_t host, std::size_t nbytes) {
-  check_alive("copy_from_host");
+  ArrayLeases lease({{this, "copy_from_host"}});
   const std::size_t element = itemsize(dtype_);
   if (nbytes != static_cast<std::size_t>(size_) * element) {
     throw std::invalid_argument("host: expected " + std::to_string(size_ * element) +
@@ -277,7 +295,7 @@ void ShardedArray::copy_from_host(std::uintptr_t host, std::size_t nbytes) {
 }
 
 void ShardedArray::copy_to_host(std::uintptr_t host, std::size_t nbytes) const {
-  check_alive("copy_to_host");
+  ArrayLeases lease({{this, "copy_to_host"}});
   const std::size_t element = itemsize(dtype_);
   if (nbytes != static_cast<std::size_t>(size_) * element) {
     throw std::invalid_argument("host: expected " + std::to_string(size_ * element) +
@@ -296,20 +314,35 @@ void ShardedArray::copy_to_host(std::uintptr_t host, std::size_t nbytes) const {
 }
 
 void ShardedArray::free() {
-  std::lock_guard<std::mutex> lock(mutex_);
-  if (freed_) return;
+  std::unique_lock<std::shared_mutex> lock(usage_);  // waits for calls holding a lease
+  if (is_freed()) return;
   release_storage();
-  freed_ = true;
+  freed_.store(true, std::memory_order_release);
 }
 
-bool ShardedArray::is_freed() const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  return freed_;
+namespace {
+
+[[noreturn]] void throw_freed(const std::string& what) {
+  throw std::invalid_argument(what + ": the array was freed with free()");
 }
+
+}  // namespace
 
 void ShardedArray::check_alive(const char* what) const {
-  if (is_freed()) {
-    throw std::invalid_argument(std::string(what) + ": the array was freed with free()");
+  if (is_freed()) throw_freed(what);
+}
+
+ArrayLeases::ArrayLeases(std::vector<Use> uses) {
+  std::stable_sort(uses.begin(), uses.end(), [](const Use& left, const Use& right) {
+    return std::less<const ShardedArray*>()(left.array, right.array);
+  });
+  locks_.reserve(uses.size());
+  const ShardedArray* previous = nullptr;
+  for (const Use& use : uses) {
+    if (use.array == previous) continue;
+    previous = use.array;
+    locks_.emplace_back(use.array->usage_);
+    if (use.array->is_freed()) throw_freed(use.what);
   }
 }
 

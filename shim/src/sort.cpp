@@ -17,6 +17,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <mutex>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -93,14 +94,15 @@ struct PinnedBuffer {
   unsigned char* data;
 };
 
-// Everything one place holds during a sort. The scratch allocation is stream-ordered and
-// goes back on the place's stream when the sort ends, also when it ends by an exception.
+// Everything one place holds during a sort. The scratch allocation is stream-ordered (from
+// the group's pool) and goes back on the place's stream when the sort ends, also when it
+// ends by an exception.
 struct Place {
   int device = 0;
   cudaStream_t stream = nullptr;
   long long n = 0;
   unsigned char* shard = nullptr;     // the output shard: sorted in place, then merged into
-  unsigned char* scratch = nullptr;   // one allocation carved into the buffers below
+  detail::StreamScratch scratch;      // one allocation carved into the buffers below
   unsigned char* alternate = nullptr; // the radix sort's second buffer
   unsigned char* spare = nullptr;     // a third buffer (several places only)
   unsigned char* temp = nullptr;      // CUB's temporary storage
@@ -108,17 +110,7 @@ struct Place {
   unsigned long long* bases = nullptr;   // splitter candidates' bases, per boundary
   unsigned long long* counts = nullptr;  // splitter counts, per (boundary, candidate)
   const unsigned char* sorted = nullptr; // where the sorted run is: shard or alternate
-  cudaEvent_t copied = nullptr;          // this place has pulled all its pieces
-
-  Place() = default;
-  Place(const Place&) = delete;
-  Place& operator=(const Place&) = delete;
-  ~Place() {
-    if (!scratch && !copied) return;
-    DeviceGuard guard(device);
-    if (scratch) cudaFreeAsync(scratch, stream);
-    if (copied) cudaEventDestroy(copied);
-  }
+  std::optional<detail::Event> copied;   // this place has pulled all its pieces
 };
 
 // A boundary between output shards: the global rank where output shard `shard` starts,
@@ -302,8 +294,7 @@ void exchange_and_merge(const k::SortEngine& engine, std::vector<Place>& places,
 }  // namespace
 
 void sort(const ShardedArray& in, ShardedArray& out, bool descending) {
-  in.check_alive("a");
-  out.check_alive("out");
+  const ArrayLeases leases({{&in, "a"}, {&out, "out"}});
   if (in.group() != out.group()) throw std::invalid_argument("out: belongs to another PlaceGroup");
   if (in.shard_sizes() != out.shard_sizes()) throw std::invalid_argument("out: shard sizes differ from a's");
   if (in.dtype() != out.dtype()) throw std::invalid_argument("out: dtype differs from a's");
@@ -341,8 +332,8 @@ void sort(const ShardedArray& in, ShardedArray& out, bool descending) {
     const std::size_t slots = boundaries << kDigitBits;
     const std::size_t bytes = keys * (several ? 2 : 1) + aligned(place.temp_bytes) +
                               (several ? aligned(boundaries * 8) + aligned(slots * 8) : 0);
-    check(cudaMallocAsync(reinterpret_cast<void**>(&place.scratch), bytes, place.stream), "cudaMallocAsync (sort)");
-    unsigned char* cursor = place.scratch;
+    place.scratch = detail::StreamScratch(bytes, place.stream, reinterpret_cast<cudaMemPool_t>(group.memory_pool(p)));
+    unsigned char* cursor = place.scratch.bytes();
     place.alternate = cursor, cursor += keys;
     if (several) place.spare = cursor, cursor += keys;
     place.temp = cursor, cursor += aligned(place.temp_bytes);
@@ -375,17 +366,10 @@ void sort(const ShardedArray& in, ShardedArray& out, bool descending) {
   }
   if (!several) return;  // one shard holds every key: sorted in place
 
-  try {
-    exchange_and_merge(*engine, places, out, item);
-  } catch (...) {
-    // pieces may still be in flight between places: let them land before any scratch goes
-    for (const Place& place : places) {
-      if (place.n == 0) continue;
-      DeviceGuard guard(place.device);
-      cudaStreamSynchronize(place.stream);
-    }
-    throw;
-  }
+  // pieces may be in flight between places when something throws: they land before any
+  // place's scratch goes
+  const detail::SyncOnUnwind settle(group);
+  exchange_and_merge(*engine, places, out, item);
 }
 
 namespace {
@@ -415,8 +399,8 @@ void exchange_and_merge(const k::SortEngine& engine, std::vector<Place>& places,
       offset += length;
     }
     if (offset != place.n) throw std::logic_error("sort: splitters do not add up to the shard size");
-    check(cudaEventCreateWithFlags(&place.copied, cudaEventDisableTiming), "cudaEventCreateWithFlags");
-    check(cudaEventRecord(place.copied, place.stream), "cudaEventRecord");
+    place.copied.emplace(place.device);
+    place.copied->record(place.stream);
   }
 
   // 4. merges, each after every place that reads this place's sorted run has its copy
@@ -427,7 +411,7 @@ void exchange_and_merge(const k::SortEngine& engine, std::vector<Place>& places,
     for (std::size_t reader = 0; reader < count; ++reader) {
       if (reader == q || places[reader].n == 0) continue;
       if (cuts[reader + 1][q] == cuts[reader][q]) continue;  // reads nothing of ours
-      check(cudaStreamWaitEvent(place.stream, places[reader].copied, 0), "cudaStreamWaitEvent");
+      places[reader].copied->wait(place.stream);
     }
     unsigned char* receive = place.sorted == place.shard ? place.alternate : place.spare;
     unsigned char* spare = receive == place.alternate ? place.spare : place.alternate;

@@ -42,10 +42,20 @@ void check_scalars(const std::string& scalars) {
   }
 }
 
+// Leases on `out` and every input, named as in errors.
+ArrayLeases lease_all(const ArrayList& inputs, const ShardedArray& out) {
+  std::vector<ArrayLeases::Use> uses{{&out, "out"}};
+  for (std::size_t k = 0; k < inputs.size(); ++k) {
+    if (inputs[k]) uses.push_back({inputs[k].get(), "inputs[" + std::to_string(k) + "]"});
+  }
+  return ArrayLeases(std::move(uses));
+}
+
 // Runs `launch(params, grid, place, stream)` on every place with a non-empty shard.
 template <class Launch>
 void for_each_place(const ArrayList& inputs, ShardedArray& out, const std::string& scalars,
                     Launch&& launch, bool allow_no_inputs = false) {
+  const ArrayLeases leases = lease_all(inputs, out);
   check_conformable(inputs, out, allow_no_inputs);
   check_scalars(scalars);
   const PlaceGroup& group = *out.group();
@@ -159,8 +169,8 @@ void adjacent_difference(const std::vector<const KernelLibrary*>& difference,
   if (difference.size() != group.size() || first.size() != group.size()) {
     throw std::invalid_argument("libraries: expected one per place");
   }
+  const ArrayLeases leases({{&in, "a"}, {&out, "out"}});
   check_conformable({}, out, /*allow_no_inputs=*/true);
-  in.check_alive("a");
   if (in.group() != out.group()) throw std::invalid_argument("out: belongs to another PlaceGroup than a");
   if (in.shard_sizes() != out.shard_sizes()) throw std::invalid_argument("out: shard sizes differ from a's");
   for (std::size_t place = 0; place < group.size(); ++place) {
@@ -168,6 +178,8 @@ void adjacent_difference(const std::vector<const KernelLibrary*>& difference,
       throw std::invalid_argument("out: must not alias a (each element reads its predecessor)");
     }
   }
+  // on a throw, a peer read already queued must not outlive the call (a could be freed next)
+  const detail::SyncOnUnwind settle(group);
   const std::size_t element = itemsize(in.dtype());
   long long previous = -1;  // last non-empty place so far
   for (std::size_t place = 0; place < group.size(); ++place) {
@@ -199,32 +211,18 @@ void adjacent_difference(const std::vector<const KernelLibrary*>& difference,
       const auto prior = static_cast<std::size_t>(previous);
       const int prior_device = group.device(prior);
       const auto prior_stream = reinterpret_cast<cudaStream_t>(group.stream(prior));
-      // Events belong to the device of the stream they are recorded on.
-      auto record_on = [](int event_device, cudaStream_t recorded_on) {
-        detail::DeviceGuard event_guard(event_device);
-        cudaEvent_t event;
-        check(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), "cudaEventCreateWithFlags");
-        const cudaError_t status = cudaEventRecord(event, recorded_on);
-        if (status != cudaSuccess) cudaEventDestroy(event);
-        check(status, "cudaEventRecord");
-        return event;
-      };
-      auto wait_and_destroy = [](cudaStream_t waiter, cudaEvent_t event) {
-        const cudaError_t status = cudaStreamWaitEvent(waiter, event, 0);
-        cudaEventDestroy(event);
-        check(status, "cudaStreamWaitEvent");
-      };
-      wait_and_destroy(stream, record_on(prior_device, prior_stream));  // the element is written
-      void* slot = nullptr;
-      check(cudaMallocAsync(&slot, 16, stream), "cudaMallocAsync");
-      const auto* last = reinterpret_cast<const unsigned char*>(in.shard_pointer(prior)) +
-                         (in.shard_size(prior) - 1) * element;
-      const cudaError_t copied = cudaMemcpyPeerAsync(slot, device, last, prior_device, element, stream);
-      if (copied == cudaSuccess) run(diff_kernel, data, slot, result, 1);
-      cudaFreeAsync(slot, stream);
-      check(copied, "cudaMemcpyPeerAsync (predecessor)");
+      detail::wait_for(stream, prior_stream, prior_device);  // the element is written
+      {
+        // freed on this stream after the kernel that reads it, even when a step throws
+        detail::StreamScratch slot(16, stream, reinterpret_cast<cudaMemPool_t>(group.memory_pool(place)));
+        const auto* last = reinterpret_cast<const unsigned char*>(in.shard_pointer(prior)) +
+                           (in.shard_size(prior) - 1) * element;
+        check(cudaMemcpyPeerAsync(slot.get(), device, last, prior_device, element, stream),
+              "cudaMemcpyPeerAsync (predecessor)");
+        run(diff_kernel, data, slot.get(), result, 1);
+      }
       // the prior shard's stream may reuse or overwrite its memory only after our read
-      wait_and_destroy(prior_stream, record_on(device, stream));
+      detail::wait_for(prior_stream, stream, device);
     }
     previous = static_cast<long long>(place);
   }

@@ -42,9 +42,14 @@ class PlaceGroup {
   void wait_for_stream(std::size_t place, std::uintptr_t foreign_stream) const;
   // Blocks until every place's stream has drained (call with the GIL released).
   void sync() const;
-  // Waits for the places' streams, then returns the memory that the stream-ordered pools of
-  // the group's devices keep cached for reuse to the driver.
+  // Waits for the places' streams, then returns the memory that the group's stream-ordered
+  // pools keep cached for reuse to the driver.
   void release_cached_memory() const;
+  // The library's stream-ordered memory pool on the place's device (a cudaMemPool_t), shared
+  // by every group alive on that device. Every allocation of the library comes from these
+  // pools: the device's default pool, which CuPy and torch may use too, is left as the
+  // driver made it.
+  std::uintptr_t memory_pool(std::size_t place) const;
 
   // A 64-byte slot of pinned host memory for small device-to-host results (fast, truly
   // asynchronous copies). Thread-safe; give it back with release_host_slot.
@@ -53,11 +58,15 @@ class PlaceGroup {
 
  private:
   PlaceGroup(std::vector<int> devices, std::vector<int> domains);
+  void release_resources() noexcept;
 
   std::vector<int> devices_;
   std::vector<int> domains_;
   std::vector<int> unique_devices_;
   std::vector<std::uintptr_t> streams_;
+  std::vector<std::shared_ptr<void>> pool_owners_;  // keep the shared pools alive
+  std::vector<std::uintptr_t> device_pools_;        // parallel to unique_devices_
+  std::vector<std::uintptr_t> place_pools_;         // per place
   std::vector<std::vector<bool>> peer_;  // indexed by device id
   mutable std::mutex slots_mutex_;
   mutable std::vector<void*> pinned_chunks_;

@@ -2,10 +2,11 @@
 // Placement (shard sizes and offsets) and the backing storage live here, once.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
-#include <mutex>
+#include <shared_mutex>
 #include <string>
 #include <vector>
 
@@ -57,13 +58,16 @@ class ShardedArray {
   void copy_to_host(std::uintptr_t host, std::size_t nbytes) const;
 
   // Releases device memory now (owned storage); later use raises ValueError. Idempotent.
+  // Waits for calls that hold a lease on the array (ArrayLeases) to finish queueing their
+  // work; the memory itself is released stream-ordered, after that work.
   void free();
-  bool is_freed() const;
+  bool is_freed() const { return freed_.load(std::memory_order_acquire); }
   // std::invalid_argument when freed.
   void check_alive(const char* what) const;
   std::string describe() const;
 
  private:
+  friend class ArrayLeases;
   ShardedArray(std::shared_ptr<PlaceGroup> group, std::vector<std::int64_t> sizes, DType dtype,
                Storage storage);
   void release_storage() noexcept;
@@ -81,9 +85,34 @@ class ShardedArray {
   std::size_t va_bytes_ = 0;
   std::vector<std::int64_t> chunk_bytes_;           // physical bytes per place, in place order
   std::vector<unsigned long long> chunk_handles_;   // CUmemGenericAllocationHandle per chunk
+  std::vector<std::size_t> mapped_offsets_;         // offset of each chunk mapped so far
+  std::vector<std::size_t> mapped_bytes_;
 
-  mutable std::mutex mutex_;
-  bool freed_ = false;
+  // Algorithm calls hold it shared for as long as they use the shard pointers; free() takes
+  // it exclusively. Pointers are never rewritten after construction: freed_ alone says
+  // whether they may be used.
+  mutable std::shared_mutex usage_;
+  std::atomic<bool> freed_{false};
+};
+
+// Shared leases on the arrays one algorithm call uses, held for the whole call: free() on
+// another thread waits until the call has queued its work, and an array already freed raises
+// std::invalid_argument naming it ("a: the array was freed with free()"). An array listed
+// twice (out aliasing an input) is leased once; leases are taken in address order, so calls
+// sharing arrays cannot deadlock.
+class ArrayLeases {
+ public:
+  struct Use {
+    const ShardedArray* array;
+    std::string what;  // the argument's name in errors
+  };
+  explicit ArrayLeases(std::vector<Use> uses);
+  ArrayLeases(ArrayLeases&&) = default;
+  ArrayLeases(const ArrayLeases&) = delete;
+  ArrayLeases& operator=(const ArrayLeases&) = delete;
+
+ private:
+  std::vector<std::shared_lock<std::shared_mutex>> locks_;
 };
 
 }  // namespace csj
