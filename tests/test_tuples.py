@@ -28,8 +28,8 @@ def min_max(p, q):
     return min(p[0], q[0]), max(p[1], q[1])
 
 
-def welford_map(x):
-    return 1.0, float(x), 0.0
+def welford_map(x):  # the mean and M2 in float64 whatever the input
+    return 1.0, np.float64(x), 0.0
 
 
 def welford(p, q):  # (count, mean, M2): Chan et al.'s pairwise update
