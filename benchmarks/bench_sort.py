@@ -46,6 +46,9 @@ def _ours(data) -> Impl:
     shards = list(zip(data.devices, data.x, data.context["pristine"]))
 
     def refill():
+        # the previous call's merges may still run on the places' streams, which CuPy's
+        # stream does not wait for: writing the input under them would corrupt the sort
+        data.settle()
         for device, shard, pristine in shards:
             with cp.cuda.Device(device):
                 cp.copyto(shard, pristine)

@@ -248,6 +248,26 @@ std::vector<std::vector<long long>> find_splitters(const k::SortEngine& engine, 
   return cuts;
 }
 
+// The counts come from binary searches over runs sorted a moment ago: they only disagree
+// when something else wrote the input meanwhile. Nothing moves then.
+void check_splitters(const std::vector<std::vector<long long>>& cuts, const std::vector<Place>& places,
+                     const ShardedArray& out) {
+  const std::size_t count = places.size();
+  for (std::size_t q = 1; q <= count; ++q) {
+    long long sum = 0;
+    for (std::size_t p = 0; p < count; ++p) {
+      if (cuts[q][p] < cuts[q - 1][p] || cuts[q][p] > places[p].n) {
+        throw std::runtime_error("sort: inconsistent splitters; was the array written by other work "
+                                 "while it was being sorted?");
+      }
+      sum += cuts[q][p];
+    }
+    if (sum != (q == count ? out.size() : out.shard_offset(q))) {
+      throw std::runtime_error("sort: splitters do not add up to the shard boundaries");
+    }
+  }
+}
+
 // Merges the sorted runs (offset, length) of `runs` in `source` into `out`, pairwise, level by
 // level, through `spare`; the last level writes `out`.
 void merge_runs(const k::SortEngine& engine, Place& place, std::vector<std::pair<long long, long long>> runs,
@@ -379,6 +399,7 @@ void exchange_and_merge(const k::SortEngine& engine, std::vector<Place>& places,
   const std::size_t count = places.size();
   // 2. splitters (the host waits for the local sorts here)
   const std::vector<std::vector<long long>> cuts = find_splitters(engine, places, out);
+  check_splitters(cuts, places, out);
 
   // 3. every place pulls its pieces, in place order, into a buffer the merge will not write
   //    and no other place reads: the alternate buffer when the sorted run is in the shard,
