@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# compute-sanitizer over a representative subset of the GPU suite (the whole suite runs for
+# hours under it). Run on a GPU machine after `bash .ci/gpu-suite.sh` has installed the build:
+#   bash .ci/sanitize.sh [memcheck|racecheck|synccheck|initcheck ...]
+# Each tool must report zero errors (the script exits non-zero otherwise).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+if compgen -G ".whl/*.whl" > /dev/null; then
+  export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
+tools=("${@:-memcheck racecheck}")
+# small inputs, every kernel family: transform, reduce (one and several places), scans,
+# adjacent_difference, fill / sequence / count / histogram, sort, tuple accumulators
+subset=(
+  "tests/test_transform.py::test_binary_same_dtype"
+  "tests/test_reduce.py"
+  "tests/test_scan.py"
+  "tests/test_opaque.py"
+  "tests/test_sort.py::test_sort_explicit_and_zero_size_shards"
+  "tests/test_tuples.py::test_min_max_in_one_pass"
+)
+status=0
+for tool in ${tools[*]}; do
+  echo "== compute-sanitizer --tool $tool"
+  compute-sanitizer --tool "$tool" --error-exitcode 99 --target-processes all \
+    python3 -P -m pytest -q -m gpu -x -p no:cacheprovider "${subset[@]}" || status=$?
+done
+exit $status
