@@ -23,7 +23,10 @@ _SUFFIX = ".kernel"
 
 
 class CacheWarning(UserWarning):
-    """A disk cache entry or directory could not be used; the kernel was recompiled."""
+    """A disk cache entry or directory could not be used; the kernel was recompiled.
+
+    >>> warnings.simplefilter("error", sharded.CacheWarning)   # make it loud in CI  # doctest: +SKIP
+    """
 
 
 def cache_dir() -> Path | None:
@@ -31,6 +34,9 @@ def cache_dir() -> Path | None:
 
     `$CUDA_SHARDED_JIT_CACHE_DIR` if set, else `$XDG_CACHE_HOME/cuda_sharded_jit`, else
     `~/.cache/cuda_sharded_jit`. `CUDA_SHARDED_JIT_DISABLE_CACHE=1` turns the disk cache off.
+
+    >>> sharded.cache_dir()                                               # doctest: +SKIP
+    PosixPath('/home/me/.cache/cuda_sharded_jit')
     """
     if os.environ.get(ENV_DISABLE, "").strip().lower() in ("1", "true", "yes", "on"):
         return None

@@ -15,7 +15,15 @@ _KERNEL_DIR = Path(__file__).with_name("_kernels")
 
 
 class VersionSkewError(RuntimeError):
-    """nvJitLink is older than the NVVM that produced the operator's LTO-IR."""
+    """nvJitLink is older than the NVVM that produced the operator's LTO-IR.
+
+    The message names both versions and the package to upgrade (nvidia-nvjitlink).
+
+    >>> try:                                                              # doctest: +SKIP
+    ...     sharded.transform(f, a)
+    ... except sharded.VersionSkewError as error:
+    ...     print(error)
+    """
 
 
 # The shared libraries the JIT path loads at its first compile: what each does, and the

@@ -76,7 +76,10 @@ class ShardView:
     """Zero-copy view of one shard: a 1-D device array with `__cuda_array_interface__` (v3).
 
     Its `stream` is the place's stream, so CuPy, numba and torch order their work after
-    ours. The view keeps its array alive.
+    ours. The view keeps its array alive. `array` and `place` say whose shard it is.
+
+    >>> view = a.shard(0)                                                 # doctest: +SKIP
+    >>> cupy.asarray(view).sum()                                          # doctest: +SKIP
     """
 
     __slots__ = ("array", "place", "__cuda_array_interface__")
@@ -96,14 +99,17 @@ class ShardView:
 
     @property
     def device(self) -> int:
+        """The CUDA device id the shard lives on."""
         return self.array.group.devices[self.place]
 
     @property
     def shape(self) -> tuple[int]:
+        """(number of elements in the shard,)."""
         return self.__cuda_array_interface__["shape"]
 
     @property
     def dtype(self) -> np.dtype:
+        """The array's element type."""
         return self.array.dtype
 
     def __len__(self) -> int:
@@ -270,18 +276,22 @@ class ShardedArray:
     # ---- properties ---------------------------------------------------------------------
     @property
     def group(self) -> PlaceGroup:
+        """The PlaceGroup whose place i holds shard i."""
         return self._group
 
     @property
     def dtype(self) -> np.dtype:
+        """The element type (one of SUPPORTED_DTYPES)."""
         return self._dtype
 
     @property
     def size(self) -> int:
+        """Number of elements over all shards."""
         return self._impl.size
 
     @property
     def shape(self) -> tuple[int]:
+        """(size,): the arrays are one-dimensional."""
         return (self._impl.size,)
 
     def __len__(self) -> int:
@@ -289,6 +299,7 @@ class ShardedArray:
 
     @property
     def shard_sizes(self) -> tuple[int, ...]:
+        """Elements per shard, in place order (fixed for the array's life)."""
         return tuple(self._impl.shard_sizes)
 
     @property
@@ -298,6 +309,7 @@ class ShardedArray:
 
     @property
     def num_shards(self) -> int:
+        """Number of shards: the group's number of places."""
         return self._impl.num_shards
 
     @property
@@ -317,6 +329,7 @@ class ShardedArray:
 
     @property
     def is_freed(self) -> bool:
+        """True after free(): the array can no longer be used."""
         return self._impl.is_freed
 
     def __repr__(self) -> str:

@@ -48,6 +48,7 @@ class CompiledKernel:
 
     @property
     def dtypes(self) -> tuple[np.dtype, ...]:
+        """The argument dtypes the kernel was built for, in order."""
         return tuple(dtype for _, dtype in self.arg_kinds)
 
     def sass(self) -> str:
@@ -288,6 +289,9 @@ def clear_cache(memory: bool = True, disk: bool = True) -> int:
 
     Returns the number of disk entries removed. Kernels already loaded stay loaded for the
     life of the process (work queued with them may still be running).
+
+    >>> sharded.clear_cache(memory=False)   # empty the disk cache only      # doctest: +SKIP
+    12
     """
     removed = 0
     if memory:
@@ -299,7 +303,11 @@ def clear_cache(memory: bool = True, disk: bool = True) -> int:
 
 
 def cache_info() -> dict:
-    """Where the disk cache is, how many entries and bytes it holds, and the memory entries."""
+    """Where the disk cache is, how many entries and bytes it holds, and the memory entries.
+
+    >>> sharded.cache_info()["disk_entries"]                               # doctest: +SKIP
+    12
+    """
     entries = _cache.disk_entries()
     return {
         "directory": str(_cache.cache_dir()) if _cache.cache_dir() else None,

@@ -166,7 +166,8 @@ def disk_cacheable(identity) -> bool:
 
 
 class Op:
-    """A Python function usable as a device operator by every algorithm.
+    """A Python function usable as a device operator by every algorithm (`func`: the
+    function, `name`: how errors and the cache name it).
 
     Calling it runs the plain Python function (handy for testing on the host). It compiles,
     through numba-cuda, the first time an algorithm needs it for new argument types.
@@ -202,6 +203,7 @@ class Op:
 
     @property
     def num_params(self) -> int:
+        """Number of parameters the operator takes."""
         return self._nparams
 
     def check_arity(self, count: int, what: str) -> None:

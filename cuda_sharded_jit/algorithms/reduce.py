@@ -117,17 +117,26 @@ def reduce(a: ShardedArray, op="sum", init=None):
 
 
 def sum(a: ShardedArray):  # noqa: A001 - numpy's name
-    """Sum of all elements in a's dtype (built in). `sharded.sum(a)`"""
+    """Sum of all elements in a's dtype (built in, no JIT).
+
+    >>> sharded.sum(a)                                                      # doctest: +SKIP
+    """
     return reduce(a, "sum")
 
 
 def min(a: ShardedArray):  # noqa: A001
-    """Smallest element (NaN if any is NaN); ValueError when empty. `sharded.min(a)`"""
+    """Smallest element (NaN if any is NaN); ValueError when empty.
+
+    >>> sharded.min(a)                                                      # doctest: +SKIP
+    """
     return reduce(a, "min")
 
 
 def max(a: ShardedArray):  # noqa: A001
-    """Largest element (NaN if any is NaN); ValueError when empty. `sharded.max(a)`"""
+    """Largest element (NaN if any is NaN); ValueError when empty.
+
+    >>> sharded.max(a)                                                      # doctest: +SKIP
+    """
     return reduce(a, "max")
 
 
