@@ -12,7 +12,7 @@ import pytest
 os.environ.setdefault("CUDA_SHARDED_JIT_CACHE_DIR", tempfile.mkdtemp(prefix="csj-test-cache-"))
 
 import cuda_sharded_jit as sharded  # noqa: E402
-from cuda_sharded_jit import _shim  # noqa: E402
+from cuda_sharded_jit import _cache, _shim  # noqa: E402
 
 ALL_DTYPES = [np.float32, np.float64, np.int32, np.int64, np.uint32, np.uint64]
 
@@ -74,3 +74,13 @@ def needs_devices(count: int):
 
 def cupy_or_skip():
     return pytest.importorskip("cupy")
+
+
+@pytest.fixture
+def fresh_cache(tmp_path, monkeypatch):
+    """An empty disk cache directory and an empty memory cache for one test."""
+    monkeypatch.setenv(_cache.ENV_CACHE_DIR, str(tmp_path / "cache"))
+    monkeypatch.delenv(_cache.ENV_DISABLE, raising=False)
+    sharded.clear_cache(memory=True, disk=False)
+    yield tmp_path / "cache"
+    sharded.clear_cache(memory=True, disk=False)

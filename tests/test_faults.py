@@ -26,14 +26,6 @@ from cuda_sharded_jit import _cache, _link, compiler
 ARCH = "sm_90"
 
 
-@pytest.fixture
-def fresh_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv(_cache.ENV_CACHE_DIR, str(tmp_path / "cache"))
-    monkeypatch.delenv(_cache.ENV_DISABLE, raising=False)
-    sharded.clear_cache(memory=True, disk=False)
-    yield tmp_path / "cache"
-    sharded.clear_cache(memory=True, disk=False)
-
 
 # ---- a missing toolchain library names what to install ----------------------------------
 

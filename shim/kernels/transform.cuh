@@ -13,8 +13,17 @@
 
 namespace csj::kernels {
 
+// Wider values (tuple accumulators: aligned records of up to four fields) as raw words.
 template <int Size>
-struct Word;
+struct alignas(Size % 8 == 0 ? 8 : 4) Blob {
+  unsigned int words[Size / 4];
+};
+
+// The type that moves a value of `Size` bytes: a machine word, else a blob.
+template <int Size>
+struct Word {
+  using type = Blob<Size>;
+};
 template <>
 struct Word<4> {
   using type = unsigned int;
@@ -22,28 +31,6 @@ struct Word<4> {
 template <>
 struct Word<8> {
   using type = unsigned long long;
-};
-
-// Wider values (tuple accumulators: aligned records of up to four fields) as raw words.
-template <int Size>
-struct alignas(Size % 8 == 0 ? 8 : 4) Blob {
-  unsigned int words[Size / 4];
-};
-template <>
-struct Word<12> {
-  using type = Blob<12>;
-};
-template <>
-struct Word<16> {
-  using type = Blob<16>;
-};
-template <>
-struct Word<24> {
-  using type = Blob<24>;
-};
-template <>
-struct Word<32> {
-  using type = Blob<32>;
 };
 
 // Moves that builtins do only for machine words, word by word for blobs.
