@@ -235,6 +235,8 @@ def compile(op, algorithm: str, dtypes, arch: str | None = None, *, scalars=(), 
     arg_kinds = _normalise_kinds(dtypes, scalars)
     map_spec = VALUE_MAP
     if algorithm == "transform":
+        if map_op is not None or with_index:
+            raise ValueError("map_op, with_index: only reductions and scans take a map")
         op.check_arity(len(arg_kinds), f"dtypes ({len(arg_kinds)} entries)")
     else:
         if len(arg_kinds) != 1 or scalars:

@@ -76,6 +76,8 @@ def test_tuple_reduction_errors():
         sharded.compile(lambda p, q: p, "reduce", np.float32, arch="sm_90", map_op=lambda x: (x, x, x, x, x))
     with pytest.raises(ValueError, match="with_index"):
         sharded.compile(first_min, "reduce", np.float32, arch="sm_90", with_index=True)
+    with pytest.raises(ValueError, match="only reductions"):
+        sharded.compile(lambda x, i: x, "transform", (np.float32, np.int64), arch="sm_90", with_index=True)
     with pytest.raises(TypeError, match="arguments"):
         sharded.compile(first_min, "reduce", np.float32, arch="sm_90", map_op=pair)  # needs with_index
 
@@ -183,5 +185,8 @@ def test_tuple_init_errors(one_place):
         sharded.transform_reduce(array, min_max_map, min_max, (0.0, 1.0, 2.0))
     with pytest.raises(TypeError, match="transform_reduce"):
         sharded.reduce(array, min_max, init=(0.0, 1.0))
+    for builtin in ("min", "sum"):  # built-in operators combine numbers, not tuples
+        with pytest.raises(TypeError, match="combines single numbers"):
+            sharded.transform_reduce(array, min_max_map, builtin, None)
     with pytest.raises(ValueError, match="init\\[1\\]"):
         sharded.transform_reduce(array, pair, first_min, (0.0, 2.5), with_index=True)

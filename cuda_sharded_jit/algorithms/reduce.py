@@ -160,12 +160,22 @@ def transform_reduce(a: ShardedArray, map_op, reduce_op, init, with_index: bool 
     map_op = as_op(map_op, "map_op")
     map_op.check_arity(2 if with_index else 1, "transform_reduce's map" + (" (value, index)" if with_index else ""))
     reduce_op = _operator(reduce_op, 2, "transform_reduce")
-    if isinstance(reduce_op, str):
-        reduce_op = _PYTHON_OPS[reduce_op]
+    builtin = reduce_op if isinstance(reduce_op, str) else None
+    if builtin:
+        reduce_op = _PYTHON_OPS[builtin]
     scalar_init = init is not None and not isinstance(init, tuple) and not is_weak_scalar(init)
     request = as_dtype(np.asarray(init).dtype, "init") if scalar_init else None
-    acc, libraries = kernel_libraries(reduce_op, "reduce", (("array", a.dtype),), request,
-                                      a.group.archs, ("call_index" if with_index else "call", map_op))
+    tuples_error = (f"reduce_op: {builtin!r} combines single numbers, but the map returns tuples; "
+                    f"pass an operator that combines two tuples")
+    try:
+        acc, libraries = kernel_libraries(reduce_op, "reduce", (("array", a.dtype),), request,
+                                          a.group.archs, ("call_index" if with_index else "call", map_op))
+    except TypeError as error:
+        if builtin and "tuple" in str(error):
+            raise TypeError(tuples_error) from error
+        raise
+    if builtin and is_record(acc):  # "min" / "max" would compare tuples lexicographically
+        raise TypeError(tuples_error)
     valid, raw = _shim.reduce(libraries, a._impl, acc.itemsize, _pack(init, acc))
     return _result(valid, raw, acc, None, "transform_reduce")
 

@@ -40,7 +40,9 @@ std::vector<long long> histogram_even(const ShardedArray& in, int num_bins, cons
   const auto shared = static_cast<unsigned>(bins_offset + counter_bytes);
 
   std::vector<std::vector<unsigned long long>> partial(group.size());
+  std::vector<detail::StreamScratch> scratches(group.size());
   const detail::SyncOnUnwind settle(group);  // no copy into `partial` outlives it
+  // every place's kernel first: the copies into pageable memory below make the host wait
   for (std::size_t place = 0; place < group.size(); ++place) {
     const long long n = in.shard_size(place);
     if (n == 0) continue;
@@ -50,8 +52,9 @@ std::vector<long long> histogram_even(const ShardedArray& in, int num_bins, cons
     check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, group.device(place)), "cudaDeviceGetAttribute");
     // each place's scratch is used on its own stream only: a stream-ordered free is safe
     // whenever a step throws
-    detail::StreamScratch scratch(edge_bytes + count_bytes, stream,
-                                  reinterpret_cast<cudaMemPool_t>(group.memory_pool(place)));
+    detail::StreamScratch& scratch = scratches[place];
+    scratch = detail::StreamScratch(edge_bytes + count_bytes, stream,
+                                    reinterpret_cast<cudaMemPool_t>(group.memory_pool(place)));
     unsigned char* base = scratch.bytes();
     check(cudaMemcpyAsync(base, edges.data(), edges.size(), cudaMemcpyHostToDevice, stream), "cudaMemcpyAsync (edges)");
     check(cudaMemsetAsync(base + edge_bytes, 0, count_bytes, stream), "cudaMemsetAsync");
@@ -67,10 +70,16 @@ std::vector<long long> histogram_even(const ShardedArray& in, int num_bins, cons
     const long long blocks = (n + k::kHistogramBlock - 1) / k::kHistogramBlock;
     const auto grid = static_cast<unsigned>(std::min<long long>(blocks, static_cast<long long>(sms) * 8));
     detail::launch(kernel, grid, k::kHistogramBlock, stream, params, "launching histogram", shared);
+  }
+  for (std::size_t place = 0; place < group.size(); ++place) {
+    if (!scratches[place]) continue;
+    const auto stream = reinterpret_cast<cudaStream_t>(group.stream(place));
+    detail::DeviceGuard guard(group.device(place));
     partial[place].resize(num_bins);
-    check(cudaMemcpyAsync(partial[place].data(), base + edge_bytes, count_bytes, cudaMemcpyDeviceToHost, stream),
+    check(cudaMemcpyAsync(partial[place].data(), scratches[place].bytes() + edge_bytes, count_bytes,
+                          cudaMemcpyDeviceToHost, stream),
           "cudaMemcpyAsync (counts)");
-    scratch.free();
+    scratches[place].free();
   }
   group.sync();
   std::vector<long long> counts(num_bins, 0);

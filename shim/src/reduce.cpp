@@ -101,9 +101,22 @@ class CombineSlots {
       unsigned char* memory = nullptr;
       unsigned char* host = nullptr;
       check(cudaMalloc(reinterpret_cast<void**>(&memory), kSlotBytes * kSlots), "cudaMalloc (combine slots)");
-      check(cudaMemset(memory, 0, kSlotBytes * kSlots), "cudaMemset (combine slots)");
-      check(cudaHostAlloc(reinterpret_cast<void**>(&host), k::kMaxAccSize * kSlots, cudaHostAllocPortable | cudaHostAllocMapped),
-            "cudaHostAlloc (combine slots)");
+      // Counters must read zero before any kernel counts in them: cudaMemset would queue on
+      // the legacy stream, which the group's non-blocking streams do not wait for (and
+      // other libraries' work may hold it back), so clear on a stream of our own and wait.
+      cudaStream_t stream = nullptr;
+      cudaError_t status = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
+      if (status == cudaSuccess) status = cudaMemsetAsync(memory, 0, kSlotBytes * kSlots, stream);
+      if (status == cudaSuccess) status = cudaStreamSynchronize(stream);
+      if (stream) cudaStreamDestroy(stream);
+      if (status == cudaSuccess) {
+        status = cudaHostAlloc(reinterpret_cast<void**>(&host), k::kMaxAccSize * kSlots,
+                               cudaHostAllocPortable | cudaHostAllocMapped);
+      }
+      if (status != cudaSuccess) {
+        cudaFree(memory);
+        check(status, "preparing the cross-place combine slots");
+      }
       for (std::size_t i = 0; i < kSlots; ++i) {
         Slot slot;
         slot.device = device;

@@ -167,6 +167,8 @@ std::vector<std::vector<long long>> find_splitters(const k::SortEngine& engine, 
   const int key_bits = engine.key_bits;
   const std::size_t max_slots = open.size() << kDigitBits;
   PinnedBuffer host(open.size() * sizeof(unsigned long long) + count * max_slots * sizeof(unsigned long long));
+  // on a throw, the copies already queued into `host` land before it goes back to the pool
+  const detail::SyncOnUnwind settle(*out.group());
   auto* bases = reinterpret_cast<unsigned long long*>(host.data);
   auto* counts = bases + open.size();
 
