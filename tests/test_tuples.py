@@ -90,6 +90,25 @@ def test_records_round_trip_through_cache_keys():
     assert dtype_from_key(dtype_key(np.dtype(np.uint32))) == np.uint32
 
 
+def test_tuple_init_packs_and_results_unpack_as_numpy_scalars():
+    from cuda_sharded_jit._dtypes import record_dtype
+    from cuda_sharded_jit.algorithms.reduce import _pack, _result
+
+    record = record_dtype([np.float32, np.int64])
+    expected = np.zeros((), record)
+    expected["f0"], expected["f1"] = np.inf, -1
+    assert _pack((np.inf, -1), record) == expected.tobytes() and len(expected.tobytes()) == 16
+    value = _result(True, expected.tobytes(), record, None, "transform_reduce")
+    assert value == (np.float32(np.inf), np.int64(-1))
+    assert [type(item) for item in value] == [np.float32, np.int64]
+    with pytest.raises(ValueError, match=r"init\[1\]"):
+        _pack((0.0, 2.5), record)  # a fraction cannot become the int64 field
+    with pytest.raises(TypeError, match="tuple of 2"):
+        _pack((0.0,), record)
+    with pytest.raises(TypeError, match="transform_reduce"):
+        _pack((0.0, 1.0), np.dtype(np.float64))
+
+
 # ---- GPU ----
 
 def place_groups():
