@@ -252,20 +252,39 @@ class Progress:
             self.stream.flush()
 
 
-def _skipped(task: Task) -> Measure:
+def _skipped(task: Task, reason: str = "skipped: over the time budget") -> Measure:
     row = Measure(**{**asdict(task.template), "seconds": [], "extra": {}})
-    row.error = "skipped: over the time budget"
+    row.error = reason
     return row
+
+
+# CUDA errors that leave the process's context unusable: every later call fails with them, so
+# the rest of the run is reported as not measured instead of as hundreds of errors.
+STICKY_CUDA_ERRORS = ("IllegalAddress", "illegal memory access", "LaunchFailure", "unspecified launch failure",
+                      "MisalignedAddress", "IllegalInstruction", "HardwareStackError", "InvalidPc")
+
+
+def is_sticky(error_text_: str) -> bool:
+    return any(marker in error_text_ for marker in STICKY_CUDA_ERRORS)
 
 
 def run_blocks(blocks: list[Block], progress: Progress, deadline: float = math.inf,
                measures: list | None = None) -> list[Measure]:
     """Run every block's tasks, each isolated: a failing setup or task becomes error rows and
-    the rest goes on. Past `deadline` (time.perf_counter()) the remaining tasks are skipped
-    and reported as skipped rows. Rows are appended to `measures` as they come (a watchdog
+    the rest goes on — unless the error broke the CUDA context (an illegal address, say):
+    then the remaining blocks are reported as not measured, naming that first error. Past
+    `deadline` (time.perf_counter()) the remaining tasks are skipped and reported as skipped
+    rows. Rows are appended to `measures` as they come (a watchdog
     can write what was measured if a call never returns)."""
     measures = [] if measures is None else measures
+    lost = None  # the first error that broke the CUDA context, once one did
     for block in blocks:
+        lost = lost or next((m.error for m in measures if m.error and is_sticky(m.error)), None)
+        if lost:
+            measures += [_skipped(task, f"not measured: the CUDA context was lost earlier ({lost})")
+                         for task in block.tasks]
+            progress.step(f"{block.label}: not measured (CUDA context lost)", len(block.tasks))
+            continue
         if time.perf_counter() > deadline:
             measures += [_skipped(task) for task in block.tasks]
             progress.step(f"{block.label}: skipped (time budget)", len(block.tasks))

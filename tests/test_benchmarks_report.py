@@ -103,6 +103,24 @@ def test_run_blocks_isolates_failures_and_respects_the_budget(capsys):
     assert [m.error for m in skipped] == ["skipped: over the time budget"] * 3
 
 
+def test_run_blocks_stops_measuring_once_the_cuda_context_is_lost():
+    def faults(data):
+        raise RuntimeError("cudaErrorIllegalAddress: an illegal memory access was encountered")
+
+    ran = []
+    blocks = [
+        Block("first", [Task("a", faults, Measure("a", [])),
+                        Task("b", lambda data: Measure("b", [1.0]), Measure("b", []))], setup=lambda: 0),
+        Block("later", [Task("c", lambda data: ran.append("c") or Measure("c", [1.0]), Measure("c", []))],
+              setup=lambda: ran.append("setup") or 0),
+    ]
+    measures = run_blocks(blocks, Progress(total=3))
+    assert [m.name for m in measures] == ["a", "b", "c"]
+    assert measures[0].error.startswith("RuntimeError: cudaErrorIllegalAddress")
+    assert measures[1].ok  # the rest of the failing block still ran (its own errors would show)
+    assert ran == [] and measures[2].error.startswith("not measured: the CUDA context was lost earlier")
+
+
 # ---- fake run: every bar's inputs ------------------------------------------------------------------
 
 N = 1 << 28
