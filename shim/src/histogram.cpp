@@ -48,8 +48,7 @@ std::vector<long long> histogram_even(const ShardedArray& in, int num_bins, cons
     if (n == 0) continue;
     const auto stream = reinterpret_cast<cudaStream_t>(group.stream(place));
     detail::DeviceGuard guard(group.device(place));
-    int sms = 0;
-    check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, group.device(place)), "cudaDeviceGetAttribute");
+    const int sms = detail::multiprocessors(group.device(place));
     // each place's scratch is used on its own stream only: a stream-ordered free is safe
     // whenever a step throws
     detail::StreamScratch& scratch = scratches[place];

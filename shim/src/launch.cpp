@@ -6,6 +6,12 @@
 
 namespace csj::detail {
 
+int multiprocessors(int device) {
+  int count = 0;
+  check(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device), "cudaDeviceGetAttribute");
+  return count;
+}
+
 int blocks_per_multiprocessor(const KernelHandle& kernel, int block) {
   static std::mutex mutex;
   static std::map<std::tuple<const void*, int, int>, int> known;

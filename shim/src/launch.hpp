@@ -39,4 +39,7 @@ void launch(const KernelHandle& kernel, unsigned grid, unsigned block, cudaStrea
 // (kernel, device, block size): the answer never changes for a loaded kernel.
 int blocks_per_multiprocessor(const KernelHandle& kernel, int block);
 
+// Number of multiprocessors of `device`.
+int multiprocessors(int device);
+
 }  // namespace csj::detail

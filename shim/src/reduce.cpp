@@ -70,13 +70,6 @@ cudaMemPool_t pool_of(const PlaceGroup& group, std::size_t place) {
   return reinterpret_cast<cudaMemPool_t>(group.memory_pool(place));
 }
 
-int multiprocessors(int device) {
-  int count = 0;
-  check(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device),
-        "cudaDeviceGetAttribute");
-  return count;
-}
-
 // Memory for the in-kernel cross-place combine (ReduceParams::place_totals): per slot, the
 // place totals and the arrival counter in device memory of the home device (zero between
 // uses: the last place resets the counter) and a pinned, device-visible host word for the
@@ -189,7 +182,7 @@ Chunking chunking(const KernelSet& kernels, bool with_scan, long long n, int dev
   // 256 per multiprocessor read 2^28 float32 ~1% faster than a full-occupancy wave.
   if (!with_scan) resident = std::min(resident, kReduceBlocksPerMultiprocessor);
   if (with_scan) resident = std::min(resident, detail::blocks_per_multiprocessor(kernels.scan, k::kScanBlock));
-  const long long blocks = static_cast<long long>(multiprocessors(device)) * resident;
+  const long long blocks = static_cast<long long>(detail::multiprocessors(device)) * resident;
   long long chunk = (n + blocks - 1) / blocks;
   chunk = (chunk + granule - 1) / granule * granule;
   return {chunk, static_cast<unsigned>((n + chunk - 1) / chunk)};
@@ -265,10 +258,6 @@ void first_pass(const std::vector<KernelSet>& sets, const ShardedArray& in,
   const cudaStream_t home_stream = stream_of(group, 0);
   const std::size_t count = places.size();
   const int in_size = static_cast<int>(itemsize(in.dtype()));
-  if (count > static_cast<std::size_t>(k::kMaxFoldValues)) {
-    throw std::invalid_argument("a: reductions combine at most " + std::to_string(k::kMaxFoldValues) +
-                                " non-empty shards");
-  }
   std::optional<detail::Event> staging_ready;  // staging is allocated in home_stream's order
   if (count > 1) {
     detail::DeviceGuard guard(home);
@@ -306,10 +295,16 @@ void first_pass(const std::vector<KernelSet>& sets, const ShardedArray& in,
   detail::launch(sets[0].fold, 1, 32, home_stream, fold, "launching fold");
 }
 
+// The places whose shards hold elements: the ones a cross-place fold combines (at most
+// kMaxFoldValues of them).
 std::vector<std::size_t> non_empty_places(const ShardedArray& array) {
   std::vector<std::size_t> places;
   for (std::size_t place = 0; place < array.num_shards(); ++place) {
     if (array.shard_size(place) > 0) places.push_back(place);
+  }
+  if (places.size() > static_cast<std::size_t>(k::kMaxFoldValues)) {
+    throw std::invalid_argument("a: reductions combine at most " + std::to_string(k::kMaxFoldValues) +
+                                " non-empty shards");
   }
   return places;
 }
@@ -322,10 +317,6 @@ void combine_in_kernel(const std::vector<KernelSet>& sets, const ShardedArray& i
                        const std::string& map_value, ReduceResult& result) {
   const PlaceGroup& group = *in.group();
   const int in_size = static_cast<int>(itemsize(in.dtype()));
-  if (places.size() > static_cast<std::size_t>(k::kMaxFoldValues)) {
-    throw std::invalid_argument("a: reductions combine at most " + std::to_string(k::kMaxFoldValues) +
-                                " non-empty shards");
-  }
   // A slot goes back to the pool only after a clean run: after a failure its counter may
   // never have reached the count, so it is dropped.
   struct SlotReturn {

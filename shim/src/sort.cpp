@@ -135,12 +135,6 @@ void copy_piece(void* dst, int dst_device, const void* src, int src_device, std:
   }
 }
 
-int multiprocessors(int device) {
-  int count = 0;
-  check(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device), "cudaDeviceGetAttribute");
-  return count;
-}
-
 // Splitters: cuts[q][p] = how many of place p's sorted keys go to output shards before q.
 std::vector<std::vector<long long>> find_splitters(const k::SortEngine& engine, std::vector<Place>& places,
                                                    const ShardedArray& out) {
@@ -372,7 +366,7 @@ void sort(const ShardedArray& in, ShardedArray& out, bool descending) {
     if (engine->canonicalize_kernel) {
       k::KeysParams params{place.shard, place.n};
       const long long blocks = (place.n + 255) / 256;
-      const auto grid = static_cast<unsigned>(std::min<long long>(blocks, multiprocessors(place.device) * 8LL));
+      const auto grid = static_cast<unsigned>(std::min<long long>(blocks, detail::multiprocessors(place.device) * 8LL));
       detail::launch(detail::KernelHandle::builtin(engine->canonicalize_kernel), grid, 256, place.stream, params,
                      "launching NaN canonicalisation");
     }
