@@ -312,6 +312,13 @@ def _grid(plt, count: int):
     return figure, list(axes.flat)
 
 
+def _save(plt, figure, path: Path) -> Path:
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+    return path
+
+
 def plot(measures: list, out: Path) -> list[Path]:
     """bandwidth_<dtype>.png, sort.png, scaling.png; returns the files written."""
     import matplotlib
@@ -355,11 +362,7 @@ def plot(measures: list, out: Path) -> list[Path]:
             axis.grid(True, alpha=0.3)
             axis.legend(fontsize=7)
         figure.suptitle(f"{dtype}: bandwidth vs size, one GPU unless marked (copy limit dashed)")
-        figure.tight_layout()
-        path = out / f"bandwidth_{dtype}.png"
-        figure.savefig(path, dpi=110)
-        plt.close(figure)
-        written.append(path)
+        written.append(_save(plt, figure, out / f"bandwidth_{dtype}.png"))
 
     sorts = [m for m in good if m.algorithm == "sort"]
     if sorts:
@@ -382,11 +385,7 @@ def plot(measures: list, out: Path) -> list[Path]:
             axis.set_ylabel("Gkeys/s")
             axis.grid(True, alpha=0.3)
             axis.legend(fontsize=7)
-        figure.tight_layout()
-        path = out / "sort.png"
-        figure.savefig(path, dpi=110)
-        plt.close(figure)
-        written.append(path)
+        written.append(_save(plt, figure, out / "sort.png"))
 
     # scaling: ours on G places over G GPUs at the largest size, against G × one GPU and the copy limit
     scaled = [m for m in good if m.impl in ("ours", "copy") and m.places == m.gpus]
@@ -424,11 +423,7 @@ def plot(measures: list, out: Path) -> list[Path]:
             axis.set_xticks(sorted({g for g, _ in points}))
             axis.grid(True, alpha=0.3)
             axis.legend(fontsize=7)
-        figure.tight_layout()
-        path = out / "scaling.png"
-        figure.savefig(path, dpi=110)
-        plt.close(figure)
-        written.append(path)
+        written.append(_save(plt, figure, out / "scaling.png"))
     return written
 
 

@@ -205,17 +205,22 @@ def _first_max(p, q):
 _FIRST_MIN, _FIRST_MAX, _PAIR = Op(_first_min), Op(_first_max), Op(_pair_with_index)
 
 
+def _first_index(a: ShardedArray, better: Op, what: str) -> int:
+    """The index half of the (value, index) pair `better` keeps over the whole array."""
+    check_array(a)
+    if a.size == 0:
+        raise ValueError(f"{what}: the array is empty")
+    _, index = transform_reduce(a, _PAIR, better, None, with_index=True)
+    return int(index)
+
+
 def argmin(a: ShardedArray) -> int:
     """Global index of the smallest element (the first one on ties, the first NaN if any),
     as `np.argmin`; ValueError when empty. One pass: transform_reduce over (value, index).
 
     >>> sharded.argmin(a)                                                   # doctest: +SKIP
     """
-    check_array(a)
-    if a.size == 0:
-        raise ValueError("argmin: the array is empty")
-    _, index = transform_reduce(a, _PAIR, _FIRST_MIN, None, with_index=True)
-    return int(index)
+    return _first_index(a, _FIRST_MIN, "argmin")
 
 
 def argmax(a: ShardedArray) -> int:
@@ -224,11 +229,7 @@ def argmax(a: ShardedArray) -> int:
 
     >>> sharded.argmax(a)                                                   # doctest: +SKIP
     """
-    check_array(a)
-    if a.size == 0:
-        raise ValueError("argmax: the array is empty")
-    _, index = transform_reduce(a, _PAIR, _FIRST_MAX, None, with_index=True)
-    return int(index)
+    return _first_index(a, _FIRST_MAX, "argmax")
 
 
 def count_if(a: ShardedArray, pred) -> int:
