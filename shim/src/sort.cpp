@@ -39,59 +39,46 @@ constexpr std::size_t kAlign = 256;
 
 std::size_t aligned(std::size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
 
-// Pinned host buffers, reused across calls (cudaMallocHost costs far more than a sort's
-// splitter rounds). Process-wide, behind a lock; kept until exit.
-class PinnedPool {
+// Pinned host memory for the splitter rounds, reused across calls (cudaMallocHost costs far
+// more than a sort's splitter rounds): buffers go back to a process-wide free list, behind a
+// lock, and are kept until exit.
+class PinnedBuffer {
  public:
-  static void* acquire(std::size_t bytes) {
+  explicit PinnedBuffer(std::size_t bytes) {
     {
       std::lock_guard<std::mutex> lock(mutex());
-      auto& pool = buffers();
-      for (auto it = pool.begin(); it != pool.end(); ++it) {
-        if (it->first >= bytes) {
-          void* buffer = it->second;
-          pool.erase(it);
-          return buffer;
+      auto& free_list = spare();
+      for (auto it = free_list.begin(); it != free_list.end(); ++it) {
+        if (it->second >= bytes) {
+          data = it->first, capacity_ = it->second;
+          free_list.erase(it);
+          return;
         }
       }
     }
-    void* buffer = nullptr;
-    check(cudaMallocHost(&buffer, bytes), "cudaMallocHost (sort splitters)");
-    std::lock_guard<std::mutex> lock(mutex());
-    sizes().emplace_back(buffer, bytes);
-    return buffer;
+    check(cudaMallocHost(reinterpret_cast<void**>(&data), bytes), "cudaMallocHost (sort splitters)");
+    capacity_ = bytes;
   }
-  static void release(void* buffer) {
+  ~PinnedBuffer() {
     std::lock_guard<std::mutex> lock(mutex());
-    for (const auto& [pointer, bytes] : sizes()) {
-      if (pointer == buffer) {
-        buffers().emplace_back(bytes, buffer);
-        return;
-      }
-    }
+    spare().emplace_back(data, capacity_);
   }
+  PinnedBuffer(const PinnedBuffer&) = delete;
+  PinnedBuffer& operator=(const PinnedBuffer&) = delete;
+
+  unsigned char* data = nullptr;
 
  private:
   static std::mutex& mutex() {
     static std::mutex m;
     return m;
   }
-  static std::vector<std::pair<std::size_t, void*>>& buffers() {  // free ones, by size
-    static std::vector<std::pair<std::size_t, void*>> b;
-    return b;
+  static std::vector<std::pair<unsigned char*, std::size_t>>& spare() {  // (buffer, capacity)
+    static std::vector<std::pair<unsigned char*, std::size_t>> buffers;
+    return buffers;
   }
-  static std::vector<std::pair<void*, std::size_t>>& sizes() {  // every one handed out
-    static std::vector<std::pair<void*, std::size_t>> s;
-    return s;
-  }
-};
 
-struct PinnedBuffer {
-  explicit PinnedBuffer(std::size_t bytes) : data(static_cast<unsigned char*>(PinnedPool::acquire(bytes))) {}
-  ~PinnedBuffer() { PinnedPool::release(data); }
-  PinnedBuffer(const PinnedBuffer&) = delete;
-  PinnedBuffer& operator=(const PinnedBuffer&) = delete;
-  unsigned char* data;
+  std::size_t capacity_ = 0;
 };
 
 // Everything one place holds during a sort. The scratch allocation is stream-ordered (from
@@ -111,6 +98,12 @@ struct Place {
   unsigned long long* counts = nullptr;  // splitter counts, per (boundary, candidate)
   const unsigned char* sorted = nullptr; // where the sorted run is: shard or alternate
   std::optional<detail::Event> copied;   // this place has pulled all its pieces
+
+  // Where the pieces land: a buffer the merge does not write and no other place reads (the
+  // alternate buffer when the sorted run is in the shard, the spare one otherwise).
+  unsigned char* receive() const { return sorted == shard ? alternate : spare; }
+  // The merges' other buffer: written only once every reader of the sorted run is done.
+  unsigned char* merge_spare() const { return sorted == shard ? spare : alternate; }
 };
 
 // A boundary between output shards: the global rank where output shard `shard` starts,
@@ -397,25 +390,21 @@ void exchange_and_merge(const k::SortEngine& engine, std::vector<Place>& places,
   const std::vector<std::vector<long long>> cuts = find_splitters(engine, places, out);
   check_splitters(cuts, places, out);
 
-  // 3. every place pulls its pieces, in place order, into a buffer the merge will not write
-  //    and no other place reads: the alternate buffer when the sorted run is in the shard,
-  //    the spare one otherwise
+  // 3. every place pulls its pieces, in place order, into its receive buffer
   std::vector<std::vector<std::pair<long long, long long>>> runs(count);
   for (std::size_t q = 0; q < count; ++q) {
     Place& place = places[q];
     if (place.n == 0) continue;
     DeviceGuard guard(place.device);
-    unsigned char* receive = place.sorted == place.shard ? place.alternate : place.spare;
     long long offset = 0;
     for (std::size_t p = 0; p < count; ++p) {
       const long long length = cuts[q + 1][p] - cuts[q][p];
       if (length == 0) continue;
-      copy_piece(receive + offset * item, place.device, places[p].sorted + cuts[q][p] * item, places[p].device,
+      copy_piece(place.receive() + offset * item, place.device, places[p].sorted + cuts[q][p] * item, places[p].device,
                  static_cast<std::size_t>(length) * item, place.stream);
       runs[q].emplace_back(offset, length);
       offset += length;
     }
-    if (offset != place.n) throw std::logic_error("sort: splitters do not add up to the shard size");
     place.copied.emplace(place.device);
     place.copied->record(place.stream);
   }
@@ -430,9 +419,7 @@ void exchange_and_merge(const k::SortEngine& engine, std::vector<Place>& places,
       if (cuts[reader + 1][q] == cuts[reader][q]) continue;  // reads nothing of ours
       places[reader].copied->wait(place.stream);
     }
-    unsigned char* receive = place.sorted == place.shard ? place.alternate : place.spare;
-    unsigned char* spare = receive == place.alternate ? place.spare : place.alternate;
-    merge_runs(engine, place, runs[q], receive, spare, item);
+    merge_runs(engine, place, runs[q], place.receive(), place.merge_spare(), item);
   }
   // each place's scratch goes back on its own stream (Place's destructor), after its merge,
   // which came after every read of it
