@@ -8,7 +8,9 @@
 #include <map>
 #include <mutex>
 #include <numeric>
+#include <set>
 #include <stdexcept>
+#include <utility>
 
 #include "cuda_check.hpp"
 
@@ -126,6 +128,24 @@ std::shared_ptr<void> shared_pool(int device) {
   return pool;
 }
 
+// Lets the current device (`device`) map `other`'s memory, once per pair per process: the
+// driver keeps it enabled for the context's life, and asking again is an API error
+// (cudaErrorPeerAccessAlreadyEnabled) that error-checking tools report. Another library in
+// the process may have enabled it first; that answer is accepted too.
+void enable_peer_access(int device, int other) {
+  static std::mutex mutex;
+  static std::set<std::pair<int, int>> enabled;
+  std::lock_guard<std::mutex> lock(mutex);
+  if (enabled.count({device, other})) return;
+  const cudaError_t status = cudaDeviceEnablePeerAccess(other, 0);
+  if (status == cudaErrorPeerAccessAlreadyEnabled) {
+    cudaGetLastError();
+  } else {
+    check(status, "cudaDeviceEnablePeerAccess");
+  }
+  enabled.insert({device, other});
+}
+
 }  // namespace
 
 PlaceGroup::PlaceGroup(std::vector<int> devices, std::vector<int> domains)
@@ -151,12 +171,7 @@ PlaceGroup::PlaceGroup(std::vector<int> devices, std::vector<int> domains)
         int can = 0;
         check(cudaDeviceCanAccessPeer(&can, device, other), "cudaDeviceCanAccessPeer");
         if (!can) continue;
-        cudaError_t status = cudaDeviceEnablePeerAccess(other, 0);
-        if (status == cudaErrorPeerAccessAlreadyEnabled) {
-          cudaGetLastError();
-        } else {
-          check(status, "cudaDeviceEnablePeerAccess");
-        }
+        enable_peer_access(device, other);
         peer_[device][other] = true;
       }
     }
