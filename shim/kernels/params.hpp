@@ -25,10 +25,10 @@ struct TransformParams {
 };
 
 // ---- reduce / scan ----
-// A block folds one contiguous chunk of its place's shard; its 8 warps fold contiguous
-// parts of the chunk, each lane a contiguous run of 64 bytes per step. Every fold runs in
-// element order and with a fixed association, so results are deterministic and operators
-// need not be commutative.
+// A block folds one contiguous chunk of its place's shard in block tiles, its 8 warps one
+// contiguous part of each tile, each lane 64 bytes of the part per step (see Reduction).
+// Every fold runs in element order and with a fixed association, so results are
+// deterministic and operators need not be commutative.
 constexpr int kReduceBlock = 256;
 constexpr int kReduceWarps = kReduceBlock / 32;
 constexpr int reduce_lane_items(int in_size) { return 64 / in_size; }

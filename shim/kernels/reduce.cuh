@@ -78,10 +78,21 @@ struct Reduction {
   static constexpr long long kBlockTile = kReduceWarps * kWarpTile;
   static constexpr int kWindow = 16;
 
+  // Record accumulators (tuples) are costly to move between lanes (one shuffle per word).
+  // Their warps pass each step's vectors through shared memory so that every lane holds a
+  // contiguous run of kLaneItems elements, fold the run in the lane and the 32 runs once
+  // across the warp (instead of once per vector). The loads stay coalesced; one padding
+  // vector per eight keeps both the striped writes and the run reads free of bank conflicts.
+  static constexpr bool kLaneRuns = AccSize > 8;
+  static_assert(kVectors == 4, "the staging layout assumes four 16-byte vectors per lane");
+  static constexpr int kStageVectors = 32 * kVectors + 32 * kVectors / 8;
+  __device__ __forceinline__ static int stage_slot(int vector) { return vector + vector / 8; }
+
   struct TempStorage {
     Acc warp_values[kReduceWarps];
     int warp_valid[kReduceWarps];
     Acc parts[kWindow * kReduceWarps];
+    uint4 stage[kLaneRuns ? kReduceWarps * kStageVectors : 1];
     bool is_last;
   };
 
@@ -155,8 +166,24 @@ struct Reduction {
   }
 
   // Fold of one warp's part of a block tile, in element order; valid in lane 0.
-  __device__ __forceinline__ static Acc fold_part(const ReduceParams& p, long long tile, int warp, int lane,
-                                                  const uint4 (&vectors)[kVectors]) {
+  __device__ __forceinline__ static Acc fold_part(const ReduceParams& p, TempStorage& temp, long long tile,
+                                                  int warp, int lane, const uint4 (&vectors)[kVectors]) {
+    if constexpr (kLaneRuns) {
+      uint4* stage = temp.stage + warp * kStageVectors;
+#pragma unroll
+      for (int j = 0; j < kVectors; ++j) stage[stage_slot(j * 32 + lane)] = vectors[j];
+      __syncwarp();
+      uint4 run[kVectors];
+#pragma unroll
+      for (int j = 0; j < kVectors; ++j) run[j] = stage[stage_slot(lane * kVectors + j)];
+      __syncwarp();
+      const long long first = p.index_base + tile + warp * kWarpTile + static_cast<long long>(lane) * kLaneItems;
+      const In* items = reinterpret_cast<const In*>(run);
+      Acc lane_acc = map(p, items[0], first);
+#pragma unroll
+      for (int i = 1; i < kLaneItems; ++i) lane_acc = Combine<Op, Acc>()(lane_acc, map(p, items[i], first + i));
+      return warp_fold<Op, Acc>(lane_acc, 32);
+    }
     Acc acc{};
 #pragma unroll
     for (int j = 0; j < kVectors; ++j) {
@@ -205,7 +232,7 @@ struct Reduction {
 #pragma unroll
         for (int j = 0; j < kVectors; ++j) current[j] = next[j];
         if (tile + 2 * kBlockTile <= block_end) load_part(data, tile + kBlockTile, warp, lane, next);
-        const Acc part = fold_part(p, tile, warp, lane, current);
+        const Acc part = fold_part(p, temp, tile, warp, lane, current);
         if (lane == 0) temp.parts[slot * kReduceWarps + warp] = part;
         if (++slot == kWindow) {
           __syncthreads();
