@@ -24,6 +24,8 @@ from .algorithms.reduce import (
     min,
     reduce,
     sum,
+    transform_exclusive_scan,
+    transform_inclusive_scan,
     transform_reduce,
 )
 from .algorithms.opaque import count, fill, histogram_even, sequence
@@ -40,7 +42,8 @@ __all__ = [
     "PlaceGroup", "ShardedArray", "ShardView", "SUPPORTED_DTYPES",
     "op", "Op", "compile", "CompiledKernel", "transform", "ops",
     "reduce", "sum", "min", "max", "transform_reduce", "count_if", "argmin", "argmax",
-    "inclusive_scan", "exclusive_scan", "adjacent_difference",
+    "inclusive_scan", "exclusive_scan", "transform_inclusive_scan", "transform_exclusive_scan",
+    "adjacent_difference",
     "fill", "sequence", "count", "histogram_even", "sort",
     "cache_dir", "cache_info", "clear_cache", "CacheWarning", "VersionSkewError",
     "__version__",

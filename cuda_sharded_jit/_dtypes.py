@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import keyword
 import numbers
 
 import numpy as np
@@ -66,8 +68,10 @@ def exact_cast(value, dtype: np.dtype, argument: str):
     return cast
 
 
-# Tuple accumulators travel as aligned records (C structs) with fields f0, f1, ...: the layout
-# the shim's kernels move as raw bytes (4, 8, 12, 16, 24 or 32 of them).
+# Records: numpy structured dtypes of 1 to 4 supported fields in the aligned layout (a C
+# struct: each field at a multiple of its size, the size a multiple of the largest field),
+# 4, 8, 12, 16, 24 or 32 bytes, which the shim's kernels move as raw bytes. Tuple
+# accumulators are such records with fields f0, f1, ...; record arrays keep their names.
 MAX_RECORD_FIELDS = 4
 RECORD_SIZES = (4, 8, 12, 16, 24, 32)
 
@@ -94,15 +98,91 @@ def record_fields(dtype: np.dtype) -> list[tuple[int, np.dtype]]:
     return [(dtype.fields[name][1], dtype.fields[name][0]) for name in dtype.names]
 
 
+def check_record(dtype: np.dtype, argument: str) -> np.dtype:
+    """`dtype` itself when it is a record arrays can hold, else TypeError naming `argument`.
+
+    Packed layouts (numpy's default for structured dtypes, `align=False`) are refused unless
+    they happen to be laid out as the aligned struct: converting would change the bytes the
+    caller sees, so the message says how to convert (`astype` to the aligned dtype).
+    """
+    names = dtype.names
+    if not 1 <= len(names) <= MAX_RECORD_FIELDS:
+        raise TypeError(f"{argument}: records of 1 to {MAX_RECORD_FIELDS} fields are supported, "
+                        f"got {len(names)} in {dtype}")
+    fields = []
+    for name in names:
+        field = dtype.fields[name][0]
+        if field.names is not None or field.subdtype is not None:
+            raise TypeError(f"{argument}: field {name!r} is {field}; record fields must be "
+                            f"numbers ({_NAMES}), not nested records or sub-arrays")
+        if field.kind in "fiu" and field.byteorder not in "=|" and field.newbyteorder("=") in SUPPORTED_DTYPES:
+            raise TypeError(f"{argument}: field {name!r} is {field.str} (non-native byte order); "
+                            f"convert with .astype(dtype.newbyteorder('='))")
+        if field not in SUPPORTED_DTYPES:
+            raise TypeError(f"{argument}: field {name!r} has unsupported dtype {field} "
+                            f"(expected one of {_NAMES})")
+        fields.append((name, field))
+    aligned = np.dtype(fields, align=True)
+    offsets = [dtype.fields[name][1] for name in names]
+    if offsets != [aligned.fields[name][1] for name in names] or dtype.itemsize != aligned.itemsize:
+        raise TypeError(
+            f"{argument}: record dtype {dtype} is not in the aligned (C struct) layout records "
+            f"use: offsets {offsets} and itemsize {dtype.itemsize}, expected "
+            f"{[aligned.fields[name][1] for name in names]} and {aligned.itemsize}; convert with "
+            f".astype(np.dtype({[(name, field.name) for name, field in fields]}, align=True))")
+    return dtype
+
+
+def as_array_dtype(dtype, argument: str = "dtype") -> np.dtype:
+    """A dtype an array can hold: a supported scalar or a record (check_record)."""
+    try:
+        resolved = np.dtype(dtype)
+    except TypeError:
+        raise TypeError(f"{argument}: {dtype!r} is not a dtype (expected one of {_NAMES}, "
+                        f"or a record of them)") from None
+    if is_record(resolved):
+        return check_record(resolved, argument)
+    return as_dtype(resolved, argument)
+
+
+def describe_dtype(dtype: np.dtype) -> str:
+    """A dtype's name, or a record's fields: "(x: float32, y: float64)"."""
+    dtype = np.dtype(dtype)
+    if not is_record(dtype):
+        return dtype.name
+    return "(" + ", ".join(f"{name}: {dtype.fields[name][0].name}" for name in dtype.names) + ")"
+
+
+def has_default_names(dtype: np.dtype) -> bool:
+    """Whether a record's fields are numpy's default names f0, f1, ... (tuple accumulators)."""
+    return list(dtype.names) == [f"f{index}" for index in range(len(dtype.names))]
+
+
+def field_names(dtype: np.dtype) -> tuple[str, ...] | None:
+    """The names operators may use for a record's fields (r.x), or None for plain tuples: a
+    record with numpy's default names, or names that are no Python identifiers."""
+    names = dtype.names
+    if has_default_names(dtype):
+        return None
+    if all(name.isidentifier() and not keyword.iskeyword(name) and not name.startswith("_")
+           for name in names):
+        return names
+    return None
+
+
 def dtype_key(dtype: np.dtype) -> str:
     """A text form of a dtype or record that `dtype_from_key` reads back (cache headers)."""
     dtype = np.dtype(dtype)
     if is_record(dtype):
-        return "(" + ",".join(field.name for _, field in record_fields(dtype)) + ")"
+        if has_default_names(dtype):
+            return "(" + ",".join(field.name for _, field in record_fields(dtype)) + ")"
+        return "record:" + json.dumps([[name, dtype.fields[name][0].name] for name in dtype.names])
     return dtype.name
 
 
 def dtype_from_key(key: str) -> np.dtype:
     if key.startswith("("):
         return record_dtype(key[1:-1].split(","))
+    if key.startswith("record:"):
+        return np.dtype([(name, field) for name, field in json.loads(key[len("record:"):])], align=True)
     return np.dtype(key)

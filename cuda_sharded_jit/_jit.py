@@ -2,12 +2,16 @@
 
 The wrappers follow the pointer convention the shim's kernels call:
     void <abi_name>(const T0* in0, ..., Tout* out, const S0* scalar0, ...)
-so values of any layout can cross. numba is imported here, at the first compile, never at
-package import.
+so values of any layout can cross. Records (numpy structured dtypes) reach operators as
+tuples — named tuples when their fields have names (`p.x` or `p[0]`) — and the wrappers
+read and write them field by field; wrappers of the indexed modules also address their
+elements themselves (global base + global index * itemsize). numba is imported here, at the
+first compile, never at package import.
 """
 
 from __future__ import annotations
 
+import collections
 import functools
 import importlib
 import inspect
@@ -16,7 +20,7 @@ import types
 
 import numpy as np
 
-from ._dtypes import is_record, record_dtype, record_fields
+from ._dtypes import describe_dtype, field_names, is_record, record_dtype, record_fields
 
 _state_lock = threading.Lock()
 # numba's typing and dispatcher state are not documented thread-safe (and numba-cuda 0.30
@@ -107,6 +111,34 @@ def numba_type(dtype: np.dtype):
     return getattr(types, _NUMPY_OF[np.dtype(dtype).name])
 
 
+_record_classes: dict[tuple[str, ...], type] = {}
+
+
+def record_class(dtype: np.dtype):
+    """The named tuple a record with named fields reaches operators as (None: a plain tuple)."""
+    names = field_names(np.dtype(dtype))
+    if names is None:
+        return None
+    with _state_lock:
+        found = _record_classes.get(names)
+        if found is None:
+            found = _record_classes[names] = collections.namedtuple("Record", names)
+        return found
+
+
+def value_type(dtype: np.dtype):
+    """The numba type of one value of `dtype` as an operator receives it."""
+    numba, types, _ = _load_numba()
+    dtype = np.dtype(dtype)
+    if not is_record(dtype):
+        return numba_type(dtype)
+    fields = [field for _, field in record_fields(dtype)]
+    cls = record_class(dtype)
+    if cls is None:
+        return types.Tuple([numba_type(field) for field in fields])
+    return numba.typeof(cls(*[field.type(0) for field in fields]))
+
+
 # numba return types we can store, mapped to the array dtype they become.
 _RESULT_DTYPES = {
     "float32": "float32", "float64": "float64", "float16": "float32",
@@ -116,7 +148,7 @@ _RESULT_DTYPES = {
 
 
 def _describe(dtypes) -> str:
-    return "(" + ", ".join(np.dtype(d).name for d in dtypes) + ")"
+    return "(" + ", ".join(describe_dtype(d) for d in dtypes) + ")"
 
 
 def _device_dispatcher(op):
@@ -194,28 +226,35 @@ def _return_type(op, argtypes, arg_dtypes, cc):
     with _TargetCC(cc):
         try:
             return dispatcher.compile_device(tuple(argtypes)).signature.return_type
-        except numba_errors as error:
+        # numba 0.6x unifies a named tuple with a plain one by raising NotImplementedError
+        except (*numba_errors, NotImplementedError) as error:
             raise _type_error(op, arg_dtypes, error) from None
 
 
 @_serialised
-def infer_result_dtype(op, arg_dtypes, cc, tuples: bool = False) -> np.dtype:
+def infer_result_dtype(op, arg_dtypes, cc, tuples: bool = False, holder: str = "array") -> np.dtype:
     """The dtype the operator returns for these argument dtypes (TypeError if unsupported).
 
-    With `tuples`, a returned tuple of numbers becomes a record dtype (an accumulator).
+    With `tuples`, a returned tuple of numbers becomes a record dtype (an accumulator, or a
+    record array): fields f0, f1, ..., or the names of a record argument returned as is.
     """
-    result = _return_type(op, [numba_type(d) for d in arg_dtypes], arg_dtypes, cc)
+    _, types, _ = _load_numba()
+    result = _return_type(op, [value_type(d) for d in arg_dtypes], arg_dtypes, cc)
     if tuples and _is_tuple(result):
-        names = [str(member) for member in result]
+        names = [str(types.unliteral(member)) for member in result]  # a constant 1 is int64
         if all(name in _RESULT_DTYPES for name in names):
-            return record_dtype([_RESULT_DTYPES[name] for name in names], f"operator {op.name}'s result")
+            record = record_dtype([_RESULT_DTYPES[name] for name in names], f"operator {op.name}'s result")
+            fields = getattr(getattr(result, "instance_class", None), "_fields", None)
+            if fields is not None and len(fields) == len(names):  # a record of ours, names kept
+                record = np.dtype(list(zip(fields, [record.fields[name][0] for name in record.names])),
+                                  align=True)
+            return record
     name = str(result)
     if name not in _RESULT_DTYPES:
-        where = "no accumulator" if tuples else "no array"
         raise TypeError(
             f"operator {op.name} returns {name} for argument types {_describe(arg_dtypes)}, "
-            f"which {where} can hold; return a number"
-            + (" or a tuple of numbers" if tuples else " or pass out= with the dtype you want")
+            f"which no {holder} can hold; return a number"
+            + (" or a tuple of 1 to 4 numbers" if tuples else " or pass out= with the dtype you want")
         )
     return np.dtype(_RESULT_DTYPES[name])
 
@@ -264,9 +303,72 @@ def _field_intrinsics():
 
         return types.void(pointer, offset, value), codegen
 
+    @intrinsic
+    def element_at(typingctx, pointer, index, itemsize):
+        """pointer + index * itemsize, wrapping (a global base may lie below address 0)."""
+        def codegen(context, builder, signature, args):
+            offset = builder.mul(args[1], context.cast(builder, args[2], signature.args[2], types.int64))
+            address = builder.gep(builder.bitcast(args[0], ir.IntType(8).as_pointer()), [offset])
+            return builder.bitcast(address, context.get_value_type(types.voidptr))
+
+        return types.voidptr(pointer, index, itemsize), codegen
+
     with _state_lock:
-        _intrinsics = (load_field, store_field)
+        _intrinsics = (load_field, store_field, element_at)
     return _intrinsics
+
+
+def _record_namespace() -> dict:
+    load_field, store_field, element_at = _field_intrinsics()
+    return {"_load": load_field, "_store": store_field, "_at": element_at}
+
+
+def _read_source(dtype: np.dtype, pointer: str, prefix: str, namespace: dict) -> str:
+    """An expression reading the value of `dtype` at `pointer` (a void pointer): a number,
+    or a record as a (named) tuple."""
+    dtype = np.dtype(dtype)
+    if not is_record(dtype):
+        namespace[f"{prefix}t"] = numba_type(dtype)
+        return f"_load({pointer}, 0, {prefix}t)"
+    items = []
+    for index, (offset, field) in enumerate(record_fields(dtype)):
+        namespace[f"{prefix}t{index}"] = numba_type(field)
+        items.append(f"_load({pointer}, {offset}, {prefix}t{index})")
+    cls = record_class(dtype)
+    if cls is None:
+        return "(" + ", ".join(items) + ",)"
+    namespace[f"{prefix}R"] = cls
+    return f"{prefix}R(" + ", ".join(items) + ")"
+
+
+def _write_source(dtype: np.dtype, pointer: str, value: str, prefix: str, namespace: dict) -> str:
+    """Statements storing `value` (a number, or a tuple for a record) at `pointer`, each part
+    cast to its field's type."""
+    dtype = np.dtype(dtype)
+    if not is_record(dtype):
+        namespace[f"{prefix}c"] = numba_type(dtype)
+        return f"    _store({pointer}, 0, {prefix}c({value}))\n"
+    lines = []
+    for index, (offset, field) in enumerate(record_fields(dtype)):
+        namespace[f"{prefix}c{index}"] = numba_type(field)
+        lines.append(f"    _store({pointer}, {offset}, {prefix}c{index}({value}[{index}]))\n")
+    return "".join(lines)
+
+
+def _check_returns(op, returned, out_dtype, arg_dtypes, where: str) -> None:
+    """TypeError unless `returned` (a numba type) can be stored as `out_dtype`: a tuple of as
+    many numbers for a record, a number otherwise."""
+    out_dtype = np.dtype(out_dtype)
+    if is_record(out_dtype):
+        count = len(out_dtype.names)
+        if not (_is_tuple(returned) and len(returned) == count):
+            raise TypeError(f"operator {op.name} returns {returned} for argument types "
+                            f"{_describe(arg_dtypes)}; {where} holds records of {count} fields "
+                            f"{describe_dtype(out_dtype)}, so it must return a tuple of {count} numbers")
+    elif _is_tuple(returned):
+        raise TypeError(f"operator {op.name} returns {returned} for argument types "
+                        f"{_describe(arg_dtypes)}, but {where} holds numbers ({out_dtype}); return "
+                        f"a number, or leave out= out to get a record array")
 
 
 @_serialised
@@ -301,9 +403,47 @@ def compile_transform(op, arg_kinds, out_dtype, cc, max_scalars: int) -> bytes:
         f"def csj_transform_op({params}):\n"
         f"    out[0] = _cast(_op({', '.join(call_args)}))\n"
     )
+    arg_dtypes = [dtype for _, dtype in arg_kinds]
+    returned = _return_type(op, [value_type(d) for d in arg_dtypes], arg_dtypes, cc)
+    _check_returns(op, returned, out_dtype, arg_dtypes, "out")
     namespace = {"_op": dispatcher, "_cast": getattr(np, np.dtype(out_dtype).name)}
     return _compile_wrapper(source, op.name, "csj_transform_op", namespace, signature, cc, op,
-                            [dtype for _, dtype in arg_kinds])
+                            arg_dtypes)
+
+
+@_serialised
+def compile_transform_indexed(op, arg_kinds, out_dtype, cc, max_scalars: int, with_index: bool) -> bytes:
+    """LTO-IR of `csj_transform_indexed_op` (transform_indexed.cu): arrays of any layout
+    (records), addressed from their global bases; `with_index` passes the operator each
+    element's global index after the other arguments."""
+    _, types, _ = _load_numba()
+    namespace = dict(_record_namespace(), _op=_device_dispatcher(op))
+    arrays, scalars, call_args, scalar_types = [], [], [], []
+    for kind, dtype in arg_kinds:
+        if kind == "array":
+            name = f"in{len(arrays)}"
+            arrays.append(name)
+            call_args.append(_read_source(dtype, f"_at({name}, index, {dtype.itemsize})", f"_in{len(arrays)}_", namespace))
+        else:
+            name = f"s{len(scalars)}"
+            scalars.append(name)
+            scalar_types.append(types.CPointer(numba_type(dtype)))
+            call_args.append(f"{name}[0]")
+    if with_index:
+        call_args.append("index")
+    arg_dtypes = [dtype for _, dtype in arg_kinds] + ([np.dtype(np.int64)] if with_index else [])
+    returned = _return_type(op, [value_type(d) for d in arg_dtypes], arg_dtypes, cc)
+    _check_returns(op, returned, out_dtype, arg_dtypes, "the result")
+    unused = [f"unused{k}" for k in range(max_scalars - len(scalars))]
+    params = ", ".join(arrays + ["out"] + scalars + unused + ["index"])
+    source = (f"def csj_transform_indexed_op({params}):\n"
+              f"    r = _op({', '.join(call_args)})\n"
+              f"    target = _at(out, index, {np.dtype(out_dtype).itemsize})\n"
+              + _write_source(out_dtype, "target", "r", "_out_", namespace))
+    signature = ([types.voidptr] * (len(arrays) + 1) + scalar_types + [types.voidptr] * len(unused)
+                 + [types.int64])
+    return _compile_wrapper(source, op.name, "csj_transform_indexed_op", namespace, signature, cc, op,
+                            arg_dtypes)
 
 
 def _compile_wrapper(source: str, name: str, abi_name: str, namespace: dict, signature, cc,
@@ -316,7 +456,7 @@ def _compile_wrapper(source: str, name: str, abi_name: str, namespace: dict, sig
                 namespace[abi_name], tuple(signature), device=True, abi="c",
                 abi_info={"abi_name": abi_name}, output="ltoir", cc=cc,
             )
-        except numba_errors as error:
+        except (*numba_errors, NotImplementedError) as error:
             raise _type_error(op, arg_dtypes, error) from None
     return bytes(ltoir)
 
@@ -326,66 +466,71 @@ def infer_map_dtype(map_spec, in_dtype, cc) -> np.dtype:
     """Accumulator dtype (a record for a map that returns a tuple) a map specification
     produces from `in_dtype`."""
     kind, map_op = map_spec
-    if kind == "value":
+    if kind == "value":  # the element itself, a record included
         return np.dtype(in_dtype)
     if kind == "predicate":
         return np.dtype(np.int64)
     if kind == "call_index":
-        return infer_result_dtype(map_op, [in_dtype, np.dtype(np.int64)], cc, tuples=True)
-    return infer_result_dtype(map_op, [in_dtype], cc, tuples=True)
+        return infer_result_dtype(map_op, [in_dtype, np.dtype(np.int64)], cc, tuples=True, holder="accumulator")
+    return infer_result_dtype(map_op, [in_dtype], cc, tuples=True, holder="accumulator")
 
 
-_MAP_CALLS = {"call": "_map(value[0])", "call_index": "_map(value[0], index)"}
+_MAP_CALLS = {"call": "_map(x)", "call_index": "_map(x, index)", "predicate": "1 if _map(x) else 0"}
 
 
-def _compile_record_reduction(op, map_spec, in_dtype, acc_dtype, cc) -> tuple[bytes, bytes]:
-    """compile_reduction for a record (tuple) accumulator: the wrappers read the fields into
-    a tuple, call the operator and store each field of the tuple it returns."""
+def _compile_record_reduction(op, map_spec, in_dtype, acc_dtype, cc, input_by_base: bool) -> tuple[bytes, bytes]:
+    """compile_reduction where the accumulator or the input is a record: the wrappers read
+    values field by field into (named) tuples, call the operator and store each field of
+    what it returns. `input_by_base`: csj_map receives the input's global base and finds the
+    element at base + index * itemsize (reduce_jit.cu's CSJ_INPUT_BY_BASE modules); otherwise
+    a pointer to the element."""
     _, types, _ = _load_numba()
-    load_field, store_field = _field_intrinsics()
-    fields = record_fields(acc_dtype)
-    namespace = {"_load": load_field, "_store": store_field}
-    for index, (_, field) in enumerate(fields):
-        namespace[f"_t{index}"] = numba_type(field)
-
-    def as_tuple(pointer):
-        return "(" + "".join(f"_load({pointer}, {offset}, _t{index}), "
-                             for index, (offset, _) in enumerate(fields)) + ")"
-
-    stores = "".join(f"    _store(out, {offset}, _t{index}(r[{index}]))\n"
-                     for index, (offset, _) in enumerate(fields))
-    tuple_type = types.Tuple([numba_type(field) for _, field in fields])
-    returned = _return_type(op, [tuple_type, tuple_type], [acc_dtype, acc_dtype], cc)
-    if not (_is_tuple(returned) and len(returned) == len(fields)):
-        raise TypeError(f"operator {op.name} returns {returned} for two {len(fields)}-tuples of "
-                        f"{_describe([field for _, field in fields])}; it must return a tuple "
-                        f"of {len(fields)} numbers")
-    op_source = f"def csj_op(a, b, out):\n    r = _op({as_tuple('a')}, {as_tuple('b')})\n{stores}"
-    op_ir = _compile_wrapper(op_source, op.name, "csj_op", dict(namespace, _op=_device_dispatcher(op)),
+    acc_type = value_type(acc_dtype)
+    returned = _return_type(op, [acc_type, acc_type], [acc_dtype, acc_dtype], cc)
+    _check_returns(op, returned, acc_dtype, [acc_dtype, acc_dtype], "the accumulator")
+    namespace = dict(_record_namespace(), _op=_device_dispatcher(op))
+    op_source = (f"def csj_op(a, b, out):\n"
+                 f"    r = _op({_read_source(acc_dtype, 'a', '_acc_', namespace)}, "
+                 f"{_read_source(acc_dtype, 'b', '_acc_', namespace)})\n"
+                 + _write_source(acc_dtype, "out", "r", "_out_", namespace))
+    op_ir = _compile_wrapper(op_source, op.name, "csj_op", namespace,
                              (types.voidptr, types.voidptr, types.voidptr), cc, op, [acc_dtype, acc_dtype])
+
     kind, map_op = map_spec
-    if kind not in _MAP_CALLS:
-        raise TypeError(f"a tuple accumulator needs a map operator that builds the tuple from each "
-                        f"element (transform_reduce), not a {kind!r} map")
-    map_source = f"def csj_map(value, index, out):\n    r = {_MAP_CALLS[kind]}\n{stores}"
-    map_ir = _compile_wrapper(map_source, map_op.name, "csj_map",
-                              dict(namespace, _map=_device_dispatcher(map_op)),
-                              (types.CPointer(numba_type(in_dtype)), types.int64, types.voidptr), cc,
-                              map_op, [in_dtype])
+    namespace = _record_namespace()
+    element = f"_at(value, index, {in_dtype.itemsize})" if input_by_base else "value"
+    read = _read_source(in_dtype, element, "_in_", namespace)
+    if kind == "value":
+        same = (is_record(in_dtype) == is_record(acc_dtype) and
+                [field for _, field in record_fields(in_dtype)] == [field for _, field in record_fields(acc_dtype)]
+                if is_record(in_dtype) else not is_record(acc_dtype))
+        if not same:
+            raise TypeError(f"operator {op.name}: elements of {describe_dtype(in_dtype)} cannot "
+                            f"accumulate as {describe_dtype(acc_dtype)}; a tuple accumulator is built "
+                            f"from each element by a map operator (transform_reduce)")
+        body = "    r = x\n"
+    else:
+        namespace["_map"] = _device_dispatcher(map_op)
+        body = f"    r = {_MAP_CALLS[kind]}\n"
+    map_source = (f"def csj_map(value, index, out):\n    x = {read}\n{body}"
+                  + _write_source(acc_dtype, "out", "r", "_out_", namespace))
+    map_ir = _compile_wrapper(map_source, (map_op or op).name, "csj_map", namespace,
+                              (types.voidptr, types.int64, types.voidptr), cc, map_op or op, [in_dtype])
     return op_ir, map_ir
 
 
 @_serialised
-def compile_reduction(op, map_spec, in_dtype, acc_dtype, cc) -> tuple[bytes, bytes]:
+def compile_reduction(op, map_spec, in_dtype, acc_dtype, cc, input_by_base: bool = False) -> tuple[bytes, bytes]:
     """LTO-IR of `csj_op` (acc, acc -> acc) and `csj_map` (input -> acc) for the reduce and
     scan modules.
 
     map_spec: ("value", None) casts each element; ("call", op) applies a map operator;
     ("call_index", op) applies map(value, global_index); ("predicate", op) gives 1 where
-    op(value) is true, else 0.
+    op(value) is true, else 0. `input_by_base`: see _compile_record_reduction.
     """
-    if is_record(acc_dtype):
-        return _compile_record_reduction(op, map_spec, in_dtype, np.dtype(acc_dtype), cc)
+    if is_record(acc_dtype) or is_record(in_dtype) or input_by_base:
+        return _compile_record_reduction(op, map_spec, np.dtype(in_dtype), np.dtype(acc_dtype), cc,
+                                         input_by_base)
     _, types, _ = _load_numba()
     acc_type = types.CPointer(numba_type(acc_dtype))
     in_type = types.CPointer(numba_type(in_dtype))

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from . import _shim
-from ._dtypes import as_dtype
+from ._dtypes import as_array_dtype, check_record, describe_dtype, is_record
 from .places import PlaceGroup
 
 
@@ -18,6 +18,16 @@ def check_array(value, argument: str = "a") -> "ShardedArray":
     if not isinstance(value, ShardedArray):
         raise TypeError(f"{argument}: expected a ShardedArray, got {type(value).__name__}")
     return value
+
+
+def check_numbers(array: "ShardedArray", algorithm: str, argument: str = "a") -> "ShardedArray":
+    """TypeError naming `argument` when the array holds records, which `algorithm` (a
+    built-in kernel that knows only numbers) cannot take."""
+    check_array(array, argument)
+    if array.dtype.names is not None:
+        raise TypeError(f"{argument}: {algorithm} takes arrays of numbers, not records "
+                        f"{describe_dtype(array.dtype)}")
+    return array
 
 
 def check_out(out, like: "ShardedArray", like_name: str = "the inputs"):
@@ -57,6 +67,41 @@ def _shard_sizes(group: PlaceGroup, n_or_sizes, argument: str = "n") -> list[int
     )
 
 
+def _shim_dtype(dtype: np.dtype) -> tuple[str, int]:
+    """The shim's (dtype name, itemsize): records travel as "record" and their size."""
+    return ("record", dtype.itemsize) if is_record(dtype) else (dtype.name, 0)
+
+
+def _allocate(group: PlaceGroup, sizes: list[int], dtype: np.dtype, contiguous: bool):
+    name, itemsize = _shim_dtype(dtype)
+    return _shim.ShardedArray.allocate(group._impl, sizes, name, contiguous, itemsize)
+
+
+def _interface_dtype(interface: dict, requested: np.dtype | None, argument: str) -> np.dtype:
+    """A buffer's dtype: its typestr, its descr for records, or `requested` (checked)."""
+    typestr = np.dtype(interface["typestr"])
+    if typestr.kind != "V":
+        found = as_array_dtype(typestr, argument)
+    elif requested is None:
+        descr = interface.get("descr")
+        fields = [(name, field) for name, field in descr or () if name]  # '' entries pad
+        if not fields:
+            raise TypeError(f"{argument}: records ({typestr.str}) need their fields named: pass "
+                            f"dtype= (the record's numpy dtype)")
+        found = check_record(np.dtype(fields, align=True), argument)
+        if found.itemsize != typestr.itemsize:
+            raise TypeError(f"{argument}: its descr lays out {found.itemsize} bytes, its typestr "
+                            f"{typestr.itemsize}")
+    else:
+        if requested.itemsize != typestr.itemsize or not is_record(requested):
+            raise TypeError(f"{argument}: holds {typestr.itemsize}-byte elements ({typestr.str}); "
+                            f"dtype {requested} does not describe them")
+        return requested
+    if requested is not None and requested != found:
+        raise TypeError(f"{argument}: holds {describe_dtype(found)}, not dtype {describe_dtype(requested)}")
+    return found
+
+
 def _release_contiguous(impl) -> None:
     """Frees a contiguous array when its wrapper goes. Unmapping waits for the places' streams:
     `free()` waits with the GIL released, where the C++ destructor (run when the last reference
@@ -76,26 +121,54 @@ class ShardView:
     """Zero-copy view of one shard: a 1-D device array with `__cuda_array_interface__` (v3).
 
     Its `stream` is the place's stream, so CuPy, numba and torch order their work after
-    ours. The view keeps its array alive. `array` and `place` say whose shard it is.
+    ours. The view keeps its array alive. `array` and `place` say whose shard it is. A record
+    shard's interface has typestr `|V<itemsize>` and a `descr` naming the fields; consumers
+    that read only typestr (numba, CuPy) see raw void elements, so `field(name)` gives a
+    strided view of one field, which they all take.
 
     >>> view = a.shard(0)                                                 # doctest: +SKIP
     >>> cupy.asarray(view).sum()                                          # doctest: +SKIP
     """
 
-    __slots__ = ("array", "place", "__cuda_array_interface__")
+    __slots__ = ("array", "place", "field_name", "__cuda_array_interface__")
 
-    def __init__(self, array: ShardedArray, place: int):
+    def __init__(self, array: ShardedArray, place: int, field_name: str | None = None):
         self.array = array
         self.place = place
+        self.field_name = field_name
         impl = array._impl
-        self.__cuda_array_interface__ = {
-            "shape": (impl.shard_sizes[place],),
-            "typestr": array.dtype.str,
-            "data": (impl.shard_pointer(place), False),
+        dtype = array.dtype
+        size = impl.shard_sizes[place]
+        pointer = impl.shard_pointer(place)
+        interface = {
+            "shape": (size,),
+            "typestr": dtype.str,
+            "data": (pointer, False),
             "strides": None,
             "version": 3,
             "stream": array.group.stream(place),
         }
+        if field_name is not None:
+            field, offset = dtype.fields[field_name][:2]
+            interface["typestr"] = field.str
+            interface["strides"] = (dtype.itemsize,)
+            interface["data"] = (pointer + offset if size else pointer, False)
+        elif is_record(dtype):
+            interface["descr"] = dtype.descr
+        self.__cuda_array_interface__ = interface
+
+    def field(self, name: str) -> ShardView:
+        """Zero-copy view of one field of a record shard: strided (`strides` is the record's
+        itemsize), typed as the field, on the same stream.
+
+        >>> xs = cupy.asarray(points.shard(0).field("x"))                   # doctest: +SKIP
+        """
+        dtype = self.array.dtype
+        if not is_record(dtype) or self.field_name is not None:
+            raise TypeError(f"name: field views are views of a record shard; this one holds {self.dtype}")
+        if name not in dtype.names:
+            raise ValueError(f"name: no field {name!r} (fields: {', '.join(dtype.names)})")
+        return ShardView(self.array, self.place, name)
 
     @property
     def device(self) -> int:
@@ -109,15 +182,18 @@ class ShardView:
 
     @property
     def dtype(self) -> np.dtype:
-        """The array's element type."""
+        """The array's element type (a field view: the field's)."""
+        if self.field_name is not None:
+            return self.array.dtype.fields[self.field_name][0]
         return self.array.dtype
 
     def __len__(self) -> int:
         return self.shape[0]
 
     def __repr__(self) -> str:
+        field = "" if self.field_name is None else f", field={self.field_name!r}"
         return (f"ShardView(place={self.place}, device=cuda:{self.device}, size={len(self)}, "
-                f"dtype={self.dtype})")
+                f"dtype={describe_dtype(self.dtype)}{field})")
 
 
 class ShardedArray:
@@ -131,12 +207,13 @@ class ShardedArray:
 
     __slots__ = ("_impl", "_group", "_dtype", "_keepalive", "__weakref__")
 
-    def __init__(self, impl, group: PlaceGroup):
+    def __init__(self, impl, group: PlaceGroup, dtype: np.dtype | None = None):
         if not isinstance(impl, _shim.ShardedArray):
             raise TypeError("use ShardedArray.allocate / from_numpy / adopt to make an array")
         self._impl = impl
         self._group = group
-        self._dtype = np.dtype(impl.dtype)
+        # the shim knows a record only by its size: its fields live here
+        self._dtype = np.dtype(impl.dtype) if dtype is None else dtype
         self._keepalive = None  # adopted and contiguous arrays: a finalizer (adopt, allocate_contiguous)
 
     # ---- construction -------------------------------------------------------------------
@@ -145,12 +222,16 @@ class ShardedArray:
         """Uninitialised array: `n` elements split evenly (the first n % P shards get one
         more), or explicit per-shard sizes (zero allowed); one allocation per shard.
 
+        `dtype`: a supported number type, or a record (a numpy structured dtype of 1 to 4
+        such fields in the aligned layout, `np.dtype([...], align=True)`).
+
         >>> a = ShardedArray.allocate(g, [600, 400], np.float32)          # doctest: +SKIP
+        >>> points = ShardedArray.allocate(g, 1000, np.dtype([("x", np.float32),
+        ...                                                    ("y", np.float32)]))  # doctest: +SKIP
         """
         group = _check_group(group)
-        dtype = as_dtype(dtype)
-        return cls(_shim.ShardedArray.allocate(group._impl, _shard_sizes(group, n), dtype.name, False),
-                   group)
+        dtype = as_array_dtype(dtype)
+        return cls(_allocate(group, _shard_sizes(group, n), dtype, False), group, dtype)
 
     @classmethod
     def allocate_contiguous(cls, group: PlaceGroup, n, dtype) -> ShardedArray:
@@ -166,9 +247,9 @@ class ShardedArray:
         >>> a = ShardedArray.allocate_contiguous(g, 1 << 20, np.float32)   # doctest: +SKIP
         """
         group = _check_group(group)
-        dtype = as_dtype(dtype)
-        impl = _shim.ShardedArray.allocate(group._impl, _shard_sizes(group, n), dtype.name, True)
-        array = cls(impl, group)
+        dtype = as_array_dtype(dtype)
+        impl = _allocate(group, _shard_sizes(group, n), dtype, True)
+        array = cls(impl, group, dtype)
         array._keepalive = weakref.finalize(array, _release_contiguous, impl)
         return array
 
@@ -176,13 +257,16 @@ class ShardedArray:
     def from_numpy(cls, group: PlaceGroup, host, sizes=None, contiguous: bool = False) -> ShardedArray:
         """Copy a 1-D numpy array to the group (even split unless `sizes` is given).
 
+        A record array (structured dtype) must be in the aligned layout; a packed one is
+        refused with the `astype` that converts it (to_numpy gives back the same bytes).
+
         >>> a = ShardedArray.from_numpy(g, np.arange(5.0))                # doctest: +SKIP
         """
         group = _check_group(group)
         host = np.asarray(host)
         if host.ndim != 1:
             raise ValueError(f"host: expected a 1-D array, got {host.ndim} dimensions {host.shape}")
-        dtype = as_dtype(host.dtype, "host")
+        dtype = as_array_dtype(host.dtype, "host")
         if sizes is not None:
             shard_sizes = _shard_sizes(group, sizes, "sizes")
             if sum(shard_sizes) != host.size:
@@ -198,10 +282,13 @@ class ShardedArray:
         return array
 
     @classmethod
-    def adopt(cls, group: PlaceGroup, buffers: Sequence) -> ShardedArray:
+    def adopt(cls, group: PlaceGroup, buffers: Sequence, dtype=None) -> ShardedArray:
         """Zero-copy array over device buffers you own, one per place, each on that place's
         device: any object with `__cuda_array_interface__` (CuPy, numba, torch), contiguous,
         of one supported dtype. The buffers are kept alive and never freed by us.
+
+        Records: an interface's typestr (`|V16`) does not name fields, so pass `dtype` (the
+        record; its itemsize must match) unless the interface carries a `descr`.
 
         >>> a = ShardedArray.adopt(g, [cupy.zeros(5, cupy.float32)])      # doctest: +SKIP
         """
@@ -209,6 +296,7 @@ class ShardedArray:
         buffers = list(buffers)
         if len(buffers) != len(group):
             raise ValueError(f"buffers: expected one buffer per place ({len(group)}), got {len(buffers)}")
+        requested = None if dtype is None else as_array_dtype(dtype)
         pointers, sizes, streams, dtype = [], [], [], None
         for index, buffer in enumerate(buffers):
             interface = getattr(buffer, "__cuda_array_interface__", None)
@@ -218,7 +306,7 @@ class ShardedArray:
                 )
             shape = tuple(interface["shape"])
             itemsize = np.dtype(interface["typestr"]).itemsize
-            buffer_dtype = as_dtype(np.dtype(interface["typestr"]), f"buffers[{index}]")
+            buffer_dtype = _interface_dtype(interface, requested, f"buffers[{index}]")
             strides = interface.get("strides")
             if strides is not None:
                 expected, step = [], itemsize
@@ -236,11 +324,13 @@ class ShardedArray:
             pointers.append(int(interface["data"][0]))
             sizes.append(int(np.prod(shape)) if shape else 1)
             streams.append(interface.get("stream") or 0)
-        impl = _shim.ShardedArray.adopt(group._impl, pointers, sizes, dtype.name)
+        if dtype is None:  # no buffers to name one (an empty group cannot be made)
+            dtype = requested
+        impl = _shim.ShardedArray.adopt(group._impl, pointers, sizes, *_shim_dtype(dtype))
         # Our streams start after whatever the producers queued on theirs (CAI v3 contract).
         for place, stream in enumerate(streams):
             group._impl.wait_for_stream(place, int(stream))
-        array = cls(impl, group)
+        array = cls(impl, group, dtype)
         # The buffers live as long as the array, and are let go only after the work queued
         # on them has run (their owner may reuse the memory at once).
         array._keepalive = weakref.finalize(array, _release_adopted, group._impl, tuple(buffers))
@@ -281,7 +371,7 @@ class ShardedArray:
 
     @property
     def dtype(self) -> np.dtype:
-        """The element type (one of SUPPORTED_DTYPES)."""
+        """The element type: one of SUPPORTED_DTYPES, or a record (structured dtype) of them."""
         return self._dtype
 
     @property
@@ -333,4 +423,6 @@ class ShardedArray:
         return self._impl.is_freed
 
     def __repr__(self) -> str:
+        if is_record(self._dtype):
+            return self._impl.describe(f"record{describe_dtype(self._dtype)}")
         return self._impl.describe()

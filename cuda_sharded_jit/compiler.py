@@ -16,11 +16,12 @@ from pathlib import Path
 import numpy as np
 
 from . import _cache, _link, _shim
-from ._dtypes import as_dtype, dtype_from_key, dtype_key, is_record
+from ._dtypes import as_array_dtype, as_dtype, describe_dtype, dtype_from_key, dtype_key, is_record, record_fields
 from .op import Op, as_op, disk_cacheable
 
 ALGORITHMS = ("transform", "reduce", "scan")
 VALUE_MAP = ("value", None)
+INDEX_MAP = ("index", None)  # transform: the operator also receives each element's global index
 ENV_DUMP = "CUDA_SHARDED_JIT_DUMP"
 
 
@@ -92,9 +93,40 @@ def _arch_cc(arch: str) -> tuple[int, int]:
     return int(digits[:-1]), int(digits[-1])
 
 
-def _transform_module(arg_kinds, out_dtype) -> str:
-    sizes = "_".join(str(dtype.itemsize) for kind, dtype in arg_kinds if kind == "array")
+def is_indexed_transform(arg_kinds, out_dtype, map_spec) -> bool:
+    """Whether a transform runs the indexed module (records in or out, or the element's index
+    wanted) rather than the vectorised one for 4- and 8-byte numbers."""
+    return (map_spec == INDEX_MAP or is_record(out_dtype)
+            or any(kind == "array" and is_record(dtype) for kind, dtype in arg_kinds))
+
+
+def _transform_module(arg_kinds, out_dtype, map_spec) -> str:
+    arrays = [dtype for kind, dtype in arg_kinds if kind == "array"]
+    if is_indexed_transform(arg_kinds, out_dtype, map_spec):
+        return f"transform_indexed_n{len(arrays)}"
+    sizes = "_".join(str(dtype.itemsize) for dtype in arrays)
     return f"transform_o{np.dtype(out_dtype).itemsize}_i{sizes}"
+
+
+def _same_fields(first: np.dtype, second: np.dtype) -> bool:
+    return ([field for _, field in record_fields(first)] == [field for _, field in record_fields(second)]
+            and first.itemsize == second.itemsize)
+
+
+def _reduction_module(op: Op, algorithm: str, map_spec, in_dtype: np.dtype, acc: np.dtype) -> tuple[str, bool]:
+    """(LTO module, whether its map addresses the input from the global base)."""
+    if not is_record(in_dtype):
+        return f"{algorithm}_a{acc.itemsize}_i{in_dtype.itemsize}", False
+    if algorithm == "reduce":  # one module per accumulator for records of any size
+        return f"reduce_a{acc.itemsize}_irec", True
+    # a scan of records runs over the records themselves, into their own layout
+    if map_spec[0] != "value":
+        raise TypeError(f"map_op: a scan of records ({describe_dtype(in_dtype)}) takes no map; "
+                        f"transform_inclusive_scan / transform_exclusive_scan map it first")
+    if not (is_record(acc) and _same_fields(in_dtype, acc)):
+        raise TypeError(f"operator {op.name}: a scan of records of {describe_dtype(in_dtype)} "
+                        f"accumulates and writes that layout, not {describe_dtype(acc)}")
+    return f"scan_a{acc.itemsize}_i{in_dtype.itemsize}", False
 
 
 def _build(op: Op, key: tuple, map_spec) -> CompiledKernel:
@@ -115,18 +147,21 @@ def _build_kernel(op: Op, key: tuple, map_spec) -> CompiledKernel:
     started = time.perf_counter()
     map_ltoir = b""
     if algorithm == "transform":
-        arg_dtypes = [dtype for _, dtype in arg_kinds]
-        out_dtype = out_request if out_request is not None else _jit.infer_result_dtype(op, arg_dtypes, cc)
-        module = _transform_module(arg_kinds, out_dtype)
-        ltoirs = [_jit.compile_transform(op, arg_kinds, out_dtype, cc, _shim.MAX_TRANSFORM_SCALARS)]
+        with_index = map_spec == INDEX_MAP
+        arg_dtypes = [dtype for _, dtype in arg_kinds] + ([np.dtype(np.int64)] if with_index else [])
+        out_dtype = (out_request if out_request is not None
+                     else _jit.infer_result_dtype(op, arg_dtypes, cc, tuples=True))
+        module = _transform_module(arg_kinds, out_dtype, map_spec)
+        if is_indexed_transform(arg_kinds, out_dtype, map_spec):
+            ltoirs = [_jit.compile_transform_indexed(op, arg_kinds, out_dtype, cc,
+                                                     _shim.MAX_TRANSFORM_SCALARS, with_index)]
+        else:
+            ltoirs = [_jit.compile_transform(op, arg_kinds, out_dtype, cc, _shim.MAX_TRANSFORM_SCALARS)]
     else:  # reduce, scan: one input array, accumulator = out_request or the map's type
         in_dtype = arg_kinds[0][1]
         out_dtype = out_request if out_request is not None else _jit.infer_map_dtype(map_spec, in_dtype, cc)
-        if algorithm == "scan" and is_record(out_dtype):
-            raise TypeError(f"operator {op.name}: scans of tuple accumulators are not supported "
-                            f"yet (reductions are: transform_reduce)")
-        module = f"{algorithm}_a{out_dtype.itemsize}_i{in_dtype.itemsize}"
-        op_ltoir, map_ltoir = _jit.compile_reduction(op, map_spec, in_dtype, out_dtype, cc)
+        module, by_base = _reduction_module(op, algorithm, map_spec, in_dtype, out_dtype)
+        op_ltoir, map_ltoir = _jit.compile_reduction(op, map_spec, in_dtype, out_dtype, cc, by_base)
         ltoirs = [op_ltoir, map_ltoir]
     cubin = _link.link(module, ltoirs, arch)
     seconds = time.perf_counter() - started
@@ -153,9 +188,16 @@ _libraries = _cache.MemoryCache()   # (key less arch, archs) -> (out dtype, [Ker
 _loaded = _cache.MemoryCache()      # key -> KernelLibrary (one load per process)
 _ENTRY_POINTS = {
     "transform": ["csj_transform"],
+    "transform_indexed": ["csj_transform_indexed"],
     "reduce": ["csj_reduce", "csj_fold"],
     "scan": ["csj_reduce", "csj_fold", "csj_scan"],
 }
+
+
+def _entry_points(kernel: CompiledKernel) -> list[str]:
+    if kernel.module.startswith("transform_indexed"):
+        return _ENTRY_POINTS["transform_indexed"]
+    return _ENTRY_POINTS[kernel.algorithm]
 
 
 def _map_identity(map_spec) -> tuple:
@@ -205,8 +247,8 @@ def _normalise_kinds(dtypes, scalars) -> tuple:
     for position in scalar_positions:
         if not 0 <= position < len(dtypes):
             raise ValueError(f"scalars: position {position} is not an argument position")
-    return tuple(("scalar" if position in scalar_positions else "array",
-                  as_dtype(dtype, f"dtypes[{position}]"))
+    return tuple(("scalar", as_dtype(dtype, f"dtypes[{position}]")) if position in scalar_positions
+                 else ("array", as_array_dtype(dtype, f"dtypes[{position}]"))
                  for position, dtype in enumerate(dtypes))
 
 
@@ -214,12 +256,14 @@ def compile(op, algorithm: str, dtypes, arch: str | None = None, *, scalars=(), 
             map_op=None, with_index: bool = False) -> CompiledKernel:  # noqa: A001 - the build step
     """Build (or fetch from cache) the kernel an algorithm runs for an operator.
 
-    transform: `dtypes` are the operator's argument dtypes in order; `scalars` lists the
-    positions that are runtime scalars rather than arrays; `out_dtype` fixes the result type.
+    transform: `dtypes` are the operator's argument dtypes in order (records included);
+    `scalars` lists the positions that are runtime scalars rather than arrays; `out_dtype`
+    fixes the result type (an operator returning a tuple makes a record); `with_index` passes
+    each element's global index as a last argument.
     reduce / scan: `dtypes` is the input dtype; `out_dtype` the accumulator (default: the
     input's, or `map_op`'s result, the map applied to each element first: `map_op(x)`, or
     `map_op(x, global_index)` with `with_index`; a map returning a tuple makes a record
-    accumulator, and `op` then takes and returns tuples).
+    accumulator, and `op` then takes and returns tuples). A scan of records takes no map.
     `arch` ("sm_90") is required with no GPU; by default it is device 0's. Works with no
     GPU: for inspection, AOT builds and CI. `cache_hit` tells whether the kernel came from a
     cache (memory or disk).
@@ -234,10 +278,17 @@ def compile(op, algorithm: str, dtypes, arch: str | None = None, *, scalars=(), 
     op = as_op(op)
     arg_kinds = _normalise_kinds(dtypes, scalars)
     map_spec = VALUE_MAP
+    if not isinstance(with_index, bool):
+        raise TypeError(f"with_index: expected a bool, got {type(with_index).__name__}")
     if algorithm == "transform":
-        if map_op is not None or with_index:
-            raise ValueError("map_op, with_index: only reductions and scans take a map")
-        op.check_arity(len(arg_kinds), f"dtypes ({len(arg_kinds)} entries)")
+        if map_op is not None:
+            raise ValueError("map_op: only reductions and scans take a map")
+        if not any(kind == "array" for kind, _ in arg_kinds):
+            raise ValueError("dtypes: a transform needs at least one array argument")
+        op.check_arity(len(arg_kinds) + with_index,
+                       f"dtypes ({len(arg_kinds)} entries{' and the index' if with_index else ''})")
+        if with_index:
+            map_spec = INDEX_MAP
     else:
         if len(arg_kinds) != 1 or scalars:
             raise ValueError(f"dtypes: {algorithm} takes one input dtype")
@@ -253,7 +304,7 @@ def compile(op, algorithm: str, dtypes, arch: str | None = None, *, scalars=(), 
 
         arch = PlaceGroup.by_devices([0]).archs[0]
     _arch_cc(arch)
-    out_request = None if out_dtype is None else as_dtype(out_dtype, "out_dtype")
+    out_request = None if out_dtype is None else as_array_dtype(out_dtype, "out_dtype")
     key = (algorithm, op.identity(), _map_identity(map_spec), arg_kinds, out_request, arch)
     cached = _kernels.get(key)
     if cached is not None:
@@ -278,7 +329,7 @@ def kernel_libraries(op: Op, algorithm: str, arg_kinds: tuple, out_request, arch
             key = base + (arch,)
             kernel = _lookup(op, key, map_spec)
             library = _loaded.get_or_build(
-                key, lambda: _shim.KernelLibrary(kernel.cubin, _ENTRY_POINTS[algorithm]))
+                key, lambda: _shim.KernelLibrary(kernel.cubin, _entry_points(kernel)))
             libraries.append(library)
             out_dtype = kernel.out_dtype
         return out_dtype, libraries

@@ -199,7 +199,8 @@ def test_operator_arity_is_checked_before_compiling(shim_untouched, group, monke
 
 
 @pytest.mark.parametrize("returns, message", [
-    (lambda x: (x, x), r"returns UniTuple\(float32 x 2\) .* which no array can hold"),
+    (lambda x: (x, x > 0), r"returns Tuple\(float32, bool\) .* which no array can hold"),
+    (lambda x: (x, x, x, x, x), r"tuples of 1 to 4 numbers are supported, got 5"),
     (lambda x: None, "returns none .* which no array can hold"),
     (lambda x: x > 0, "returns bool .* which no array can hold"),
 ])

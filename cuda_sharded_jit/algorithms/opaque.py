@@ -9,7 +9,7 @@ import numpy as np
 
 from .. import _shim
 from .._dtypes import exact_cast
-from ..array import ShardedArray, check_array
+from ..array import ShardedArray, check_numbers
 
 
 
@@ -23,7 +23,7 @@ def fill(a: ShardedArray, value) -> ShardedArray:
 
     >>> sharded.fill(a, 3.0)                                                # doctest: +SKIP
     """
-    check_array(a)
+    check_numbers(a, "fill")
     packed = exact_cast(value, a.dtype, "value").tobytes().ljust(8, b"\0")
     _shim.transform_builtin(_shim.BuiltinOp.fill, [], a._impl, packed)
     return a
@@ -36,7 +36,7 @@ def sequence(a: ShardedArray, start=0, step=1) -> ShardedArray:
 
     >>> sharded.sequence(a, start=10, step=2)                               # doctest: +SKIP
     """
-    check_array(a)
+    check_numbers(a, "sequence")
     wide = _wide(a.dtype)
     packed = (exact_cast(start, wide, "start").tobytes() + exact_cast(step, wide, "step").tobytes())
     _shim.transform_builtin(_shim.BuiltinOp.sequence, [], a._impl, packed)
@@ -48,7 +48,7 @@ def count(a: ShardedArray, value) -> int:
 
     >>> sharded.count(a, 3.0)                                                # doctest: +SKIP
     """
-    check_array(a)
+    check_numbers(a, "count")
     try:
         target = exact_cast(value, a.dtype, "value")
     except ValueError:  # an integer array holds no 2.5 and no out-of-range value
@@ -66,7 +66,7 @@ def histogram_even(a: ShardedArray, num_bins: int, lower: float, upper: float) -
 
     >>> sharded.histogram_even(a, num_bins=64, lower=0.0, upper=1.0)        # doctest: +SKIP
     """
-    check_array(a)
+    check_numbers(a, "histogram_even")
     if isinstance(num_bins, bool) or not isinstance(num_bins, numbers.Integral):
         raise TypeError(f"num_bins: expected an int, got {type(num_bins).__name__}")
     if not 0 < num_bins <= _MAX_BINS:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import _shim
-from .._dtypes import as_dtype, exact_cast, is_record, is_weak_scalar, record_fields
+from .._dtypes import as_dtype, describe_dtype, exact_cast, is_record, is_weak_scalar, record_fields
 from ..array import ShardedArray, check_array, check_out
 from ..compiler import VALUE_MAP, kernel_libraries
 from ..op import Op, as_op
@@ -40,9 +40,10 @@ def _accumulator(dtype: np.dtype, init) -> np.dtype:
     """The input dtype, or init's when it is an explicitly typed (numpy) value and wider.
 
     Python scalars are weak, as in numpy: `reduce(float32_array, op, init=0.0)` stays
-    float32; `init=np.float64(0)` accumulates in float64.
+    float32; `init=np.float64(0)` accumulates in float64. Records accumulate as themselves
+    (init: a tuple).
     """
-    if init is None or is_weak_scalar(init):
+    if init is None or is_weak_scalar(init) or is_record(dtype):
         return dtype
     init_dtype = as_dtype(np.asarray(init).dtype, "init")
     return init_dtype if np.promote_types(dtype, init_dtype) == init_dtype else dtype
@@ -66,11 +67,15 @@ def _pack(value, dtype: np.dtype) -> bytes:
     return exact_cast(value, dtype, "init").tobytes()
 
 
-def _operator(op, arity: int, what: str):
-    """A built-in name or an Op; TypeError before any compile for a wrong arity."""
+def _operator(op, arity: int, what: str, records: np.dtype | None = None):
+    """A built-in name or an Op; TypeError before any compile for a wrong arity, or for a
+    built-in name when the values are `records` (it combines numbers)."""
     if isinstance(op, str):
         if op not in _BUILTIN:
             raise ValueError(f"op: expected an operator or one of {', '.join(_BUILTIN)}, got {op!r}")
+        if records is not None:
+            raise TypeError(f"op: {op!r} combines numbers, but a holds records "
+                            f"{describe_dtype(records)}; pass an operator that combines two tuples")
         return op
     op = as_op(op)
     op.check_arity(arity, what)
@@ -95,12 +100,16 @@ def reduce(a: ShardedArray, op="sum", init=None):
     `op`: an operator (or plain callable) of two accumulators, or "sum", "min", "max"
     (built in, no JIT). The accumulator has a's dtype, or init's when init is a wider numpy
     value. An empty array gives `init`; with no init, "sum" gives 0 and others ValueError.
+    A record array folds its records: `op` takes and returns tuples (named ones when the
+    fields have names), init is a tuple or None, the result a tuple of numpy scalars.
 
     >>> sharded.reduce(a, op=lambda x, y: max(abs(x), abs(y)), init=0.0)   # doctest: +SKIP
+    >>> sharded.reduce(points, lambda p, q: (p.x + q.x, p.y + q.y))          # doctest: +SKIP
+    (np.float32(12.5), np.float32(-3.0))
     """
     check_array(a)
-    op = _operator(op, 2, "reduce")
-    if isinstance(init, tuple):
+    op = _operator(op, 2, "reduce", a.dtype if is_record(a.dtype) else None)
+    if isinstance(init, tuple) and not is_record(a.dtype):
         raise TypeError("init: a tuple accumulator is built from each element by a map: use "
                         "sharded.transform_reduce(a, map_op, reduce_op, init)")
     acc = _accumulator(a.dtype, init)
@@ -147,6 +156,7 @@ def transform_reduce(a: ShardedArray, map_op, reduce_op, init, with_index: bool 
     The accumulator is map_op's result type, or init's dtype when init is a numpy value. A map
     that returns a tuple of numbers makes a tuple accumulator: reduce_op then takes and
     returns tuples, init is a tuple (or None) and the result is a tuple of numpy scalars.
+    The elements of a record array reach the map as tuples (named when the fields are).
 
     >>> sharded.transform_reduce(a, lambda x: x * x, lambda x, y: x + y, 0.0)  # L2 norm²  # doctest: +SKIP
     >>> def first_min(p, q):               # (value, index): the first smallest  # doctest: +SKIP
@@ -208,6 +218,9 @@ _FIRST_MIN, _FIRST_MAX, _PAIR = Op(_first_min), Op(_first_max), Op(_pair_with_in
 def _first_index(a: ShardedArray, better: Op, what: str) -> int:
     """The index half of the (value, index) pair `better` keeps over the whole array."""
     check_array(a)
+    if is_record(a.dtype):
+        raise TypeError(f"a: {what} compares numbers, but a holds records {describe_dtype(a.dtype)}; "
+                        f"use transform_reduce with an operator that orders them")
     if a.size == 0:
         raise ValueError(f"{what}: the array is empty")
     _, index = transform_reduce(a, _PAIR, better, None, with_index=True)
@@ -249,20 +262,27 @@ def count_if(a: ShardedArray, pred) -> int:
 
 def _scan(a, op, init, out, exclusive: bool, what: str) -> ShardedArray:
     check_array(a)
-    op = _operator(op, 2, what)
+    records = a.dtype if is_record(a.dtype) else None
+    op = _operator(op, 2, what, records)
     if out is not None:
         check_out(out, a, "a")
         acc = out.dtype
     else:
         acc = _accumulator(a.dtype, init)
-        out = ShardedArray.allocate(a.group, list(a.shard_sizes), acc)
+    if isinstance(init, tuple) and not is_record(acc):
+        raise TypeError(f"init: a tuple, but the accumulator is a single {acc}")
     if isinstance(op, str):
         if acc == a.dtype:
-            _shim.scan_builtin(_BUILTIN[op], a._impl, out._impl, _pack(init, acc), exclusive)
+            packed = _pack(init, acc)
+            out = out if out is not None else ShardedArray.allocate(a.group, list(a.shard_sizes), acc)
+            _shim.scan_builtin(_BUILTIN[op], a._impl, out._impl, packed, exclusive)
             return out
         op = _PYTHON_OPS[op]
     _, libraries = kernel_libraries(op, "scan", (("array", a.dtype),), acc, a.group.archs)
-    _shim.scan(libraries, a._impl, out._impl, acc.itemsize, _pack(init, acc), exclusive)
+    packed = _pack(init, acc)
+    if out is None:
+        out = ShardedArray.allocate(a.group, list(a.shard_sizes), acc)
+    _shim.scan(libraries, a._impl, out._impl, acc.itemsize, packed, exclusive)
     return out
 
 
@@ -270,9 +290,12 @@ def inclusive_scan(a: ShardedArray, op="sum", out: ShardedArray | None = None, i
     """out[i] = init op a[0] op ... op a[i] (without init when None). `out` may be `a`.
 
     The accumulator (and result) dtype is out's when given, else a's (or init's when it is a
-    wider numpy value). Stream-ordered: returns at once.
+    wider numpy value). A record array scans its records into its own layout: `op` takes and
+    returns tuples (named when the fields are), init is a tuple. Stream-ordered: returns at
+    once.
 
     >>> running_max = sharded.inclusive_scan(a, lambda x, y: x if x > y else y)  # doctest: +SKIP
+    >>> path = sharded.inclusive_scan(steps, lambda p, q: (p.x + q.x, p.y + q.y))  # doctest: +SKIP
     """
     return _scan(a, op, init, out, False, "inclusive_scan")
 
@@ -285,6 +308,86 @@ def exclusive_scan(a: ShardedArray, op, init, out: ShardedArray | None = None) -
     if init is None:
         raise ValueError("init: an exclusive scan needs an initial value")
     return _scan(a, op, init, out, True, "exclusive_scan")
+
+
+def _transform_scan(a, map_op, scan_op, init, out, with_index, exclusive: bool, what: str) -> ShardedArray:
+    check_array(a)
+    if not isinstance(with_index, bool):
+        raise TypeError(f"with_index: expected a bool, got {type(with_index).__name__}")
+    map_op = as_op(map_op, "map_op")
+    map_op.check_arity(2 if with_index else 1, f"{what}'s map" + (" (value, index)" if with_index else ""))
+    scan_op = _operator(scan_op, 2, what)
+    builtin = scan_op if isinstance(scan_op, str) else None
+    if builtin:
+        scan_op = _PYTHON_OPS[builtin]
+    if out is not None:
+        check_out(out, a, "a")
+    tuples_error = (f"scan_op: {builtin!r} combines single numbers, but the map returns tuples; "
+                    f"pass an operator that combines two tuples")
+    if is_record(a.dtype):
+        # Records: the map runs as an indexed transform into `out`, which is then scanned in
+        # place; both kernels are compiled before either runs.
+        from .transform import prepare, run
+
+        prepared = prepare(map_op, (a,), out, with_index)
+        acc = prepared[2] if out is None else out.dtype
+        if builtin and is_record(acc):
+            raise TypeError(tuples_error)
+        _, libraries = kernel_libraries(scan_op, "scan", (("array", acc),), acc, a.group.archs)
+        packed = _pack(init, acc)
+        out = run(prepared, out)
+        _shim.scan(libraries, out._impl, out._impl, acc.itemsize, packed, exclusive)
+        return out
+    scalar_init = init is not None and not isinstance(init, tuple) and not is_weak_scalar(init)
+    request = out.dtype if out is not None else (as_dtype(np.asarray(init).dtype, "init") if scalar_init else None)
+    try:
+        acc, libraries = kernel_libraries(scan_op, "scan", (("array", a.dtype),), request, a.group.archs,
+                                          ("call_index" if with_index else "call", map_op))
+    except TypeError as error:
+        if builtin and "tuple" in str(error):
+            raise TypeError(tuples_error) from error
+        raise
+    if builtin and is_record(acc):
+        raise TypeError(tuples_error)
+    packed = _pack(init, acc)
+    if out is None:
+        out = ShardedArray.allocate(a.group, list(a.shard_sizes), acc)
+    _shim.scan(libraries, a._impl, out._impl, acc.itemsize, packed, exclusive)
+    return out
+
+
+def transform_inclusive_scan(a: ShardedArray, map_op, scan_op, out: ShardedArray | None = None,
+                             init=None, with_index: bool = False) -> ShardedArray:
+    """out[i] = init op map(a[0]) op ... op map(a[i]): the map and the scan in one pass
+    (a record array: an indexed transform into `out`, then the scan in place).
+
+    As transform_reduce: with `with_index` the map is map_op(x, global_index); a map
+    returning a tuple makes a tuple accumulator and `out` a record array (fields f0, f1, ...,
+    or out's own); scan_op then takes and returns tuples and init is a tuple. The result
+    dtype is out's when given, else the map's result type (or init's when it is a numpy
+    value). `out` may be `a`. Stream-ordered: returns at once.
+
+    >>> def first_min(p, q):                # running (minimum, its first index)  # doctest: +SKIP
+    ...     return q if q[0] < p[0] else p
+    >>> m = sharded.transform_inclusive_scan(a, lambda x, i: (x, i), first_min, with_index=True)  # doctest: +SKIP
+    >>> m.to_numpy()["f1"]                  # where each prefix's minimum is   # doctest: +SKIP
+    """
+    return _transform_scan(a, map_op, scan_op, init, out, with_index, False, "transform_inclusive_scan")
+
+
+def transform_exclusive_scan(a: ShardedArray, map_op, scan_op, init, out: ShardedArray | None = None,
+                             with_index: bool = False) -> ShardedArray:
+    """out[0] = init, out[i] = init op map(a[0]) op ... op map(a[i-1]); as
+    transform_inclusive_scan otherwise.
+
+    >>> def moments(x):                     # (count, sum) before each element  # doctest: +SKIP
+    ...     return 1, x
+    >>> before = sharded.transform_exclusive_scan(
+    ...     a, moments, lambda p, q: (p[0] + q[0], p[1] + q[1]), (0, 0.0))    # doctest: +SKIP
+    """
+    if init is None:
+        raise ValueError("init: an exclusive scan needs an initial value")
+    return _transform_scan(a, map_op, scan_op, init, out, with_index, True, "transform_exclusive_scan")
 
 
 def _subtract(x, previous):
@@ -305,8 +408,13 @@ def adjacent_difference(a: ShardedArray, out: ShardedArray | None = None, op=Non
     >>> d = sharded.adjacent_difference(a)                                   # doctest: +SKIP
     """
     check_array(a)
+    if is_record(a.dtype):
+        raise TypeError(f"a: adjacent_difference takes arrays of numbers, not records "
+                        f"{describe_dtype(a.dtype)}")
     if out is not None:
         check_out(out, a, "a")
+        if is_record(out.dtype):
+            raise TypeError(f"out: adjacent_difference writes numbers, not records {describe_dtype(out.dtype)}")
         if out is a:
             raise ValueError("out: must not alias a (each element reads its predecessor)")
     if op is None:

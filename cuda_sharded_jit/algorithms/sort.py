@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from .. import _shim
-from ..array import ShardedArray, check_array
+from ..array import ShardedArray, check_array, check_numbers
 
 
 def sort(a: ShardedArray, descending: bool = False, out: ShardedArray | None = None) -> ShardedArray:
@@ -21,7 +21,7 @@ def sort(a: ShardedArray, descending: bool = False, out: ShardedArray | None = N
     >>> sharded.sort(x).to_numpy()                                             # doctest: +SKIP
     array([1, 2, 3], dtype=int32)
     """
-    check_array(a)
+    check_numbers(a, "sort")
     if not isinstance(descending, bool):
         raise TypeError(f"descending: expected a bool, got {type(descending).__name__}")
     if out is None:

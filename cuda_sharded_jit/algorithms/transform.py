@@ -7,9 +7,9 @@ import struct
 import numpy as np
 
 from .. import _shim
-from .._dtypes import as_dtype, exact_cast, is_scalar, scalar_dtype
+from .._dtypes import as_dtype, describe_dtype, exact_cast, is_record, is_scalar, scalar_dtype
 from ..array import ShardedArray, check_out
-from ..compiler import kernel_libraries
+from ..compiler import INDEX_MAP, VALUE_MAP, is_indexed_transform, kernel_libraries
 from ..op import as_op
 from ..ops import Descriptor
 
@@ -28,7 +28,7 @@ def pack_scalars(values, dtypes) -> bytes:
         raise ValueError(f"args: a scalar does not fit its dtype ({error})") from None
 
 
-def transform(op, *args, out: ShardedArray | None = None) -> ShardedArray:
+def transform(op, *args, out: ShardedArray | None = None, with_index: bool = False) -> ShardedArray:
     """out[i] = op(args[0][i], args[1][i], ...) for every element, on every place.
 
     Arrays (1 to 4, any supported dtypes, same group and shard sizes) are read elementwise;
@@ -36,13 +36,32 @@ def transform(op, *args, out: ShardedArray | None = None) -> ShardedArray:
     The result has out's dtype when `out` is given (the value is cast), else the operator's
     return type. `out` may alias an input. Returns at once (stream-ordered).
 
+    Records: an element of a record array reaches the operator as a tuple, a named one when
+    its fields have names (`p.x` or `p[0]`); an operator returning a tuple of 1 to 4 numbers
+    writes a record array (fields f0, f1, ..., or an argument's names when it returns that
+    argument), or the fields of `out`'s record dtype, in order. With `with_index`, the
+    operator also receives each element's global index (int64) as its last argument.
+
     >>> c = transform(lambda x, y, a: a * x + y, a, b, 2.0)             # doctest: +SKIP
     >>> transform(sharded.ops.axpy(2.0), a, b, out=b)                   # doctest: +SKIP
+    >>> polar = transform(lambda p: (math.hypot(p.x, p.y), math.atan2(p.y, p.x)), points)  # doctest: +SKIP
     """
     if isinstance(op, Descriptor):
+        if with_index:
+            raise TypeError("with_index: descriptor operators take no index; pass a Python operator")
         return _transform_descriptor(op, args, out)
+    prepared = prepare(op, args, out, with_index)
+    return run(prepared, out)
+
+
+def prepare(op, args, out: ShardedArray | None, with_index: bool = False):
+    """The checks and the compile of `transform`, nothing run: (arrays, packed scalars, out
+    dtype, libraries, indexed), for `run`. Algorithms that chain a transform with another
+    kernel compile both before either writes."""
+    if not isinstance(with_index, bool):
+        raise TypeError(f"with_index: expected a bool, got {type(with_index).__name__}")
     op = as_op(op)
-    op.check_arity(len(args), "transform")
+    op.check_arity(len(args) + with_index, "transform" + (" (with the index)" if with_index else ""))
     arrays, scalars, scalar_dtypes, kinds = [], [], [], []
     for position, value in enumerate(args):
         if isinstance(value, ShardedArray):
@@ -73,11 +92,19 @@ def transform(op, *args, out: ShardedArray | None = None) -> ShardedArray:
             )
     out = check_out(out, first)
     out_request = None if out is None else out.dtype
-    out_dtype, libraries = kernel_libraries(op, "transform", tuple(kinds), out_request, first.group.archs)
+    map_spec = INDEX_MAP if with_index else VALUE_MAP
+    out_dtype, libraries = kernel_libraries(op, "transform", tuple(kinds), out_request, first.group.archs,
+                                            map_spec)
+    packed = pack_scalars(scalars, scalar_dtypes)
+    return arrays, packed, out_dtype, libraries, is_indexed_transform(tuple(kinds), out_dtype, map_spec)
+
+
+def run(prepared, out: ShardedArray | None) -> ShardedArray:
+    """Launches a transform `prepare` checked and compiled; allocates `out` when None."""
+    arrays, packed, out_dtype, libraries, indexed = prepared
     if out is None:
-        out = ShardedArray.allocate(first.group, list(first.shard_sizes), out_dtype)
-    _shim.transform(libraries, [array._impl for array in arrays], out._impl,
-                    pack_scalars(scalars, scalar_dtypes))
+        out = ShardedArray.allocate(arrays[0].group, list(arrays[0].shard_sizes), out_dtype)
+    _shim.transform(libraries, [array._impl for array in arrays], out._impl, packed, indexed)
     return out
 
 
@@ -90,6 +117,9 @@ def _transform_descriptor(descriptor: Descriptor, args, out):
             raise TypeError(f"args[{position}]: expected a ShardedArray, got {type(value).__name__}")
     first = args[0]
     dtype = first.dtype
+    if is_record(dtype):
+        raise TypeError(f"args[0]: ops.{descriptor.name} works on numbers, not records "
+                        f"({describe_dtype(dtype)}); pass a Python operator")
     for position, value in enumerate(args):
         if value.dtype != dtype:
             raise TypeError(f"args[{position}]: dtype {value.dtype} differs from args[0]'s {dtype}; "

@@ -62,25 +62,26 @@ NB_MODULE(_shim, m) {
       .def_static(
           "allocate",
           [](std::shared_ptr<csj::PlaceGroup> group, std::vector<std::int64_t> sizes,
-             const std::string& dtype, bool contiguous) {
+             const std::string& dtype, bool contiguous, std::size_t itemsize) {
             const csj::DType type = csj::dtype_from_name(dtype);
             nb::gil_scoped_release release;
-            return contiguous
-                       ? csj::ShardedArray::allocate_contiguous(std::move(group), std::move(sizes), type)
-                       : csj::ShardedArray::allocate(std::move(group), std::move(sizes), type);
+            return contiguous ? csj::ShardedArray::allocate_contiguous(std::move(group), std::move(sizes),
+                                                                      type, itemsize)
+                              : csj::ShardedArray::allocate(std::move(group), std::move(sizes), type, itemsize);
           },
-          "group"_a, "sizes"_a, "dtype"_a, "contiguous"_a = false)
+          "group"_a, "sizes"_a, "dtype"_a, "contiguous"_a = false, "itemsize"_a = 0)
       .def_static(
           "adopt",
           [](std::shared_ptr<csj::PlaceGroup> group, const std::vector<std::uintptr_t>& pointers,
-             std::vector<std::int64_t> sizes, const std::string& dtype) {
+             std::vector<std::int64_t> sizes, const std::string& dtype, std::size_t itemsize) {
             const csj::DType type = csj::dtype_from_name(dtype);
             nb::gil_scoped_release release;
-            return csj::ShardedArray::adopt(std::move(group), pointers, std::move(sizes), type);
+            return csj::ShardedArray::adopt(std::move(group), pointers, std::move(sizes), type, itemsize);
           },
-          "group"_a, "pointers"_a, "sizes"_a, "dtype"_a)
+          "group"_a, "pointers"_a, "sizes"_a, "dtype"_a, "itemsize"_a = 0)
       .def_prop_ro("group", &csj::ShardedArray::group)
       .def_prop_ro("dtype", [](const csj::ShardedArray& a) { return csj::dtype_name(a.dtype()); })
+      .def_prop_ro("itemsize", &csj::ShardedArray::itemsize)
       .def_prop_ro("storage", [](const csj::ShardedArray& a) { return storage_name(a.storage()); })
       .def_prop_ro("size", &csj::ShardedArray::size)
       .def_prop_ro("num_shards", &csj::ShardedArray::num_shards)
@@ -96,7 +97,7 @@ NB_MODULE(_shim, m) {
            nb::call_guard<nb::gil_scoped_release>())
       .def("free", &csj::ShardedArray::free, nb::call_guard<nb::gil_scoped_release>())
       .def("check_alive", &csj::ShardedArray::check_alive, "what"_a)
-      .def("describe", &csj::ShardedArray::describe);
+      .def("describe", &csj::ShardedArray::describe, "dtype_label"_a = "");
 
   nb::class_<csj::KernelLibrary>(m, "KernelLibrary")
       .def(
@@ -124,12 +125,12 @@ NB_MODULE(_shim, m) {
   m.def(
       "transform",
       [](const std::vector<const csj::KernelLibrary*>& libraries, const csj::ArrayList& inputs,
-         csj::ShardedArray& out, const nb::bytes& scalars) {
+         csj::ShardedArray& out, const nb::bytes& scalars, bool indexed) {
         std::string packed = to_string(scalars);
         nb::gil_scoped_release release;
-        csj::transform(libraries, inputs, out, packed);
+        csj::transform(libraries, inputs, out, packed, indexed);
       },
-      "libraries"_a, "inputs"_a, "out"_a, "scalars"_a);
+      "libraries"_a, "inputs"_a, "out"_a, "scalars"_a, "indexed"_a = false);
   m.def(
       "count",
       [](const csj::ShardedArray& in, const nb::bytes& value) {

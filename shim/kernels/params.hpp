@@ -45,7 +45,9 @@ struct ReduceParams {
   void* result;              // one accumulator: init op (the fold of the whole shard)
   int has_init;
   alignas(8) unsigned char init[kMaxAccSize];
-  alignas(8) unsigned char map_value[8];  // a runtime value for built-in maps (count)
+  // A runtime value for built-in maps (count's target); for record inputs, the shard's
+  // global base (ShardedArray::global_base), which maps of record modules address from.
+  alignas(8) unsigned char map_value[8];
   // Several places (place_count > 1), no fold launch: the last block of each place stores
   // its shard's total in place_totals[place_index] (memory of place 0's device) and counts
   // itself in place_counter (system scope); the place that arrives last folds the totals
@@ -72,7 +74,9 @@ struct FoldParams {
 };
 
 constexpr int kScanBlock = 256;
-constexpr int scan_items(int acc_size) { return acc_size == 4 ? 16 : 8; }
+// Items per thread: records over 16 bytes take 4 so that a tile's exchange and store fit the
+// 48 KiB of static shared memory (256 x 8 x 32 bytes would not).
+constexpr int scan_items(int acc_size) { return acc_size == 4 ? 16 : acc_size <= 16 ? 8 : 4; }
 constexpr int scan_tile(int acc_size) { return kScanBlock * scan_items(acc_size); }
 
 // Second pass of a scan: block b scans its chunk (same chunks as the ReduceParams pass that

@@ -3,10 +3,27 @@
 // operator wrappers numba compiled:
 //   void csj_map(const In* value, long long global_index, Acc* out)
 //   void csj_op(const Acc* a, const Acc* b, Acc* out)
+//
+// Record inputs (ReduceParams::map_value holds the shard's global base, element i at
+// base + global index * itemsize):
+//  - CSJ_IN_SIZE of 12, 24 or 32 bytes (a record array scanned as it is): the reduce pass
+//    cannot tile 16-byte vectors with such records, so it walks 4-byte stand-ins of the
+//    same count (in bounds: a record is at least 4 bytes) whose values go unused, and hands
+//    csj_map the record's address; the scan pass loads whole records.
+//  - CSJ_INPUT_BY_BASE (no CSJ_IN_SIZE; reductions of records of any size, one module per
+//    accumulator): csj_map receives the global base itself and addresses the record from
+//    the index: void csj_map(const void* global_base, long long global_index, Acc* out).
 #include "reduce.cuh"
 
-#if !defined(CSJ_IN_SIZE) || !defined(CSJ_ACC_SIZE)
-#error "CSJ_IN_SIZE and CSJ_ACC_SIZE must be defined"
+#if defined(CSJ_INPUT_BY_BASE)
+#if defined(CSJ_IN_SIZE) || defined(CSJ_WITH_SCAN)
+#error "CSJ_INPUT_BY_BASE modules are reductions without CSJ_IN_SIZE"
+#endif
+#elif !defined(CSJ_IN_SIZE)
+#error "CSJ_IN_SIZE (or CSJ_INPUT_BY_BASE) must be defined"
+#endif
+#if !defined(CSJ_ACC_SIZE)
+#error "CSJ_ACC_SIZE must be defined"
 #endif
 
 extern "C" __device__ void csj_map(const void*, long long, void*);
@@ -14,11 +31,7 @@ extern "C" __device__ void csj_op(const void*, const void*, void*);
 
 namespace {
 
-struct LinkedMap {
-  __device__ __forceinline__ void operator()(const void* value, long long index, void* out) const {
-    csj_map(value, index, out);
-  }
-};
+using namespace csj::kernels;
 
 struct LinkedOp {
   __device__ __forceinline__ void operator()(const void* a, const void* b, void* out) const {
@@ -26,13 +39,59 @@ struct LinkedOp {
   }
 };
 
-using namespace csj::kernels;
+#if defined(CSJ_INPUT_BY_BASE)
+#define CSJ_RECORD_ADDRESSING 1
+#elif 16 % CSJ_IN_SIZE != 0
+#define CSJ_RECORD_ADDRESSING 1
+#endif
+
+#ifdef CSJ_RECORD_ADDRESSING
+// The shard's global base, which the shim passes in ReduceParams::map_value for record inputs.
+__device__ __forceinline__ unsigned long long global_base(const unsigned char* map_value) {
+  return *reinterpret_cast<const unsigned long long*>(map_value);
+}
+#endif
+
+#if defined(CSJ_INPUT_BY_BASE)
+// The map addresses the record itself.
+struct ReduceMap {
+  static constexpr bool kUsesValue = true;
+  __device__ __forceinline__ void operator()(const void*, long long index, void* out,
+                                             const unsigned char* map_value) const {
+    csj_map(reinterpret_cast<const void*>(global_base(map_value)), index, out);
+  }
+};
+constexpr int kReduceInSize = 4;
+#else
+struct LinkedMap {
+  __device__ __forceinline__ void operator()(const void* value, long long index, void* out) const {
+    csj_map(value, index, out);
+  }
+};
+#if 16 % CSJ_IN_SIZE == 0
+using ReduceMap = LinkedMap;
+constexpr int kReduceInSize = CSJ_IN_SIZE;
+#else
+// Records that 16-byte vectors do not tile: the element read is a stand-in, the record is
+// read at its address.
+struct ReduceMap {
+  static constexpr bool kUsesValue = true;
+  __device__ __forceinline__ void operator()(const void*, long long index, void* out,
+                                             const unsigned char* map_value) const {
+    csj_map(reinterpret_cast<const void*>(global_base(map_value) +
+                                          static_cast<unsigned long long>(index) * CSJ_IN_SIZE),
+            index, out);
+  }
+};
+constexpr int kReduceInSize = 4;
+#endif
+#endif
 
 }  // namespace
 
 extern "C" __global__ void __launch_bounds__(kReduceBlock)
     csj_reduce(const __grid_constant__ ReduceParams params) {
-  Reduction<LinkedMap, LinkedOp, CSJ_IN_SIZE, CSJ_ACC_SIZE>::run(params);
+  Reduction<ReduceMap, LinkedOp, kReduceInSize, CSJ_ACC_SIZE>::run(params);
 }
 
 extern "C" __global__ void csj_fold(const __grid_constant__ FoldParams params) {

@@ -14,6 +14,7 @@ namespace csj {
 std::vector<long long> histogram_even(const ShardedArray& in, int num_bins, const std::string& edges) {
   namespace k = kernels;
   using detail::check;
+  in.check_scalar("a", "histogram_even");
   if (num_bins <= 0) throw std::invalid_argument("num_bins: expected a positive number of bins");
   const std::size_t edge_size = in.dtype() == DType::float32 ? 4 : 8;
   if (edges.size() != (static_cast<std::size_t>(num_bins) + 1) * edge_size) {

@@ -232,6 +232,12 @@ void reduce_shard(const KernelSet& kernels, const ShardedArray& in, std::size_t 
   params.has_init = init.empty() ? 0 : 1;
   if (!init.empty()) std::memcpy(params.init, init.data(), init.size());
   std::memcpy(params.map_value, map_value.data(), std::min<std::size_t>(map_value.size(), 8));
+  if (map_value.empty() && in.is_record()) {
+    // Record inputs: kernels whose input words do not cover a record reach it through the
+    // shard's global base (element i at base + global index * itemsize), see reduce_jit.cu.
+    const std::uintptr_t base = in.global_base(place);
+    std::memcpy(params.map_value, &base, sizeof(base));
+  }
   if (combine) {
     params.place_totals = combine->totals;
     params.place_counter = combine->counter;
@@ -257,7 +263,7 @@ void first_pass(const std::vector<KernelSet>& sets, const ShardedArray& in,
   const int home = group.device(0);
   const cudaStream_t home_stream = stream_of(group, 0);
   const std::size_t count = places.size();
-  const int in_size = static_cast<int>(itemsize(in.dtype()));
+  const int in_size = static_cast<int>(in.itemsize());
   std::optional<detail::Event> staging_ready;  // staging is allocated in home_stream's order
   if (count > 1) {
     detail::DeviceGuard guard(home);
@@ -316,7 +322,7 @@ void combine_in_kernel(const std::vector<KernelSet>& sets, const ShardedArray& i
                        const std::vector<std::size_t>& places, int acc_size, const std::string& init,
                        const std::string& map_value, ReduceResult& result) {
   const PlaceGroup& group = *in.group();
-  const int in_size = static_cast<int>(itemsize(in.dtype()));
+  const int in_size = static_cast<int>(in.itemsize());
   // A slot goes back to the pool only after a clean run: after a failure its counter may
   // never have reached the count, so it is dropped.
   struct SlotReturn {
@@ -388,7 +394,7 @@ ReduceResult reduce_impl(const std::vector<KernelSet>& sets, const ShardedArray&
     const cudaStream_t stream = stream_of(group, place);
     detail::DeviceGuard guard(device);
     cuts[0] = chunking(sets[place], false, in.shard_size(place), device,
-                       static_cast<int>(itemsize(in.dtype())), acc_size);
+                       static_cast<int>(in.itemsize()), acc_size);
     scratch[0] = allocate_pass(cuts[0].grid, acc_size, false, stream, pool_of(group, place));
     reduce_shard(sets[place], in, place, cuts[0], scratch[0], init, map_value);
     check(cudaMemcpyAsync(slot.get(), scratch[0].result, acc_size, cudaMemcpyDeviceToHost, stream),
@@ -430,7 +436,7 @@ void scan_impl(const std::vector<KernelSet>& sets, const ShardedArray& in, Shard
   if (exclusive && init.empty()) throw std::invalid_argument("init: an exclusive scan needs one");
   if (in.group() != out.group()) throw std::invalid_argument("out: belongs to another PlaceGroup");
   if (in.shard_sizes() != out.shard_sizes()) throw std::invalid_argument("out: shard sizes differ from a's");
-  if (static_cast<int>(itemsize(out.dtype())) != acc_size) {
+  if (static_cast<int>(out.itemsize()) != acc_size) {
     throw std::invalid_argument("out: element size differs from the accumulator's");
   }
   const std::vector<std::size_t> places = non_empty_places(in);
@@ -498,12 +504,14 @@ ReduceResult reduce(const std::vector<const KernelLibrary*>& libraries, const Sh
 }
 
 ReduceResult reduce_builtin(BuiltinReduction op, const ShardedArray& in, const std::string& init) {
+  in.check_scalar("a", "a built-in reduction");
   return reduce_impl(builtin_sets(op, in.dtype(), in.group()->size()), in,
-                     static_cast<int>(itemsize(in.dtype())), init);
+                     static_cast<int>(in.itemsize()), init);
 }
 
 long long count(const ShardedArray& in, const std::string& value) {
-  if (value.size() != itemsize(in.dtype())) throw std::invalid_argument("value: wrong size");
+  in.check_scalar("a", "count");
+  if (value.size() != in.itemsize()) throw std::invalid_argument("value: wrong size");
   const k::BuiltinReduceKernels kernels = k::builtin_count_kernels(static_cast<int>(in.dtype()));
   KernelSet set{KernelHandle::builtin(kernels.reduce), KernelHandle::builtin(kernels.fold), {}};
   const ReduceResult result =
@@ -520,9 +528,10 @@ void scan(const std::vector<const KernelLibrary*>& libraries, const ShardedArray
 
 void scan_builtin(BuiltinReduction op, const ShardedArray& in, ShardedArray& out,
                   const std::string& init, bool exclusive) {
+  in.check_scalar("a", "a built-in scan");
   if (out.dtype() != in.dtype()) throw std::invalid_argument("out: dtype differs from a's");
   scan_impl(builtin_sets(op, in.dtype(), in.group()->size()), in, out,
-            static_cast<int>(itemsize(in.dtype())), init, exclusive);
+            static_cast<int>(in.itemsize()), init, exclusive);
 }
 
 }  // namespace csj

@@ -17,7 +17,7 @@ namespace {
 using detail::check;
 using detail::driver;
 
-void validate_sizes(const std::vector<std::int64_t>& sizes, std::size_t places) {
+void validate_sizes(const std::vector<std::int64_t>& sizes, std::size_t places, std::size_t element) {
   if (sizes.size() != places) {
     throw std::invalid_argument("sizes: expected one size per place (" + std::to_string(places) +
                                 "), got " + std::to_string(sizes.size()));
@@ -29,9 +29,14 @@ void validate_sizes(const std::vector<std::int64_t>& sizes, std::size_t places) 
                                   " has negative size " + std::to_string(sizes[shard]));
     }
     // 2^60 elements is beyond any machine, and keeps byte counts of 8-byte items in range
-    if (sizes[shard] > (std::int64_t{1} << 60) - total) {
+    // (records: 2^63 bytes)
+    const std::int64_t limit = element <= 8 ? std::int64_t{1} << 60
+                                            : (std::int64_t{1} << 63) / static_cast<std::int64_t>(element);
+    if (sizes[shard] > limit - total) {
       throw std::invalid_argument("sizes: the total of " + std::to_string(places) +
-                                  " shard sizes exceeds 2^60 elements");
+                                  " shard sizes exceeds " +
+                                  (element <= 8 ? std::string("2^60 elements")
+                                                : "2^63 bytes of " + std::to_string(element) + "-byte records"));
     }
     total += sizes[shard];
   }
@@ -53,10 +58,14 @@ std::vector<std::int64_t> ShardedArray::even_sizes(std::int64_t n, std::size_t p
 }
 
 ShardedArray::ShardedArray(std::shared_ptr<PlaceGroup> group, std::vector<std::int64_t> sizes,
-                           DType dtype, Storage storage)
-    : group_(std::move(group)), dtype_(dtype), storage_(storage), shard_sizes_(std::move(sizes)) {
+                           DType dtype, std::size_t record_size, Storage storage)
+    : group_(std::move(group)),
+      dtype_(dtype),
+      itemsize_(element_size(dtype, record_size)),
+      storage_(storage),
+      shard_sizes_(std::move(sizes)) {
   if (!group_) throw std::invalid_argument("group: expected a PlaceGroup, got None");
-  validate_sizes(shard_sizes_, group_->size());
+  validate_sizes(shard_sizes_, group_->size(), itemsize_);
   shard_offsets_.resize(shard_sizes_.size());
   std::exclusive_scan(shard_sizes_.begin(), shard_sizes_.end(), shard_offsets_.begin(),
                       std::int64_t{0});
@@ -66,11 +75,11 @@ ShardedArray::ShardedArray(std::shared_ptr<PlaceGroup> group, std::vector<std::i
 
 std::shared_ptr<ShardedArray> ShardedArray::allocate(std::shared_ptr<PlaceGroup> group,
                                                      std::vector<std::int64_t> sizes,
-                                                     DType dtype) {
+                                                     DType dtype, std::size_t record_size) {
   std::shared_ptr<ShardedArray> array(
-      new ShardedArray(std::move(group), std::move(sizes), dtype, Storage::separate));
+      new ShardedArray(std::move(group), std::move(sizes), dtype, record_size, Storage::separate));
   const PlaceGroup& places = *array->group_;
-  const std::size_t element = itemsize(dtype);
+  const std::size_t element = array->itemsize_;
   for (std::size_t shard = 0; shard < array->num_shards(); ++shard) {
     const std::int64_t count = array->shard_sizes_[shard];
     if (count == 0) continue;
@@ -86,11 +95,11 @@ std::shared_ptr<ShardedArray> ShardedArray::allocate(std::shared_ptr<PlaceGroup>
 
 std::shared_ptr<ShardedArray> ShardedArray::allocate_contiguous(std::shared_ptr<PlaceGroup> group,
                                                                 std::vector<std::int64_t> sizes,
-                                                                DType dtype) {
+                                                                DType dtype, std::size_t record_size) {
   std::shared_ptr<ShardedArray> array(
-      new ShardedArray(std::move(group), std::move(sizes), dtype, Storage::contiguous));
+      new ShardedArray(std::move(group), std::move(sizes), dtype, record_size, Storage::contiguous));
   const PlaceGroup& places = *array->group_;
-  const std::size_t element = itemsize(dtype);
+  const std::size_t element = array->itemsize_;
   const std::size_t total = static_cast<std::size_t>(array->size_) * element;
   array->chunk_bytes_.assign(places.size(), 0);
   if (total == 0) return array;
@@ -167,24 +176,27 @@ std::shared_ptr<ShardedArray> ShardedArray::allocate_contiguous(std::shared_ptr<
 
 std::shared_ptr<ShardedArray> ShardedArray::adopt(std::shared_ptr<PlaceGroup> group,
                                                   const std::vector<std::uintptr_t>& pointers,
-                                                  std::vector<std::int64_t> sizes, DType dtype) {
+                                                  std::vector<std::int64_t> sizes, DType dtype,
+                                                  std::size_t record_size) {
   if (group && pointers.size() != group->size()) {
     throw std::invalid_argument("buffers: expected one buffer per place (" +
                                 std::to_string(group->size()) + "), got " +
                                 std::to_string(pointers.size()));
   }
   std::shared_ptr<ShardedArray> array(
-      new ShardedArray(std::move(group), std::move(sizes), dtype, Storage::adopted));
-  const std::size_t element = itemsize(dtype);
+      new ShardedArray(std::move(group), std::move(sizes), dtype, record_size, Storage::adopted));
+  const std::size_t element = array->itemsize_;
+  // kernels move records as 8-byte words when their size allows, else as 4-byte words
+  const std::size_t alignment = !array->is_record() ? element : element % 8 == 0 ? 8 : 4;
   for (std::size_t shard = 0; shard < pointers.size(); ++shard) {
     if (array->shard_sizes_[shard] == 0) continue;
     const std::uintptr_t pointer = pointers[shard];
     if (pointer == 0) {
       throw std::invalid_argument("buffers[" + std::to_string(shard) + "]: null data pointer");
     }
-    if (pointer % element != 0) {
-      throw std::invalid_argument("buffers[" + std::to_string(shard) +
-                                  "]: data pointer is not aligned to the element size");
+    if (pointer % alignment != 0) {
+      throw std::invalid_argument("buffers[" + std::to_string(shard) + "]: data pointer is not aligned to " +
+                                  std::to_string(alignment) + " bytes");
     }
     cudaPointerAttributes attributes{};
     cudaError_t status = cudaPointerGetAttributes(&attributes, reinterpret_cast<void*>(pointer));
@@ -264,6 +276,11 @@ std::int64_t ShardedArray::shard_offset(std::size_t shard) const {
   return shard_offsets_[shard];
 }
 
+std::uintptr_t ShardedArray::global_base(std::size_t shard) const {
+  // unsigned arithmetic: the base may wrap below zero, base + index * itemsize wraps back
+  return shard_pointer(shard) - static_cast<std::uintptr_t>(shard_offset(shard)) * itemsize_;
+}
+
 std::uintptr_t ShardedArray::shard_pointer(std::size_t shard) const {
   shard_size(shard);
   check_alive("shard");
@@ -277,7 +294,7 @@ std::uintptr_t ShardedArray::base_pointer() const {
 
 void ShardedArray::copy_from_host(std::uintptr_t host, std::size_t nbytes) {
   ArrayLeases lease({{this, "copy_from_host"}});
-  const std::size_t element = itemsize(dtype_);
+  const std::size_t element = itemsize_;
   if (nbytes != static_cast<std::size_t>(size_) * element) {
     throw std::invalid_argument("host: expected " + std::to_string(size_ * element) +
                                 " bytes, got " + std::to_string(nbytes));
@@ -296,7 +313,7 @@ void ShardedArray::copy_from_host(std::uintptr_t host, std::size_t nbytes) {
 
 void ShardedArray::copy_to_host(std::uintptr_t host, std::size_t nbytes) const {
   ArrayLeases lease({{this, "copy_to_host"}});
-  const std::size_t element = itemsize(dtype_);
+  const std::size_t element = itemsize_;
   if (nbytes != static_cast<std::size_t>(size_) * element) {
     throw std::invalid_argument("host: expected " + std::to_string(size_ * element) +
                                 " bytes, got " + std::to_string(nbytes));
@@ -332,6 +349,13 @@ void ShardedArray::check_alive(const char* what) const {
   if (is_freed()) throw_freed(what);
 }
 
+void ShardedArray::check_scalar(const char* what, const char* algorithm) const {
+  if (is_record()) {
+    throw std::invalid_argument(std::string(what) + ": " + algorithm +
+                                " takes arrays of numbers, not records");
+  }
+}
+
 ArrayLeases::ArrayLeases(std::vector<Use> uses) {
   std::stable_sort(uses.begin(), uses.end(), [](const Use& left, const Use& right) {
     return std::less<const ShardedArray*>()(left.array, right.array);
@@ -346,12 +370,13 @@ ArrayLeases::ArrayLeases(std::vector<Use> uses) {
   }
 }
 
-std::string ShardedArray::describe() const {
+std::string ShardedArray::describe(const std::string& dtype_label) const {
   const char* storage = storage_ == Storage::separate     ? "separate"
                         : storage_ == Storage::contiguous ? "contiguous"
                                                           : "adopted";
   std::string out = "ShardedArray(size=" + std::to_string(size_) + ", dtype=" +
-                    dtype_name(dtype_) + ", " + storage + ", shards=[";
+                    (dtype_label.empty() ? std::string(dtype_name(dtype_)) : dtype_label) + ", " +
+                    storage + ", shards=[";
   for (std::size_t shard = 0; shard < num_shards(); ++shard) {
     if (shard) out += ", ";
     out += std::to_string(shard_sizes_[shard]) + "@cuda:" + std::to_string(group_->devices()[shard]);

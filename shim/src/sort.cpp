@@ -306,13 +306,14 @@ void sort(const ShardedArray& in, ShardedArray& out, bool descending) {
   const ArrayLeases leases({{&in, "a"}, {&out, "out"}});
   if (in.group() != out.group()) throw std::invalid_argument("out: belongs to another PlaceGroup");
   if (in.shard_sizes() != out.shard_sizes()) throw std::invalid_argument("out: shard sizes differ from a's");
+  in.check_scalar("a", "sort");
   if (in.dtype() != out.dtype()) throw std::invalid_argument("out: dtype differs from a's");
   const k::SortEngine* engine = k::sort_engine(static_cast<int>(in.dtype()), descending);
   if (!engine) throw std::invalid_argument(std::string("a: cannot sort dtype ") + dtype_name(in.dtype()));
 
   const PlaceGroup& group = *in.group();
   const std::size_t count = group.size();
-  const std::size_t item = itemsize(in.dtype());
+  const std::size_t item = in.itemsize();
   std::size_t non_empty = 0;
   for (std::size_t p = 0; p < count; ++p) non_empty += in.shard_size(p) > 0 ? 1 : 0;
   if (non_empty == 0) return;

@@ -143,19 +143,34 @@ void check_conformable(const ArrayList& inputs, const ShardedArray& out, bool al
 }
 
 void transform(const std::vector<const KernelLibrary*>& libraries, const ArrayList& inputs,
-               ShardedArray& out, const std::string& scalars) {
+               ShardedArray& out, const std::string& scalars, bool indexed) {
   if (libraries.size() != out.group()->size()) {
     throw std::invalid_argument("libraries: expected one per place (" +
                                 std::to_string(out.group()->size()) + "), got " +
                                 std::to_string(libraries.size()));
   }
+  if (!indexed) {  // the vectorised modules move 4- and 8-byte words
+    for (std::size_t k = 0; k < inputs.size(); ++k) {
+      if (inputs[k] && inputs[k]->is_record()) {
+        throw std::invalid_argument("inputs[" + std::to_string(k) + "]: records need an indexed transform");
+      }
+    }
+    if (out.is_record()) throw std::invalid_argument("out: records need an indexed transform");
+  }
   std::vector<detail::KernelHandle> kernels;
   for (const KernelLibrary* library : libraries) {
     if (!library) throw std::invalid_argument("libraries: None");
-    kernels.push_back(detail::KernelHandle::linked(library->kernel("csj_transform")));
+    kernels.push_back(detail::KernelHandle::linked(
+        library->kernel(indexed ? "csj_transform_indexed" : "csj_transform")));
   }
   for_each_place(inputs, out, scalars,
                  [&](TransformParams& params, unsigned grid, std::size_t place, std::uintptr_t stream) {
+                   if (indexed) {  // the operator addresses its elements from the global bases
+                     for (std::size_t k = 0; k < inputs.size(); ++k) {
+                       params.inputs[k] = reinterpret_cast<const void*>(inputs[k]->global_base(place));
+                     }
+                     params.out = reinterpret_cast<void*>(out.global_base(place));
+                   }
                    detail::launch(kernels[place], grid, kernels::kTransformBlock,
                                   reinterpret_cast<cudaStream_t>(stream), params,
                                   "launching transform");
@@ -180,7 +195,9 @@ void adjacent_difference(const std::vector<const KernelLibrary*>& difference,
   }
   // on a throw, a peer read already queued must not outlive the call (a could be freed next)
   const detail::SyncOnUnwind settle(group);
-  const std::size_t element = itemsize(in.dtype());
+  in.check_scalar("a", "adjacent_difference");
+  out.check_scalar("out", "adjacent_difference");
+  const std::size_t element = in.itemsize();
   long long previous = -1;  // last non-empty place so far
   for (std::size_t place = 0; place < group.size(); ++place) {
     const long long n = in.shard_size(place);
@@ -201,7 +218,7 @@ void adjacent_difference(const std::vector<const KernelLibrary*>& difference,
       const auto grid = static_cast<unsigned>((count + kTileElements - 1) / kTileElements);
       detail::launch(kernel, grid, kernels::kTransformBlock, stream, params, "launching adjacent_difference");
     };
-    const auto out_element = itemsize(out.dtype());
+    const auto out_element = out.itemsize();
     detail::DeviceGuard guard(device);
     if (n > 1) run(diff_kernel, data + element, data, result + out_element, n - 1);
     if (previous < 0) {
@@ -234,6 +251,7 @@ void transform_builtin(BuiltinOp op, const ArrayList& inputs, ShardedArray& out,
     throw std::invalid_argument("inputs: operator takes " + std::to_string(builtin_arity(op)) +
                                 " arrays, got " + std::to_string(inputs.size()));
   }
+  out.check_scalar("out", "a built-in operator");
   for (std::size_t k = 0; k < inputs.size(); ++k) {
     if (inputs[k]->dtype() != out.dtype()) {
       throw std::invalid_argument("inputs[" + std::to_string(k) + "]: dtype " +

@@ -22,17 +22,20 @@ class ShardedArray {
   // The even split of n over `places`: the first n % places shards get one extra element.
   static std::vector<std::int64_t> even_sizes(std::int64_t n, std::size_t places);
 
-  // One allocation per shard (stream-ordered, on the shard's device).
+  // One allocation per shard (stream-ordered, on the shard's device). `record_size`: the
+  // element size of a DType::record (0 for scalars, see element_size).
   static std::shared_ptr<ShardedArray> allocate(std::shared_ptr<PlaceGroup> group,
-                                                std::vector<std::int64_t> sizes, DType dtype);
+                                                std::vector<std::int64_t> sizes, DType dtype,
+                                                std::size_t record_size = 0);
   // One virtual address range (CUDA VMM) whose physical pages follow the shards.
   static std::shared_ptr<ShardedArray> allocate_contiguous(std::shared_ptr<PlaceGroup> group,
                                                            std::vector<std::int64_t> sizes,
-                                                           DType dtype);
+                                                           DType dtype, std::size_t record_size = 0);
   // Zero-copy over device buffers the caller owns, one per place; never freed here.
   static std::shared_ptr<ShardedArray> adopt(std::shared_ptr<PlaceGroup> group,
                                              const std::vector<std::uintptr_t>& pointers,
-                                             std::vector<std::int64_t> sizes, DType dtype);
+                                             std::vector<std::int64_t> sizes, DType dtype,
+                                             std::size_t record_size = 0);
 
   ShardedArray(const ShardedArray&) = delete;
   ShardedArray& operator=(const ShardedArray&) = delete;
@@ -40,6 +43,9 @@ class ShardedArray {
 
   const std::shared_ptr<PlaceGroup>& group() const { return group_; }
   DType dtype() const { return dtype_; }
+  // Bytes per element: the scalar's size, or the record's.
+  std::size_t itemsize() const { return itemsize_; }
+  bool is_record() const { return dtype_ == DType::record; }
   Storage storage() const { return storage_; }
   std::int64_t size() const { return size_; }
   std::size_t num_shards() const { return shard_sizes_.size(); }
@@ -48,6 +54,10 @@ class ShardedArray {
   std::int64_t shard_size(std::size_t shard) const;
   std::int64_t shard_offset(std::size_t shard) const;
   std::uintptr_t shard_pointer(std::size_t shard) const;
+  // shard_pointer(shard) - shard_offset(shard) * itemsize(), wrapping: element i of the
+  // shard (global index shard_offset + i) lives at this base + global index * itemsize.
+  // Operators that address their elements themselves (records) take it with the global index.
+  std::uintptr_t global_base(std::size_t shard) const;
   // Base of the virtual range of a contiguous array (0 for other storage or when empty).
   std::uintptr_t base_pointer() const;
   // For contiguous arrays: the device that physically backs each granule-aligned chunk.
@@ -64,16 +74,22 @@ class ShardedArray {
   bool is_freed() const { return freed_.load(std::memory_order_acquire); }
   // std::invalid_argument when freed.
   void check_alive(const char* what) const;
-  std::string describe() const;
+  // std::invalid_argument naming `what` when the elements are records, which `algorithm`
+  // (a built-in kernel that knows only scalars) cannot take.
+  void check_scalar(const char* what, const char* algorithm) const;
+  // "ShardedArray(size=..., dtype=..., storage, shards=[...])"; `dtype_label` replaces the
+  // dtype's name (Python describes a record's fields).
+  std::string describe(const std::string& dtype_label = {}) const;
 
  private:
   friend class ArrayLeases;
   ShardedArray(std::shared_ptr<PlaceGroup> group, std::vector<std::int64_t> sizes, DType dtype,
-               Storage storage);
+               std::size_t record_size, Storage storage);
   void release_storage() noexcept;
 
   std::shared_ptr<PlaceGroup> group_;
   DType dtype_;
+  std::size_t itemsize_;
   Storage storage_;
   std::int64_t size_ = 0;
   std::vector<std::int64_t> shard_sizes_;

@@ -43,9 +43,12 @@ using ArrayList = std::vector<std::shared_ptr<ShardedArray>>;
 // out[i] = op(inputs[0][i], ..., scalars...) on every place, stream-ordered, returns at once.
 // `scalars` holds one 8-byte slot per runtime scalar, already in the operator's types.
 // `libraries` holds the linked transform for each place (one per place, repeats allowed:
-// places of one architecture share a library).
+// places of one architecture share a library). `indexed`: the libraries are indexed
+// transforms (csj_transform_indexed: records, index-aware operators), which receive each
+// array's global base and every element's global index; otherwise vectorised ones
+// (csj_transform, 4- and 8-byte scalars).
 void transform(const std::vector<const KernelLibrary*>& libraries, const ArrayList& inputs,
-               ShardedArray& out, const std::string& scalars);
+               ShardedArray& out, const std::string& scalars, bool indexed = false);
 void transform_builtin(BuiltinOp op, const ArrayList& inputs, ShardedArray& out,
                        const std::string& scalars);
 
