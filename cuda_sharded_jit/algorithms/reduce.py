@@ -43,7 +43,7 @@ def _accumulator(dtype: np.dtype, init) -> np.dtype:
     float32; `init=np.float64(0)` accumulates in float64. Records accumulate as themselves
     (init: a tuple).
     """
-    if init is None or is_weak_scalar(init) or is_record(dtype):
+    if init is None or is_weak_scalar(init) or is_record(dtype) or isinstance(init, tuple):
         return dtype
     init_dtype = as_dtype(np.asarray(init).dtype, "init")
     return init_dtype if np.promote_types(dtype, init_dtype) == init_dtype else dtype
@@ -113,15 +113,16 @@ def reduce(a: ShardedArray, op="sum", init=None):
         raise TypeError("init: a tuple accumulator is built from each element by a map: use "
                         "sharded.transform_reduce(a, map_op, reduce_op, init)")
     acc = _accumulator(a.dtype, init)
+    packed = _pack(init, acc)
     if isinstance(op, str):
         if acc == a.dtype:
-            valid, raw = _shim.reduce_builtin(_BUILTIN[op], a._impl, _pack(init, acc))
+            valid, raw = _shim.reduce_builtin(_BUILTIN[op], a._impl, packed)
             return _result(valid, raw, acc, op, "reduce")
         name, op = op, _PYTHON_OPS[op]
     else:
         name = None
     _, libraries = kernel_libraries(op, "reduce", (("array", a.dtype),), acc, a.group.archs)
-    valid, raw = _shim.reduce(libraries, a._impl, acc.itemsize, _pack(init, acc))
+    valid, raw = _shim.reduce(libraries, a._impl, acc.itemsize, packed)
     return _result(valid, raw, acc, name, "reduce")
 
 
@@ -271,15 +272,14 @@ def _scan(a, op, init, out, exclusive: bool, what: str) -> ShardedArray:
         acc = _accumulator(a.dtype, init)
     if isinstance(init, tuple) and not is_record(acc):
         raise TypeError(f"init: a tuple, but the accumulator is a single {acc}")
+    packed = _pack(init, acc)
     if isinstance(op, str):
         if acc == a.dtype:
-            packed = _pack(init, acc)
             out = out if out is not None else ShardedArray.allocate(a.group, list(a.shard_sizes), acc)
             _shim.scan_builtin(_BUILTIN[op], a._impl, out._impl, packed, exclusive)
             return out
         op = _PYTHON_OPS[op]
     _, libraries = kernel_libraries(op, "scan", (("array", a.dtype),), acc, a.group.archs)
-    packed = _pack(init, acc)
     if out is None:
         out = ShardedArray.allocate(a.group, list(a.shard_sizes), acc)
     _shim.scan(libraries, a._impl, out._impl, acc.itemsize, packed, exclusive)
