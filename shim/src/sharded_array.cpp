@@ -29,9 +29,10 @@ void validate_sizes(const std::vector<std::int64_t>& sizes, std::size_t places, 
                                   " has negative size " + std::to_string(sizes[shard]));
     }
     // 2^60 elements is beyond any machine, and keeps byte counts of 8-byte items in range
-    // (records: 2^63 bytes)
+    // (records: byte counts below 2^63)
     const std::int64_t limit = element <= 8 ? std::int64_t{1} << 60
-                                            : (std::int64_t{1} << 63) / static_cast<std::int64_t>(element);
+                                            : std::numeric_limits<std::int64_t>::max() /
+                                                  static_cast<std::int64_t>(element);
     if (sizes[shard] > limit - total) {
       throw std::invalid_argument("sizes: the total of " + std::to_string(places) +
                                   " shard sizes exceeds " +
