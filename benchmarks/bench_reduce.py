@@ -69,7 +69,10 @@ REDUCE = Case(
     "reduce", 1,
     ours={"ours": lambda d: Impl(functools.partial(sharded.reduce, d.arrays["x"], USER_ADD)),
           "ours built-in": lambda d: Impl(functools.partial(sharded.reduce, d.arrays["x"], "sum"))},
+    # "cupy .item()": CuPy's sum brought to the host as ours is (the events of a call that
+    # returns a host value also hold its wait and read-back; CuPy's alone do not)
     peers={"cupy": lambda d: Impl(d.x[0].sum),
+           "cupy .item()": lambda d: Impl(lambda: d.x[0].sum().item()),
            "torch": lambda d: Impl(functools.partial(_torch().sum, d.tensors["x"])),
            "cuda.compute": lambda d: _cccl_reduce(d, d.x[0])},
     check=lambda d, value: assert_scalar(value, _sum(d), d.dtype, "sum"),
@@ -316,6 +319,7 @@ ARGMIN = Case(
     "argmin", 1,
     ours={"ours": lambda d: Impl(functools.partial(sharded.argmin, d.arrays["x"]))},
     peers={"cupy": lambda d: Impl(d.x[0].argmin),
+           "cupy .item()": lambda d: Impl(lambda: d.x[0].argmin().item()),
            "torch": lambda d: Impl(functools.partial(_torch().argmin, d.tensors["x"]))},
     check=_check_argmin, note="index of the first smallest element")
 

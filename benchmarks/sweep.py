@@ -272,6 +272,11 @@ def use_peer_stream(cp, options: Options, data: Data, tensors: dict) -> None:
         torch.cuda.set_stream(torch.cuda.ExternalStream(data.stream.ptr, device=torch_device))
 
 
+def peer_library(impl: str) -> str:
+    """The library a peer implementation belongs to: "cupy .item()" is CuPy's."""
+    return impl.split(" ")[0]
+
+
 def peer_setup(cp, options: Options, dtype: np.dtype, size: int) -> Data:
     """x, y (random) and out on the first GPU, which the peers' calls run on (it is made the
     current device)."""
@@ -350,7 +355,7 @@ def blocks(cp, sharded, cases: list, options: Options, size: int, groups: dict) 
         tasks = [measure_task(case, impl, maker, template(case, impl, dtype, size, 1, 1, size_label),
                        options.reps, options.warmup)
                  for case in cases for impl, maker in case.peers.items()
-                 if impl in options.peers or impl == "copy"]
+                 if peer_library(impl) in options.peers or impl == "copy"]
         if tasks:
             result.append(Block(f"{dtype.name} {size_label} peers", tasks,
                                 lambda dtype=dtype: peer_setup(cp, options, dtype, size),
