@@ -7,6 +7,7 @@ import weakref
 from collections.abc import Sequence
 
 import numpy as np
+from numpy.lib.format import descr_to_dtype
 
 from . import _shim
 from ._dtypes import as_array_dtype, check_record, describe_dtype, is_record
@@ -83,15 +84,22 @@ def _interface_dtype(interface: dict, requested: np.dtype | None, argument: str)
     if typestr.kind != "V":
         found = as_array_dtype(typestr, argument)
     elif requested is None:
-        descr = interface.get("descr")
-        fields = [(name, field) for name, field in descr or () if name]  # '' entries pad
-        if not fields:
+        descr = list(interface.get("descr") or ())
+        if not any(entry[0] for entry in descr):  # only '' entries, which pad
             raise TypeError(f"{argument}: records ({typestr.str}) need their fields named: pass "
                             f"dtype= (the record's numpy dtype)")
-        found = check_record(np.dtype(fields, align=True), argument)
-        if found.itemsize != typestr.itemsize:
-            raise TypeError(f"{argument}: its descr lays out {found.itemsize} bytes, its typestr "
+        # The descr's own offsets (its '' entries pad, wherever they are), checked against the
+        # aligned layout: rebuilding the aligned struct from the named fields alone would move
+        # a field that follows leading padding to another offset of the same itemsize.
+        try:
+            described = descr_to_dtype(descr)
+        except (TypeError, ValueError) as error:
+            raise TypeError(f"{argument}: its descr {descr!r} is not a numpy descr ({error})") from None
+        if described.itemsize != typestr.itemsize:
+            raise TypeError(f"{argument}: its descr lays out {described.itemsize} bytes, its typestr "
                             f"{typestr.itemsize}")
+        check_record(described, argument)
+        found = np.dtype([(name, described.fields[name][0]) for name in described.names], align=True)
     else:
         if requested.itemsize != typestr.itemsize or not is_record(requested):
             raise TypeError(f"{argument}: holds {typestr.itemsize}-byte elements ({typestr.str}); "
@@ -320,7 +328,8 @@ class ShardedArray:
             if dtype is None:
                 dtype = buffer_dtype
             elif buffer_dtype != dtype:
-                raise TypeError(f"buffers[{index}]: dtype {buffer_dtype} differs from buffers[0]'s {dtype}")
+                raise TypeError(f"buffers[{index}]: dtype {describe_dtype(buffer_dtype)} differs from "
+                                f"buffers[0]'s {describe_dtype(dtype)}")
             pointers.append(int(interface["data"][0]))
             sizes.append(int(np.prod(shape)) if shape else 1)
             streams.append(interface.get("stream") or 0)

@@ -222,6 +222,44 @@ def test_tuple_values_errors_before_anything_runs(shim_untouched):
         sharded.transform(lambda x: x, numbers, with_index=True)
 
 
+def _record_interface(dtype, **changes):
+    interface = {"shape": (8,), "typestr": dtype.str, "descr": dtype.descr, "strides": None,
+                 "data": (1 << 20, False), "version": 3}
+    return dict(interface, **changes)
+
+
+def test_adopted_records_keep_the_offsets_their_descr_gives():
+    from cuda_sharded_jit.array import _interface_dtype
+
+    for dtype in (POINT, SAMPLE, XYZ, MIXED, WIDE):  # aligned: padding inside or at the end
+        found = _interface_dtype(_record_interface(dtype), None, "buffers[0]")
+        assert found == dtype and found.names == dtype.names
+    # Same itemsize as the aligned (x: float32, y: float64), but x after 4 bytes of padding:
+    # read from its own offset it is refused, not taken for the aligned layout.
+    shifted = np.dtype({"names": ["x", "y"], "formats": [np.float32, np.float64], "offsets": [4, 8],
+                        "itemsize": 16})
+    with pytest.raises(TypeError, match=r"buffers\[0\]: record dtype .* offsets \[4, 8\] and itemsize 16, "
+                                        r"expected \[0, 8\] and 16"):
+        _interface_dtype(_record_interface(shifted), None, "buffers[0]")
+    with pytest.raises(TypeError, match=r"buffers\[0\]: .* not nested records or sub-arrays"):
+        _interface_dtype(_record_interface(np.dtype([("x", np.float32, (2,))])), None, "buffers[0]")
+    with pytest.raises(TypeError, match=r"buffers\[0\]: its descr lays out 16 bytes, its typestr 24"):
+        _interface_dtype(_record_interface(SAMPLE, typestr="|V24"), None, "buffers[0]")
+    with pytest.raises(TypeError, match=r"need their fields named"):
+        _interface_dtype(_record_interface(SAMPLE, descr=[("", "|V16")]), None, "buffers[0]")
+
+
+def test_adopt_refuses_a_descr_off_the_aligned_layout(shim_untouched):
+    class Buffer:
+        def __init__(self, dtype):
+            self.__cuda_array_interface__ = _record_interface(dtype)
+
+    shifted = np.dtype({"names": ["x", "y"], "formats": [np.float32, np.float64], "offsets": [4, 8],
+                        "itemsize": 16})
+    with pytest.raises(TypeError, match=r"buffers\[1\]: record dtype .* not in the aligned"):
+        sharded.ShardedArray.adopt(stand_in_group(2), [Buffer(SAMPLE), Buffer(shifted)])
+
+
 # ---- GPU ----
 
 def place_groups():
