@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import cuda_sharded_jit as sharded
+from cuda_sharded_jit._dtypes import is_record
 
 from conftest import DEVICE_COUNT
 from test_errors import shim_untouched, stand_in_array, stand_in_group  # noqa: F401 (fixture)
@@ -553,3 +554,34 @@ def test_adopt_numba_record_buffers(one_place):
     assert adopted.dtype == SAMPLE and adopted.to_numpy().tobytes() == host.tobytes()
     total = sharded.transform_reduce(adopted, lambda s: s.value * s.count, lambda a, b: a + b, 0.0)
     assert total == np.sum(host["value"] * host["count"])
+
+
+def test_mapped_scans_of_records_take_init_dtype_as_of_numbers(monkeypatch):
+    """transform_*_scan: a numpy init asks for its dtype, a Python one does not, whether the
+    input holds records (an indexed transform, then the scan) or numbers."""
+    import cuda_sharded_jit.algorithms.reduce as reduce_module
+    import cuda_sharded_jit.algorithms.transform as transform_module
+
+    class Compiling(Exception):
+        pass
+
+    requests = []
+
+    def square(x):
+        return x * x
+
+    def kernel_libraries(op, algorithm, arg_kinds, out_request, archs, map_spec=None):
+        requests.append(out_request)
+        raise Compiling
+
+    monkeypatch.setattr(transform_module, "kernel_libraries", kernel_libraries)
+    monkeypatch.setattr(reduce_module, "kernel_libraries", kernel_libraries)
+    group = stand_in_group()
+    for array in (stand_in_array(group, dtype=POINT), stand_in_array(group, dtype=np.float32)):
+        requests.clear()
+        with pytest.raises(Compiling):
+            sharded.transform_inclusive_scan(array, norm2 if is_record(array.dtype) else square, "sum",
+                                             init=np.float64(0.5))
+        with pytest.raises(Compiling):
+            sharded.transform_exclusive_scan(array, norm2 if is_record(array.dtype) else square, "sum", 0.5)
+        assert requests == [np.float64, None]

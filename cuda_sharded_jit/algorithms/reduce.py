@@ -43,9 +43,9 @@ def _accumulator(dtype: np.dtype, init) -> np.dtype:
     float32; `init=np.float64(0)` accumulates in float64. Records accumulate as themselves
     (init: a tuple).
     """
-    if init is None or is_weak_scalar(init) or is_record(dtype) or isinstance(init, tuple):
+    init_dtype = None if is_record(dtype) else _init_request(init)
+    if init_dtype is None:
         return dtype
-    init_dtype = as_dtype(np.asarray(init).dtype, "init")
     return init_dtype if np.promote_types(dtype, init_dtype) == init_dtype else dtype
 
 
@@ -65,6 +65,24 @@ def _pack(value, dtype: np.dtype) -> bytes:
         raise TypeError(f"init: a tuple, but the accumulator is a single {dtype}; a tuple "
                         f"accumulator comes from a map that returns tuples (transform_reduce)")
     return exact_cast(value, dtype, "init").tobytes()
+
+
+def _init_request(init) -> np.dtype | None:
+    """The accumulator dtype a mapped algorithm is asked for by `init`: its dtype when it is a
+    numpy value, else None (a Python scalar is weak, a tuple builds a tuple accumulator)."""
+    if init is None or isinstance(init, tuple) or is_weak_scalar(init):
+        return None
+    return as_dtype(np.asarray(init).dtype, "init")
+
+
+def _map_operator(map_op, with_index, what: str) -> Op:
+    """map_op as an Op taking (x) or, with `with_index`, (x, global_index); TypeError before
+    any compile otherwise."""
+    if not isinstance(with_index, bool):
+        raise TypeError(f"with_index: expected a bool, got {type(with_index).__name__}")
+    map_op = as_op(map_op, "map_op")
+    map_op.check_arity(2 if with_index else 1, f"{what}'s map" + (" (value, index)" if with_index else ""))
+    return map_op
 
 
 def _operator(op, arity: int, what: str, records: np.dtype | None = None):
@@ -166,16 +184,12 @@ def transform_reduce(a: ShardedArray, map_op, reduce_op, init, with_index: bool 
     (np.float32(-3.2), np.int64(41))
     """
     check_array(a)
-    if not isinstance(with_index, bool):
-        raise TypeError(f"with_index: expected a bool, got {type(with_index).__name__}")
-    map_op = as_op(map_op, "map_op")
-    map_op.check_arity(2 if with_index else 1, "transform_reduce's map" + (" (value, index)" if with_index else ""))
+    map_op = _map_operator(map_op, with_index, "transform_reduce")
     reduce_op = _operator(reduce_op, 2, "transform_reduce")
     builtin = reduce_op if isinstance(reduce_op, str) else None
     if builtin:
         reduce_op = _PYTHON_OPS[builtin]
-    scalar_init = init is not None and not isinstance(init, tuple) and not is_weak_scalar(init)
-    request = as_dtype(np.asarray(init).dtype, "init") if scalar_init else None
+    request = _init_request(init)
     tuples_error = (f"reduce_op: {builtin!r} combines single numbers, but the map returns tuples; "
                     f"pass an operator that combines two tuples")
     try:
@@ -312,16 +326,14 @@ def exclusive_scan(a: ShardedArray, op, init, out: ShardedArray | None = None) -
 
 def _transform_scan(a, map_op, scan_op, init, out, with_index, exclusive: bool, what: str) -> ShardedArray:
     check_array(a)
-    if not isinstance(with_index, bool):
-        raise TypeError(f"with_index: expected a bool, got {type(with_index).__name__}")
-    map_op = as_op(map_op, "map_op")
-    map_op.check_arity(2 if with_index else 1, f"{what}'s map" + (" (value, index)" if with_index else ""))
+    map_op = _map_operator(map_op, with_index, what)
     scan_op = _operator(scan_op, 2, what)
     builtin = scan_op if isinstance(scan_op, str) else None
     if builtin:
         scan_op = _PYTHON_OPS[builtin]
     if out is not None:
         check_out(out, a, "a")
+    request = out.dtype if out is not None else _init_request(init)
     tuples_error = (f"scan_op: {builtin!r} combines single numbers, but the map returns tuples; "
                     f"pass an operator that combines two tuples")
     if is_record(a.dtype):
@@ -329,8 +341,8 @@ def _transform_scan(a, map_op, scan_op, init, out, with_index, exclusive: bool, 
         # place; both kernels are compiled before either runs.
         from .transform import prepare, run
 
-        prepared = prepare(map_op, (a,), out, with_index)
-        acc = prepared[2] if out is None else out.dtype
+        prepared = prepare(map_op, (a,), out, with_index, request)
+        acc = prepared[2]
         if builtin and is_record(acc):
             raise TypeError(tuples_error)
         _, libraries = kernel_libraries(scan_op, "scan", (("array", acc),), acc, a.group.archs)
@@ -338,8 +350,6 @@ def _transform_scan(a, map_op, scan_op, init, out, with_index, exclusive: bool, 
         out = run(prepared, out)
         _shim.scan(libraries, out._impl, out._impl, acc.itemsize, packed, exclusive)
         return out
-    scalar_init = init is not None and not isinstance(init, tuple) and not is_weak_scalar(init)
-    request = out.dtype if out is not None else (as_dtype(np.asarray(init).dtype, "init") if scalar_init else None)
     try:
         acc, libraries = kernel_libraries(scan_op, "scan", (("array", a.dtype),), request, a.group.archs,
                                           ("call_index" if with_index else "call", map_op))

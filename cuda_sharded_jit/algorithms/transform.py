@@ -54,10 +54,11 @@ def transform(op, *args, out: ShardedArray | None = None, with_index: bool = Fal
     return run(prepared, out)
 
 
-def prepare(op, args, out: ShardedArray | None, with_index: bool = False):
+def prepare(op, args, out: ShardedArray | None, with_index: bool = False, request: np.dtype | None = None):
     """The checks and the compile of `transform`, nothing run: (arrays, packed scalars, out
     dtype, libraries, indexed), for `run`. Algorithms that chain a transform with another
-    kernel compile both before either writes."""
+    kernel compile both before either writes. `request`: the result dtype wanted when
+    `out` is None (None: the operator's return type)."""
     if not isinstance(with_index, bool):
         raise TypeError(f"with_index: expected a bool, got {type(with_index).__name__}")
     op = as_op(op)
@@ -91,7 +92,7 @@ def prepare(op, args, out: ShardedArray | None, with_index: bool = False):
                 f"args: array {index} has shard sizes {array.shard_sizes}, array 0 has {first.shard_sizes}"
             )
     out = check_out(out, first)
-    out_request = None if out is None else out.dtype
+    out_request = request if out is None else out.dtype
     map_spec = INDEX_MAP if with_index else VALUE_MAP
     out_dtype, libraries = kernel_libraries(op, "transform", tuple(kinds), out_request, first.group.archs,
                                             map_spec)
