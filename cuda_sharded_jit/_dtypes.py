@@ -93,6 +93,13 @@ def is_record(dtype) -> bool:
     return np.dtype(dtype).names is not None
 
 
+def same_fields(first: np.dtype, second: np.dtype) -> bool:
+    """Whether two records hold the same field dtypes in the same order (names aside): one
+    is the other's layout, so a value of one is stored as the other field by field."""
+    return (is_record(first) and is_record(second) and first.itemsize == second.itemsize
+            and [field for _, field in record_fields(first)] == [field for _, field in record_fields(second)])
+
+
 def record_fields(dtype: np.dtype) -> list[tuple[int, np.dtype]]:
     """(byte offset, dtype) of each field of a record, in order."""
     return [(dtype.fields[name][1], dtype.fields[name][0]) for name in dtype.names]

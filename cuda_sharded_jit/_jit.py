@@ -20,7 +20,7 @@ import types
 
 import numpy as np
 
-from ._dtypes import describe_dtype, field_names, is_record, record_dtype, record_fields
+from ._dtypes import describe_dtype, field_names, is_record, record_dtype, record_fields, same_fields
 
 _state_lock = threading.Lock()
 # numba's typing and dispatcher state are not documented thread-safe (and numba-cuda 0.30
@@ -501,10 +501,7 @@ def _compile_record_reduction(op, map_spec, in_dtype, acc_dtype, cc, input_by_ba
     element = f"_at(value, index, {in_dtype.itemsize})" if input_by_base else "value"
     read = _read_source(in_dtype, element, "_in_", namespace)
     if kind == "value":
-        same = (is_record(in_dtype) == is_record(acc_dtype) and
-                [field for _, field in record_fields(in_dtype)] == [field for _, field in record_fields(acc_dtype)]
-                if is_record(in_dtype) else not is_record(acc_dtype))
-        if not same:
+        if (is_record(in_dtype) or is_record(acc_dtype)) and not same_fields(in_dtype, acc_dtype):
             raise TypeError(f"operator {op.name}: elements of {describe_dtype(in_dtype)} cannot "
                             f"accumulate as {describe_dtype(acc_dtype)}; a tuple accumulator is built "
                             f"from each element by a map operator (transform_reduce)")

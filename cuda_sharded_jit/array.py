@@ -25,7 +25,7 @@ def check_numbers(array: "ShardedArray", algorithm: str, argument: str = "a") ->
     """TypeError naming `argument` when the array holds records, which `algorithm` (a
     built-in kernel that knows only numbers) cannot take."""
     check_array(array, argument)
-    if array.dtype.names is not None:
+    if is_record(array.dtype):
         raise TypeError(f"{argument}: {algorithm} takes arrays of numbers, not records "
                         f"{describe_dtype(array.dtype)}")
     return array

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from . import _cache, _link, _shim
-from ._dtypes import as_array_dtype, as_dtype, describe_dtype, dtype_from_key, dtype_key, is_record, record_fields
+from ._dtypes import as_array_dtype, as_dtype, describe_dtype, dtype_from_key, dtype_key, is_record, same_fields
 from .op import Op, as_op, disk_cacheable
 
 ALGORITHMS = ("transform", "reduce", "scan")
@@ -108,11 +108,6 @@ def _transform_module(arg_kinds, out_dtype, map_spec) -> str:
     return f"transform_o{np.dtype(out_dtype).itemsize}_i{sizes}"
 
 
-def _same_fields(first: np.dtype, second: np.dtype) -> bool:
-    return ([field for _, field in record_fields(first)] == [field for _, field in record_fields(second)]
-            and first.itemsize == second.itemsize)
-
-
 def _reduction_module(op: Op, algorithm: str, map_spec, in_dtype: np.dtype, acc: np.dtype) -> tuple[str, bool]:
     """(LTO module, whether its map addresses the input from the global base)."""
     if not is_record(in_dtype):
@@ -123,7 +118,7 @@ def _reduction_module(op: Op, algorithm: str, map_spec, in_dtype: np.dtype, acc:
     if map_spec[0] != "value":
         raise TypeError(f"map_op: a scan of records ({describe_dtype(in_dtype)}) takes no map; "
                         f"transform_inclusive_scan / transform_exclusive_scan map it first")
-    if not (is_record(acc) and _same_fields(in_dtype, acc)):
+    if not same_fields(in_dtype, acc):
         raise TypeError(f"operator {op.name}: a scan of records of {describe_dtype(in_dtype)} "
                         f"accumulates and writes that layout, not {describe_dtype(acc)}")
     return f"scan_a{acc.itemsize}_i{in_dtype.itemsize}", False

@@ -11,8 +11,8 @@ import numpy as np
 
 from .. import _shim
 from .._dtypes import as_dtype, describe_dtype, exact_cast, is_record, is_weak_scalar, record_fields
-from ..array import ShardedArray, check_array, check_out
-from ..compiler import VALUE_MAP, kernel_libraries
+from ..array import ShardedArray, check_array, check_numbers, check_out
+from ..compiler import kernel_libraries
 from ..op import Op, as_op
 
 _BUILTIN = {"sum": _shim.BuiltinReduction.sum, "min": _shim.BuiltinReduction.min,
@@ -417,10 +417,7 @@ def adjacent_difference(a: ShardedArray, out: ShardedArray | None = None, op=Non
 
     >>> d = sharded.adjacent_difference(a)                                   # doctest: +SKIP
     """
-    check_array(a)
-    if is_record(a.dtype):
-        raise TypeError(f"a: adjacent_difference takes arrays of numbers, not records "
-                        f"{describe_dtype(a.dtype)}")
+    check_numbers(a, "adjacent_difference")
     if out is not None:
         check_out(out, a, "a")
         if is_record(out.dtype):
