@@ -167,7 +167,8 @@ def has_default_names(dtype: np.dtype) -> bool:
 
 def field_names(dtype: np.dtype) -> tuple[str, ...] | None:
     """The names operators may use for a record's fields (r.x), or None for plain tuples: a
-    record with numpy's default names, or names that are no Python identifiers."""
+    record with numpy's default names, or a name that is no Python identifier, a keyword or
+    starts with "_" (which a named tuple cannot take)."""
     names = dtype.names
     if has_default_names(dtype):
         return None

@@ -216,8 +216,24 @@ def _type_error(op, arg_dtypes, error) -> Exception:
         return missing
     return TypeError(
         f"operator {op.name} cannot be compiled for argument types {_describe(arg_dtypes)}: "
-        f"numba says:\n{error}"
+        f"numba says:\n{error}{_shadowed_fields_hint(arg_dtypes)}"
     )
+
+
+# Attributes numba's tuples resolve as their methods before a named tuple's fields of the same
+# name (CPython's namedtuple lets the field win): `p.index` is tuple.index in device code.
+_TUPLE_METHODS = ("index",)
+
+
+def _shadowed_fields_hint(arg_dtypes) -> str:
+    hints = []
+    for dtype in arg_dtypes:
+        names = field_names(np.dtype(dtype)) if is_record(dtype) else None
+        for position, name in enumerate(names or ()):
+            if name in _TUPLE_METHODS:
+                hints.append(f"\n(field {name!r} of {describe_dtype(dtype)}: numba reads p.{name} as "
+                             f"the tuple method; write p[{position}])")
+    return "".join(dict.fromkeys(hints))
 
 
 def _return_type(op, argtypes, arg_dtypes, cc):

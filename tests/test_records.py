@@ -585,3 +585,24 @@ def test_mapped_scans_of_records_take_init_dtype_as_of_numbers(monkeypatch):
         with pytest.raises(Compiling):
             sharded.transform_exclusive_scan(array, norm2 if is_record(array.dtype) else square, "sum", 0.5)
         assert requests == [np.float64, None]
+
+
+def test_a_field_named_like_a_tuple_method_is_read_by_position():
+    ranked = np.dtype([("value", np.float32), ("index", np.int64)], align=True)
+    with pytest.raises(TypeError, match=r"field 'index' of \(value: float32, index: int64\): numba reads "
+                                        r"p\.index as the tuple method; write p\[1\]"):
+        sharded.compile(lambda p: p.value + p.index, "transform", (ranked,), arch=ARCH)
+    kernel = sharded.compile(lambda p: p.value + p[1], "transform", (ranked,), arch=ARCH)
+    assert kernel.out_dtype == np.float64
+
+
+def test_record_layouts_never_share_a_kernel():
+    """Field names, their order and their dtypes are all in the cache key."""
+    layouts = [POINT, np.dtype([("y", np.float32), ("x", np.float32)], align=True),
+               np.dtype([("x", np.int32), ("y", np.float32)], align=True),
+               np.dtype([("x", np.float32), ("y", np.float64)], align=True)]
+    kernels = [sharded.compile(lambda p: p.x, "transform", (layout,), arch=ARCH) for layout in layouts]
+    assert len({kernel.cache_key for kernel in kernels}) == len(layouts)
+    assert kernels[0].sass() != kernels[1].sass()  # x read at offset 0, then at offset 4
+    reductions = [sharded.compile(lambda p, q: p, "reduce", layout, arch=ARCH) for layout in layouts]
+    assert len({kernel.cache_key for kernel in reductions}) == len(layouts)
