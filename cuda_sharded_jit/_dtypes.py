@@ -90,7 +90,9 @@ def record_dtype(fields, argument: str = "accumulator") -> np.dtype:
 
 
 def is_record(dtype) -> bool:
-    return np.dtype(dtype).names is not None
+    if not isinstance(dtype, np.dtype):  # asked on every call: dtypes skip the conversion
+        dtype = np.dtype(dtype)
+    return dtype.names is not None
 
 
 def same_fields(first: np.dtype, second: np.dtype) -> bool:

@@ -80,8 +80,12 @@ def _code_static_digest(code: types.CodeType) -> str:
     return digest.hexdigest()
 
 
+_NO_DEFAULTS = _fingerprint(())
+
+
 def _static_digest(func: types.FunctionType) -> tuple:
-    return (_code_static_digest(func.__code__), _fingerprint(func.__defaults__ or ()))
+    defaults = func.__defaults__  # every call pays this: no defaults, no fingerprint to build
+    return (_code_static_digest(func.__code__), _fingerprint(defaults) if defaults else _NO_DEFAULTS)
 
 
 _LOAD_ATTRIBUTE = {"LOAD_ATTR", "LOAD_METHOD"}

@@ -22,6 +22,8 @@ _PACK = {
 
 def pack_scalars(values, dtypes) -> bytes:
     """One 8-byte slot per runtime scalar, in the dtype the operator sees."""
+    if not values:
+        return b""
     try:
         return b"".join(_PACK[dtype.name].pack(dtype.type(value)) for value, dtype in zip(values, dtypes))
     except (OverflowError, struct.error) as error:
