@@ -68,6 +68,30 @@ def group(request, one_place, three_places, all_devices):
     return {"one": one_place, "three": three_places, "all": all_devices}[request.param]
 
 
+def _place_counts():
+    devices = max(DEVICE_COUNT, 1)
+    return [[place % devices for place in range(count)] for count in (1, 2, 3, 4)]
+
+
+@pytest.fixture(scope="module", params=_place_counts(), ids=lambda devices: f"{len(devices)}places")
+def places(request):
+    """1 to 4 places over the visible GPUs (round robin): repeated devices where fewer."""
+    return sharded.PlaceGroup.by_devices(request.param)
+
+
+def uneven(places, n):
+    """Uneven shard sizes with an empty shard where there are at least three places."""
+    count = len(places)
+    if count == 1:
+        return [n]
+    weights = np.arange(1, count + 1, dtype=np.float64)
+    sizes = np.floor(weights / weights.sum() * n).astype(np.int64)
+    if count >= 3:
+        sizes[1] = 0
+    sizes[-1] += n - sizes.sum()
+    return [int(size) for size in sizes]
+
+
 def needs_devices(count: int):
     return pytest.mark.skipif(DEVICE_COUNT < count, reason=f"needs {count} GPUs")
 

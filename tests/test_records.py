@@ -9,7 +9,7 @@ import pytest
 import cuda_sharded_jit as sharded
 from cuda_sharded_jit._dtypes import is_record
 
-from conftest import DEVICE_COUNT
+from conftest import uneven
 from test_errors import shim_untouched, stand_in_array, stand_in_group  # noqa: F401 (fixture)
 
 ARCH = "sm_90"
@@ -262,29 +262,6 @@ def test_adopt_refuses_a_descr_off_the_aligned_layout(shim_untouched):
 
 
 # ---- GPU ----
-
-def place_groups():
-    devices = max(DEVICE_COUNT, 1)
-    return [[place % devices for place in range(count)] for count in (1, 2, 3, 4)]
-
-
-@pytest.fixture(scope="module", params=place_groups(), ids=lambda devices: f"{len(devices)}places")
-def places(request):
-    return sharded.PlaceGroup.by_devices(request.param)
-
-
-def uneven(places, n):
-    """Uneven shard sizes with an empty shard where there are at least three places."""
-    count = len(places)
-    if count == 1:
-        return [n]
-    weights = np.arange(1, count + 1, dtype=np.float64)
-    sizes = np.floor(weights / weights.sum() * n).astype(np.int64)
-    if count >= 3:
-        sizes[1] = 0
-    sizes[-1] += n - sizes.sum()
-    return [int(size) for size in sizes]
-
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [POINT, XYZ, SAMPLE, MIXED, WIDE])

@@ -9,7 +9,7 @@ import pytest
 
 import cuda_sharded_jit as sharded
 
-from conftest import DEVICE_COUNT
+from conftest import uneven
 
 
 def pair(x, i):
@@ -110,29 +110,6 @@ def test_tuple_init_packs_and_results_unpack_as_numpy_scalars():
 
 
 # ---- GPU ----
-
-def place_groups():
-    devices = max(DEVICE_COUNT, 1)
-    return [[place % devices for place in range(count)] for count in (1, 2, 3, 4)]
-
-
-@pytest.fixture(scope="module", params=place_groups(), ids=lambda devices: f"{len(devices)}places")
-def places(request):
-    return sharded.PlaceGroup.by_devices(request.param)
-
-
-def uneven(places, n):
-    """Uneven shard sizes with an empty shard where there are at least three places."""
-    count = len(places)
-    if count == 1:
-        return [n]
-    weights = np.arange(1, count + 1, dtype=np.float64)
-    sizes = np.floor(weights / weights.sum() * n).astype(np.int64)
-    if count >= 3:
-        sizes[1] = 0
-    sizes[-1] += n - sizes.sum()
-    return [int(size) for size in sizes]
-
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int32, np.int64, np.uint32, np.uint64])
