@@ -393,7 +393,7 @@ def host_blocks(cp, sharded, selections: list, options: Options, groups: dict) -
     tasks = [host_task(case, impl, case.peers[impl],
                        template(case, impl, dtype, HOST_ELEMENTS, 1, 1, label, timer="host"))
              for case, impls in selections for impl in impls
-             if impl in case.peers and impl in options.peers]
+             if impl in case.peers and peer_library(impl) in options.peers]
     if tasks:
         result.append(Block("host time per call, peers", tasks,
                             lambda: peer_setup(cp, options, dtype, HOST_ELEMENTS),
