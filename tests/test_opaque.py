@@ -73,12 +73,28 @@ def test_histogram_matches_numpy(three_places, dtype, num_bins):
 
 
 @pytest.mark.gpu
-def test_histogram_of_edge_values(one_place):
-    edges = np.linspace(0.0, 1.0, 65, dtype=np.float32)
-    host = np.concatenate([edges, np.nextafter(edges, np.float32(-1)), np.nextafter(edges, np.float32(2))])
-    array = sharded.ShardedArray.from_numpy(one_place, host.astype(np.float32))
-    expected, _ = np.histogram(host.astype(np.float32), bins=64, range=(0.0, 1.0))
-    np.testing.assert_array_equal(sharded.histogram_even(array, 64, 0.0, 1.0), expected)
+@pytest.mark.parametrize("dtype, num_bins, lower, upper", [
+    (np.float32, 64, 0.0, 1.0),
+    (np.float32, 37, -3.7, 12.9),       # edges that are not exact in binary
+    (np.float32, 1000, 1000.0, 1001.0),  # narrow bins far from zero: most values settle
+    (np.float64, 37, -3.7, 12.9),
+    (np.int32, 30, 0.0, 300.0),          # integers exactly on edges
+    (np.int64, 7, -50.0, 20.0),
+])
+def test_histogram_of_edge_values(one_place, dtype, num_bins, lower, upper):
+    """Values on every edge and one step either side land where numpy puts them (the
+    kernel's fast bin estimate defers to the edges near a boundary)."""
+    edges = np.histogram_bin_edges(np.zeros(1, dtype), bins=num_bins, range=(lower, upper))
+    if np.dtype(dtype).kind == "f":
+        edges = edges.astype(dtype)
+        host = np.concatenate([edges, np.nextafter(edges, dtype(-np.inf)), np.nextafter(edges, dtype(np.inf))])
+    else:
+        whole = np.floor(edges).astype(dtype)
+        host = np.concatenate([whole - 1, whole, whole + 1])
+    host = np.tile(host.astype(dtype), 3)
+    array = sharded.ShardedArray.from_numpy(one_place, host)
+    expected, _ = np.histogram(host, bins=num_bins, range=(lower, upper))
+    np.testing.assert_array_equal(sharded.histogram_even(array, num_bins, lower, upper), expected)
 
 
 @pytest.mark.gpu

@@ -14,14 +14,40 @@ namespace {
 template <class T>
 using BinType = cuda::std::conditional_t<cuda::std::is_same_v<T, float>, float, double>;
 
-// The range and the bin width, read once per thread. The bin is estimated in the edges'
-// precision (float for float32 data: fast), then settled against the edges themselves.
+// The range and the bin width, read once per thread. A value's position in bins is
+// estimated in the edges' precision (float for float32 data: fast); the estimate's error,
+// and the edges' own rounding (np.linspace), stay well inside `margin` (a fraction of a
+// bin), so an estimate farther than that from a bin boundary is the bin, and one nearer is
+// settled against the edges themselves, as numpy does.
 template <class T>
 struct Bins {
   BinType<T> lower, upper;
-  BinType<T> scale;  // num_bins / (upper - lower)
+  BinType<T> scale;   // num_bins / (upper - lower)
+  BinType<T> offset;  // -lower * scale
+  BinType<T> margin;
   int num_bins;
 };
+
+template <class T>
+__device__ __forceinline__ Bins<T> make_bins(const BinType<T>* edges, int num_bins) {
+  using B = BinType<T>;
+  Bins<T> bins;
+  bins.lower = edges[0];
+  bins.upper = edges[num_bins];
+  const double width = static_cast<double>(bins.upper) - static_cast<double>(bins.lower);
+  bins.scale = static_cast<B>(num_bins / width);
+  bins.offset = static_cast<B>(-static_cast<double>(bins.lower) * static_cast<double>(bins.scale));
+  // In bins, the estimate's rounding (through scale, offset and the fma) and the edges'
+  // distance from the exact grid are each at most a few epsilons of num_bins + M * scale,
+  // M the largest magnitude in range: 16 times that is a wide margin. A margin of half a
+  // bin or more (huge values, narrow bins) settles every value.
+  const double eps = cuda::std::is_same_v<B, float> ? 1.1920928955078125e-7 : 2.220446049250313e-16;
+  const double magnitude = fmax(fabs(static_cast<double>(bins.lower)), fabs(static_cast<double>(bins.upper)));
+  const double margin = 16.0 * eps * (num_bins + 4.0 * magnitude * static_cast<double>(bins.scale));
+  bins.margin = static_cast<B>(fmin(margin, 0.5));
+  bins.num_bins = num_bins;
+  return bins;
+}
 
 template <class T>
 __device__ __forceinline__ int bin_of(T value, const BinType<T>* edges, const Bins<T>& bins, bool& keep) {
@@ -29,9 +55,13 @@ __device__ __forceinline__ int bin_of(T value, const BinType<T>* edges, const Bi
   const B x = static_cast<B>(value);
   keep = x >= bins.lower && x <= bins.upper;  // false for NaN
   if (!keep) return 0;
-  int bin = static_cast<int>((x - bins.lower) * bins.scale);
+  const B position = fma(x, bins.scale, bins.offset);
+  const B whole = floor(position);
+  const B fraction = position - whole;
+  int bin = static_cast<int>(whole);
+  if (fraction >= bins.margin && fraction <= B(1) - bins.margin && bin >= 0 && bin < bins.num_bins) return bin;
+  // near a boundary: settle against the edges
   bin = min(max(bin, 0), bins.num_bins - 1);
-  // the estimate may be off at an edge: settle it against the edges themselves
   while (bin > 0 && x < edges[bin]) --bin;
   while (bin < bins.num_bins - 1 && x >= edges[bin + 1]) ++bin;
   return bin;
@@ -106,9 +136,7 @@ __global__ void __launch_bounds__(kHistogramBlock) histogram_kernel(const __grid
   auto* bins = reinterpret_cast<unsigned int*>(shared + p.bins_offset);
   for (int slot = threadIdx.x; slot < p.copies * p.num_bins; slot += blockDim.x) bins[slot] = 0;
   __syncthreads();
-  const Bins<T> range{edges[0], edges[p.num_bins],
-                      static_cast<B>(p.num_bins / (static_cast<double>(edges[p.num_bins]) - static_cast<double>(edges[0]))),
-                      p.num_bins};
+  const Bins<T> range = make_bins<T>(edges, p.num_bins);
   // one instance per kind of edge memory: with the edges known to be in shared memory the
   // settling loads are shared-memory loads, not generic ones
   auto count_into = [&](const auto& sink) {

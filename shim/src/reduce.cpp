@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstring>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <stdexcept>
@@ -70,55 +71,31 @@ cudaMemPool_t pool_of(const PlaceGroup& group, std::size_t place) {
   return reinterpret_cast<cudaMemPool_t>(group.memory_pool(place));
 }
 
-// Memory for the in-kernel cross-place combine (ReduceParams::place_totals): per slot, the
-// place totals and the arrival counter in device memory of the home device (zero between
-// uses: the last place resets the counter) and a pinned, device-visible host word for the
-// result. Slots are reused across calls and kept until exit; one that saw a failure is
-// dropped rather than reused with a counter in an unknown state.
-class CombineSlots {
+constexpr int kReduceBlocksPerMultiprocessor = 4;
+
+// Reused memory of one place's part in a reduce, so that a call queues nothing but its
+// kernel: per-block partials and the block counter, then the cross-place totals and their
+// arrival counter (used by the slot of the group's first device), all in device memory and
+// reading zero between uses (the kernels reset their counters), and a pinned,
+// device-visible host word where the final result lands. Slots come in batches per device,
+// are reused across calls and kept until exit; one that saw a failure is dropped rather
+// than reused with a counter in an unknown state.
+class ReduceSlots {
  public:
   struct Slot {
     int device = -1;
-    void* totals = nullptr;
+    void* partials = nullptr;
     unsigned int* counter = nullptr;
+    unsigned blocks = 0;  // partials held: one wave of the reduce kernels on this device
+    void* totals = nullptr;
+    unsigned int* place_counter = nullptr;
     void* result = nullptr;
   };
 
   static Slot acquire(int device) {
     std::lock_guard<std::mutex> lock(mutex());
     std::vector<Slot>& free_slots = pool()[device];
-    if (free_slots.empty()) {
-      constexpr std::size_t kSlotBytes = 4096, kSlots = 64;
-      static_assert(k::kMaxFoldValues * k::kMaxAccSize + 16 <= kSlotBytes, "a slot holds every place's total");
-      detail::DeviceGuard guard(device);
-      unsigned char* memory = nullptr;
-      unsigned char* host = nullptr;
-      check(cudaMalloc(reinterpret_cast<void**>(&memory), kSlotBytes * kSlots), "cudaMalloc (combine slots)");
-      // Counters must read zero before any kernel counts in them: cudaMemset would queue on
-      // the legacy stream, which the group's non-blocking streams do not wait for (and
-      // other libraries' work may hold it back), so clear on a stream of our own and wait.
-      cudaStream_t stream = nullptr;
-      cudaError_t status = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
-      if (status == cudaSuccess) status = cudaMemsetAsync(memory, 0, kSlotBytes * kSlots, stream);
-      if (status == cudaSuccess) status = cudaStreamSynchronize(stream);
-      if (stream) cudaStreamDestroy(stream);
-      if (status == cudaSuccess) {
-        status = cudaHostAlloc(reinterpret_cast<void**>(&host), k::kMaxAccSize * kSlots,
-                               cudaHostAllocPortable | cudaHostAllocMapped);
-      }
-      if (status != cudaSuccess) {
-        cudaFree(memory);
-        check(status, "preparing the cross-place combine slots");
-      }
-      for (std::size_t i = 0; i < kSlots; ++i) {
-        Slot slot;
-        slot.device = device;
-        slot.totals = memory + i * kSlotBytes;
-        slot.counter = reinterpret_cast<unsigned int*>(memory + i * kSlotBytes + k::kMaxFoldValues * k::kMaxAccSize);
-        slot.result = host + i * k::kMaxAccSize;  // with unified addressing, also its device address
-        free_slots.push_back(slot);
-      }
-    }
+    if (free_slots.empty()) add_batch(device, free_slots);
     const Slot slot = free_slots.back();
     free_slots.pop_back();
     return slot;
@@ -150,6 +127,46 @@ class CombineSlots {
   }
 
  private:
+  static void add_batch(int device, std::vector<Slot>& free_slots) {
+    constexpr std::size_t kSlots = 32;
+    constexpr std::size_t kTotalsBytes = k::kMaxFoldValues * k::kMaxAccSize;
+    const auto blocks = static_cast<unsigned>(detail::multiprocessors(device) * kReduceBlocksPerMultiprocessor);
+    const std::size_t partial_bytes = (static_cast<std::size_t>(blocks) * k::kMaxAccSize + 255) / 256 * 256;
+    const std::size_t slot_bytes = partial_bytes + 256 + kTotalsBytes + 256;
+    detail::DeviceGuard guard(device);
+    unsigned char* memory = nullptr;
+    unsigned char* host = nullptr;
+    check(cudaMalloc(reinterpret_cast<void**>(&memory), slot_bytes * kSlots), "cudaMalloc (reduce slots)");
+    // Counters must read zero before any kernel counts in them: cudaMemset would queue on
+    // the legacy stream, which the group's non-blocking streams do not wait for (and
+    // other libraries' work may hold it back), so clear on a stream of our own and wait.
+    cudaStream_t stream = nullptr;
+    cudaError_t status = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
+    if (status == cudaSuccess) status = cudaMemsetAsync(memory, 0, slot_bytes * kSlots, stream);
+    if (status == cudaSuccess) status = cudaStreamSynchronize(stream);
+    if (stream) cudaStreamDestroy(stream);
+    if (status == cudaSuccess) {
+      status = cudaHostAlloc(reinterpret_cast<void**>(&host), k::kMaxAccSize * kSlots,
+                             cudaHostAllocPortable | cudaHostAllocMapped);
+    }
+    if (status != cudaSuccess) {
+      cudaFree(memory);
+      check(status, "preparing the reduce slots");
+    }
+    for (std::size_t i = 0; i < kSlots; ++i) {
+      unsigned char* base = memory + i * slot_bytes;
+      Slot slot;
+      slot.device = device;
+      slot.partials = base;
+      slot.counter = reinterpret_cast<unsigned int*>(base + partial_bytes);
+      slot.blocks = blocks;
+      slot.totals = base + partial_bytes + 256;
+      slot.place_counter = reinterpret_cast<unsigned int*>(base + partial_bytes + 256 + kTotalsBytes);
+      slot.result = host + i * k::kMaxAccSize;  // with unified addressing, also its device address
+      free_slots.push_back(slot);
+    }
+  }
+
   static std::mutex& mutex() {
     static std::mutex m;
     return m;
@@ -164,7 +181,19 @@ class CombineSlots {
   }
 };
 
-constexpr int kReduceBlocksPerMultiprocessor = 4;
+// A slot held for one call: back to the pool only after a clean run (after a failure its
+// counters may never have been reset, so it is dropped).
+struct LeasedSlot {
+  explicit LeasedSlot(int device) : slot(ReduceSlots::acquire(device)) {}
+  ~LeasedSlot() {
+    if (clean) ReduceSlots::release(slot);
+  }
+  LeasedSlot(const LeasedSlot&) = delete;
+  LeasedSlot& operator=(const LeasedSlot&) = delete;
+  ReduceSlots::Slot slot;
+  bool clean = false;
+};
+
 
 // How a shard is cut into one contiguous chunk per block (shared by both scan passes).
 struct Chunking {
@@ -213,11 +242,21 @@ PassScratch allocate_pass(unsigned grid, int acc_size, bool with_prefixes, cudaS
   return scratch;
 }
 
+// A reduce pass in a leased slot: nothing to allocate or clear, and the shard's result goes
+// straight to the slot's host word.
+PassScratch slot_pass(const ReduceSlots::Slot& slot) {
+  PassScratch scratch;
+  scratch.partials = slot.partials;
+  scratch.counter = slot.counter;
+  scratch.result = slot.result;
+  return scratch;
+}
+
 // Queues the first pass over one shard: its total lands at scratch.result (and per-block
 // exclusive prefixes at scratch.prefixes when allocated).
 void reduce_shard(const KernelSet& kernels, const ShardedArray& in, std::size_t place,
                   const Chunking& cut, const PassScratch& scratch, const std::string& init = {},
-                  const std::string& map_value = {}, const CombineSlots::Slot* combine = nullptr,
+                  const std::string& map_value = {}, const ReduceSlots::Slot* combine = nullptr,
                   int place_index = 0, int place_count = 0) {
   const PlaceGroup& group = *in.group();
   k::ReduceParams params{};
@@ -240,7 +279,7 @@ void reduce_shard(const KernelSet& kernels, const ShardedArray& in, std::size_t 
   }
   if (combine) {
     params.place_totals = combine->totals;
-    params.place_counter = combine->counter;
+    params.place_counter = combine->place_counter;
     params.final_result = combine->result;
     params.place_index = place_index;
     params.place_count = place_count;
@@ -316,39 +355,51 @@ std::vector<std::size_t> non_empty_places(const ShardedArray& array) {
 }
 
 // Several places, combined by the reduce kernels themselves (ReduceParams::place_totals):
-// no fold launch, no cross-device events; the host waits for every place's stream, then
-// reads the result where the last place wrote it.
+// each place counts its blocks in a slot of its own device, the totals meet in a slot of the
+// group's first device; no fold launch, no cross-device events, nothing allocated or
+// cleared. The host waits for every place's stream, then reads the result where the last
+// place wrote it.
 void combine_in_kernel(const std::vector<KernelSet>& sets, const ShardedArray& in,
                        const std::vector<std::size_t>& places, int acc_size, const std::string& init,
                        const std::string& map_value, ReduceResult& result) {
   const PlaceGroup& group = *in.group();
   const int in_size = static_cast<int>(in.itemsize());
-  // A slot goes back to the pool only after a clean run: after a failure its counter may
-  // never have reached the count, so it is dropped.
-  struct SlotReturn {
-    CombineSlots::Slot slot;
-    bool clean = false;
-    ~SlotReturn() {
-      if (clean) CombineSlots::release(slot);
-    }
-  } slot{CombineSlots::acquire(group.device(0))};
-  std::vector<PassScratch> scratch(places.size());
-  const detail::SyncOnUnwind settle(group);  // on a throw, queued work drains before scratch goes
+  LeasedSlot home(group.device(0));
+  std::vector<std::unique_ptr<LeasedSlot>> slots;
+  for (std::size_t place : places) slots.push_back(std::make_unique<LeasedSlot>(group.device(place)));
+  const detail::SyncOnUnwind settle(group);  // on a throw, queued work drains before the slots go
   for (std::size_t k = 0; k < places.size(); ++k) {
     const std::size_t place = places[k];
     const int device = group.device(place);
-    const cudaStream_t stream = stream_of(group, place);
     detail::DeviceGuard guard(device);
     const Chunking cut = chunking(sets[place], false, in.shard_size(place), device, in_size, acc_size);
-    scratch[k] = allocate_pass(cut.grid, acc_size, false, stream, pool_of(group, place));
-    reduce_shard(sets[place], in, place, cut, scratch[k], init, map_value, &slot.slot, static_cast<int>(k),
-                 static_cast<int>(places.size()));
-    scratch[k].memory.free();
+    if (cut.grid > slots[k]->slot.blocks) throw std::logic_error("reduce: more blocks than a slot holds");
+    reduce_shard(sets[place], in, place, cut, slot_pass(slots[k]->slot), init, map_value, &home.slot,
+                 static_cast<int>(k), static_cast<int>(places.size()));
   }
   for (std::size_t place : places) {
     detail::DeviceGuard guard(group.device(place));
     check(cudaStreamSynchronize(stream_of(group, place)), "cudaStreamSynchronize");
   }
+  std::memcpy(result.value.data(), static_cast<const void*>(home.slot.result), acc_size);
+  home.clean = true;
+  for (auto& slot : slots) slot->clean = true;
+}
+
+// One place: the kernel applies init and writes the result to the slot's host word.
+void reduce_one_place(const KernelSet& kernels, const ShardedArray& in, std::size_t place, int acc_size,
+                      const std::string& init, const std::string& map_value, ReduceResult& result) {
+  const PlaceGroup& group = *in.group();
+  const int device = group.device(place);
+  const cudaStream_t stream = stream_of(group, place);
+  detail::DeviceGuard guard(device);
+  LeasedSlot slot(device);
+  const Chunking cut = chunking(kernels, false, in.shard_size(place), device, static_cast<int>(in.itemsize()),
+                                acc_size);
+  if (cut.grid > slot.slot.blocks) throw std::logic_error("reduce: more blocks than a slot holds");
+  const detail::SyncOnUnwind settle(group);
+  reduce_shard(kernels, in, place, cut, slot_pass(slot.slot), init, map_value);
+  check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
   std::memcpy(result.value.data(), static_cast<const void*>(slot.slot.result), acc_size);
   slot.clean = true;
 }
@@ -381,6 +432,16 @@ ReduceResult reduce_impl(const std::vector<KernelSet>& sets, const ShardedArray&
   const PlaceGroup& group = *in.group();
   result.value.assign(acc_size, '\0');
   result.valid = true;
+  if (places.size() == 1) {
+    reduce_one_place(sets[places[0]], in, places[0], acc_size, init, map_value, result);
+    return result;
+  }
+  std::vector<int> devices;
+  for (std::size_t place : places) devices.push_back(group.device(place));
+  if (ReduceSlots::reachable(group, group.device(0), devices)) {
+    combine_in_kernel(sets, in, places, acc_size, init, map_value, result);
+    return result;
+  }
   // Declaration order is release order reversed: on a throw the places are waited for
   // first, then scratch is freed, then the slot (a copy into it may have been queued) goes.
   const HostSlot slot(group);
@@ -388,28 +449,6 @@ ReduceResult reduce_impl(const std::vector<KernelSet>& sets, const ShardedArray&
   std::vector<Chunking> cuts(places.size());
   detail::StreamScratch staging;
   const detail::SyncOnUnwind settle(group);
-  if (places.size() == 1) {  // one shard: its kernel applies init, no cross-place fold
-    const std::size_t place = places[0];
-    const int device = group.device(place);
-    const cudaStream_t stream = stream_of(group, place);
-    detail::DeviceGuard guard(device);
-    cuts[0] = chunking(sets[place], false, in.shard_size(place), device,
-                       static_cast<int>(in.itemsize()), acc_size);
-    scratch[0] = allocate_pass(cuts[0].grid, acc_size, false, stream, pool_of(group, place));
-    reduce_shard(sets[place], in, place, cuts[0], scratch[0], init, map_value);
-    check(cudaMemcpyAsync(slot.get(), scratch[0].result, acc_size, cudaMemcpyDeviceToHost, stream),
-          "cudaMemcpyAsync (result)");
-    scratch[0].memory.free();
-    check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
-    std::memcpy(result.value.data(), slot.get(), acc_size);
-    return result;
-  }
-  std::vector<int> devices;
-  for (std::size_t place : places) devices.push_back(group.device(place));
-  if (CombineSlots::reachable(group, group.device(0), devices)) {
-    combine_in_kernel(sets, in, places, acc_size, init, map_value, result);
-    return result;
-  }
   first_pass(sets, in, places, acc_size, init, false, scratch, cuts, staging, map_value);
   const cudaStream_t home_stream = stream_of(group, 0);
   {
