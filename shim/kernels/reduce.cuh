@@ -9,7 +9,8 @@
 //
 // A scan is reduce-then-scan at every level: pass 1 (Reduction with prefixes) folds each
 // block's chunk and gives each block its exclusive prefix; pass 2 (Scan) scans each chunk,
-// tile by tile, seeded with it. (A barrier-free warp-level second pass measured slower.) Decoupled look-back would save one read, but the association of its
+// tile by tile, seeded with it. (A barrier-free warp-level second pass measured slower.)
+// Decoupled look-back would save one read, but the association of its
 // prefixes depends on timing, which breaks bitwise determinism for floating point.
 #pragma once
 
@@ -88,7 +89,10 @@ struct Reduction {
   static constexpr int kStageVectors = 32 * kVectors + 32 * kVectors / 8;
   __device__ __forceinline__ static int stage_slot(int vector) { return vector + vector / 8; }
 
+  using BlockScanT = cub::BlockScan<Acc, kReduceBlock, cub::BLOCK_SCAN_WARP_SCANS>;
+
   struct TempStorage {
+    typename BlockScanT::TempStorage scan;
     Acc warp_values[kReduceWarps];
     int warp_valid[kReduceWarps];
     Acc parts[kWindow * kReduceWarps];
@@ -270,8 +274,6 @@ struct Reduction {
 
   __device__ static void run(const ReduceParams& p) {
     __shared__ TempStorage temp;
-    const int warp = threadIdx.x / 32;
-    const int lane = threadIdx.x & 31;
     const long long block_begin = static_cast<long long>(blockIdx.x) * p.chunk;
     const long long block_end = min(block_begin + p.chunk, p.n);
     const Acc block_total = block_range(p, temp, block_begin, block_end);
@@ -284,41 +286,60 @@ struct Reduction {
     }
     __syncthreads();
     if (!temp.is_last) return;
-
-    // The last block to finish folds every block's partial, in block order.
     __threadfence();
+    fold_partials(p, temp);
+  }
+
+  // The last block to finish folds every block's partial, in block order: each thread a
+  // contiguous run of them (its loads all in flight at once), the runs scanned across the
+  // block in thread order (a fixed association for a given grid). With prefixes (the first
+  // pass of a scan), each block's exclusive prefix is written too. One thread folding the
+  // partials alone waits out an L2 round trip per block: ~1000 of them on a full wave.
+  __device__ static void fold_partials(const ReduceParams& p, TempStorage& temp) {
+    constexpr int kMaxRun = AccSize > 8 ? 4 : 8;  // runs held in registers; longer ones reload
+    const Acc* partials = static_cast<const Acc*>(p.partials);
     const int blocks = gridDim.x;
-    if (p.prefixes) {
-      if (threadIdx.x == 0) {
-        Acc* prefixes = static_cast<Acc*>(p.prefixes);
-        Acc acc = load_cg(partials);
-        for (int b = 1; b < blocks; ++b) {
-          prefixes[b] = acc;
-          acc = Combine<Op, Acc>()(acc, load_cg(partials + b));
-        }
-        *static_cast<Acc*>(p.result) = with_init(p, acc);
-        *p.counter = 0;
+    const int per_thread = (blocks + kReduceBlock - 1) / kReduceBlock;
+    const int runs = (blocks + per_thread - 1) / per_thread;  // threads with a non-empty run
+    const int first = min(static_cast<int>(threadIdx.x) * per_thread, blocks);
+    const int last = min(first + per_thread, blocks);
+    Acc values[kMaxRun] = {};
+#pragma unroll
+    for (int i = 0; i < kMaxRun; ++i) {
+      if (first + i < last) values[i] = load_cg(partials + first + i);
+    }
+    Acc run = values[0];
+#pragma unroll
+    for (int i = 1; i < kMaxRun; ++i) {
+      if (first + i < last) run = Combine<Op, Acc>()(run, values[i]);
+    }
+    for (int b = first + kMaxRun; b < last; ++b) run = Combine<Op, Acc>()(run, load_cg(partials + b));
+    Acc before;  // the runs of the threads before this one (undefined in thread 0)
+    BlockScanT(temp.scan).ExclusiveScan(run, before, Combine<Op, Acc>());
+    if (static_cast<int>(threadIdx.x) >= runs) return;
+    const bool first_run = threadIdx.x == 0;
+    if (p.prefixes) {  // prefixes[0] stays unset: the first block starts from the seed
+      Acc* prefixes = static_cast<Acc*>(p.prefixes);
+      Acc acc = before;
+#pragma unroll
+      for (int i = 0; i < kMaxRun; ++i) {
+        if (first + i >= last) break;
+        if (!first_run || i > 0) prefixes[first + i] = acc;
+        acc = first_run && i == 0 ? values[0] : Combine<Op, Acc>()(acc, values[i]);
       }
-      return;
-    }
-    if (warp != 0) return;
-    const int per_lane = (blocks + 31) / 32;
-    const int first = lane * per_lane;
-    const int last = min(first + per_lane, blocks);
-    Acc acc{};
-    for (int b = first; b < last; ++b) {
-      const Acc value = load_cg(partials + b);
-      acc = b == first ? value : Combine<Op, Acc>()(acc, value);
-    }
-    const Acc total = warp_fold<Op, Acc>(acc, (blocks + per_lane - 1) / per_lane);
-    if (lane == 0) {
-      if (p.place_count > 1) {
-        combine_places(p, total);
-      } else {
-        *static_cast<Acc*>(p.result) = with_init(p, total);
+      for (int b = first + kMaxRun; b < last; ++b) {
+        prefixes[b] = acc;
+        acc = Combine<Op, Acc>()(acc, load_cg(partials + b));
       }
-      *p.counter = 0;
     }
+    if (static_cast<int>(threadIdx.x) != runs - 1) return;
+    const Acc total = first_run ? run : Combine<Op, Acc>()(before, run);
+    if (p.place_count > 1) {
+      combine_places(p, total);
+    } else {
+      *static_cast<Acc*>(p.result) = with_init(p, total);
+    }
+    *p.counter = 0;
   }
 
   // See ReduceParams::place_totals. The totals are read back in place order whatever the
