@@ -40,6 +40,16 @@ for name, a in arrays.items():
     cases[f"reduce user add, {name}"] = (lambda a=a: sharded.reduce(a, add), stream)
     cases[f"reduce 'sum', {name}"] = (lambda a=a: sharded.reduce(a, "sum"), stream)
     cases[f"count, {name}"] = (lambda a=a: sharded.count(a, 0.5), stream)
+out = sharded.ShardedArray.allocate(g, n, np.float32)
+a0 = arrays["allocated"]
+cases["inclusive_scan user add"] = (lambda: sharded.inclusive_scan(a0, add, out=out), stream)
+cases["inclusive_scan 'sum'"] = (lambda: sharded.inclusive_scan(a0, "sum", out=out), stream)
+t_x = torch.as_tensor(x_cp, device="cuda:0")
+t_out = torch.empty_like(t_x)
+def torch_cumsum():
+    with torch.cuda.stream(torch.cuda.ExternalStream(s_cp.ptr)):
+        torch.cumsum(t_x, 0, out=t_out)
+cases["torch cumsum"] = (torch_cumsum, s_cp)
 def cupy_sum():
     with s_cp: return x_cp.sum()
 cases["cupy sum"] = (cupy_sum, s_cp)
@@ -58,3 +68,16 @@ with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(10): fn()
         st.synchronize()
 print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=20, max_name_column_width=70))
+
+# argmin: ours (a (value, index) tuple reduce) against CuPy's, per call and per kernel
+x_arg = arrays["allocated"]
+def cupy_argmin():
+    with s_cp: return x_cp.argmin()
+for rep in range(2):
+    print(f"{'argmin ours':32s} events {events(lambda: sharded.argmin(x_arg), stream):7.1f} us")
+    print(f"{'argmin cupy':32s} events {events(cupy_argmin, s_cp):7.1f} us")
+with profile(activities=[ProfilerActivity.CUDA]) as prof:
+    for _ in range(10): sharded.argmin(x_arg)
+    for _ in range(10): cupy_argmin()
+    s_cp.synchronize()
+print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=6, max_name_column_width=70))
