@@ -213,7 +213,7 @@ class ShardedArray:
     ((5, 5), 9.0)
     """
 
-    __slots__ = ("_impl", "_group", "_dtype", "_keepalive", "__weakref__")
+    __slots__ = ("_impl", "_group", "_dtype", "_keepalive", "_shard_sizes", "__weakref__")
 
     def __init__(self, impl, group: PlaceGroup, dtype: np.dtype | None = None):
         if not isinstance(impl, _shim.ShardedArray):
@@ -223,6 +223,7 @@ class ShardedArray:
         # the shim knows a record only by its size: its fields live here
         self._dtype = np.dtype(impl.dtype) if dtype is None else dtype
         self._keepalive = None  # adopted and contiguous arrays: a finalizer (adopt, allocate_contiguous)
+        self._shard_sizes = tuple(impl.shard_sizes)  # fixed for life; every call compares them
 
     # ---- construction -------------------------------------------------------------------
     @classmethod
@@ -399,7 +400,7 @@ class ShardedArray:
     @property
     def shard_sizes(self) -> tuple[int, ...]:
         """Elements per shard, in place order (fixed for the array's life)."""
-        return tuple(self._impl.shard_sizes)
+        return self._shard_sizes
 
     @property
     def shard_offsets(self) -> tuple[int, ...]:

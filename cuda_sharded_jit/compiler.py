@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import subprocess
 import time
@@ -93,6 +94,7 @@ def _arch_cc(arch: str) -> tuple[int, int]:
     return int(digits[:-1]), int(digits[-1])
 
 
+@functools.lru_cache(maxsize=1024)  # asked on every transform call
 def is_indexed_transform(arg_kinds, out_dtype, map_spec) -> bool:
     """Whether a transform runs the indexed module (records in or out, or the element's index
     wanted) rather than the vectorised one for 4- and 8-byte numbers."""

@@ -210,19 +210,17 @@ def _pair_with_index(value, index):
 
 
 # Pairs (value, global index); `p` always comes before `q`, so keeping `p` on ties gives the
-# first index, as numpy does; the first NaN wins, as in numpy.
+# first index, as numpy does; the first NaN wins, as in numpy. `q` wins only when `p` is a
+# number and `q` is smaller (larger) or NaN: `not q >= p` is true for a NaN `q`. Two
+# comparisons per fold, not three.
 def _first_min(p, q):
-    if p[0] != p[0]:
-        return p
-    if q[0] != q[0] or q[0] < p[0]:
+    if p[0] == p[0] and not q[0] >= p[0]:
         return q
     return p
 
 
 def _first_max(p, q):
-    if p[0] != p[0]:
-        return p
-    if q[0] != q[0] or q[0] > p[0]:
+    if p[0] == p[0] and not q[0] <= p[0]:
         return q
     return p
 
