@@ -81,6 +81,7 @@ def stand_in_array(group, sizes=(4, 3, 3), dtype=np.float32) -> sharded.ShardedA
     array._group = group
     array._dtype = np.dtype(dtype)
     array._keepalive = None
+    array._shard_sizes = tuple(sizes)
     return array
 
 
