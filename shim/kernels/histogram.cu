@@ -121,8 +121,9 @@ __device__ __forceinline__ void count_all(const HistogramParams& p, const BinTyp
 
 // Dynamic shared memory: the edges (when edges_in_shared), then `copies` sub-histograms of
 // 32-bit counters. Per-warp copies keep warps from contending for a counter (measured on an
-// H200, 64 bins: 0.61 of cupy sum's bandwidth, against 0.49 with a 16-bit counter per
-// thread and bin updated without atomics).
+// H200, 64 bins, when every value was settled against the edges: 0.61 of cupy sum's
+// bandwidth, against 0.49 with a 16-bit counter per thread and bin updated without atomics;
+// with the margin test in bin_of, 0.72-0.83).
 template <class T>
 __global__ void __launch_bounds__(kHistogramBlock) histogram_kernel(const __grid_constant__ HistogramParams p) {
   using B = BinType<T>;
