@@ -187,20 +187,21 @@ struct Reduction {
 #pragma unroll
       for (int i = 1; i < kLaneItems; ++i) lane_acc = Combine<Op, Acc>()(lane_acc, map(p, items[i], first + i));
       return warp_fold<Op, Acc>(lane_acc, 32);
-    }
-    Acc acc{};
+    } else {
+      Acc acc{};
 #pragma unroll
-    for (int j = 0; j < kVectors; ++j) {
-      const In* items = reinterpret_cast<const In*>(&vectors[j]);
-      const long long index =
-          p.index_base + tile + warp * kWarpTile + (static_cast<long long>(j) * 32 + lane) * kVectorItems;
-      Acc lane_acc = map(p, items[0], index);
+      for (int j = 0; j < kVectors; ++j) {
+        const In* items = reinterpret_cast<const In*>(&vectors[j]);
+        const long long index =
+            p.index_base + tile + warp * kWarpTile + (static_cast<long long>(j) * 32 + lane) * kVectorItems;
+        Acc lane_acc = map(p, items[0], index);
 #pragma unroll
-      for (int i = 1; i < kVectorItems; ++i) lane_acc = Combine<Op, Acc>()(lane_acc, map(p, items[i], index + i));
-      const Acc part = warp_fold<Op, Acc>(lane_acc, 32);
-      acc = j == 0 ? part : Combine<Op, Acc>()(acc, part);
+        for (int i = 1; i < kVectorItems; ++i) lane_acc = Combine<Op, Acc>()(lane_acc, map(p, items[i], index + i));
+        const Acc part = warp_fold<Op, Acc>(lane_acc, 32);
+        acc = j == 0 ? part : Combine<Op, Acc>()(acc, part);
+      }
+      return acc;
     }
-    return acc;
   }
 
   // Warp 0 folds the first `count` window parts in order into (acc, have) (lane 0's copy).

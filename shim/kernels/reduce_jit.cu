@@ -39,6 +39,12 @@ struct LinkedOp {
   }
 };
 
+struct LinkedMap {
+  __device__ __forceinline__ void operator()(const void* value, long long index, void* out) const {
+    csj_map(value, index, out);
+  }
+};
+
 #if defined(CSJ_INPUT_BY_BASE)
 #define CSJ_RECORD_ADDRESSING 1
 #elif 16 % CSJ_IN_SIZE != 0
@@ -46,45 +52,28 @@ struct LinkedOp {
 #endif
 
 #ifdef CSJ_RECORD_ADDRESSING
-// The shard's global base, which the shim passes in ReduceParams::map_value for record inputs.
-__device__ __forceinline__ unsigned long long global_base(const unsigned char* map_value) {
-  return *reinterpret_cast<const unsigned long long*>(map_value);
-}
-#endif
-
+// Records reached from the shard's global base, which the shim passes in
+// ReduceParams::map_value: the map receives base + index * kRecordStride, the record's address
+// (a stride of 0 passes the base itself: CSJ_INPUT_BY_BASE maps address the record from the
+// index). The element the kernel reads is a 4-byte stand-in whose value goes unused.
 #if defined(CSJ_INPUT_BY_BASE)
-// The map addresses the record itself.
+constexpr unsigned long long kRecordStride = 0;
+#else
+constexpr unsigned long long kRecordStride = CSJ_IN_SIZE;
+#endif
 struct ReduceMap {
   static constexpr bool kUsesValue = true;
   __device__ __forceinline__ void operator()(const void*, long long index, void* out,
                                              const unsigned char* map_value) const {
-    csj_map(reinterpret_cast<const void*>(global_base(map_value)), index, out);
+    const auto base = *reinterpret_cast<const unsigned long long*>(map_value);
+    csj_map(reinterpret_cast<const void*>(base + static_cast<unsigned long long>(index) * kRecordStride), index,
+            out);
   }
 };
 constexpr int kReduceInSize = 4;
 #else
-struct LinkedMap {
-  __device__ __forceinline__ void operator()(const void* value, long long index, void* out) const {
-    csj_map(value, index, out);
-  }
-};
-#if 16 % CSJ_IN_SIZE == 0
 using ReduceMap = LinkedMap;
 constexpr int kReduceInSize = CSJ_IN_SIZE;
-#else
-// Records that 16-byte vectors do not tile: the element read is a stand-in, the record is
-// read at its address.
-struct ReduceMap {
-  static constexpr bool kUsesValue = true;
-  __device__ __forceinline__ void operator()(const void*, long long index, void* out,
-                                             const unsigned char* map_value) const {
-    csj_map(reinterpret_cast<const void*>(global_base(map_value) +
-                                          static_cast<unsigned long long>(index) * CSJ_IN_SIZE),
-            index, out);
-  }
-};
-constexpr int kReduceInSize = 4;
-#endif
 #endif
 
 }  // namespace
