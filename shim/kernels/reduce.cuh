@@ -408,52 +408,18 @@ struct Scan {
     typename BlockScanT::TempStorage scan;
   };
 
-  // A thread's items as whole 16-byte vectors: read straight into the blocked arrangement
-  // the scan wants (no exchange through shared memory) when the chunk is aligned.
-  static constexpr bool kVectorizable = (kItems * InSize) % 16 == 0;
-  static constexpr int kThreadVectors = kVectorizable ? kItems * InSize / 16 : 1;
-
-  // The next tile's loads go straight into registers, so they are in flight while this tile
-  // is scanned and stored. Blocked: thread t holds items [t * kItems, (t + 1) * kItems) as
-  // vectors (needs `in` 16-byte aligned); else striped (coalesced) words, exchanged to the
-  // blocked arrangement once loaded. Past the end, items repeat in[0] (never stored).
-  template <bool kBlocked>
-  __device__ __forceinline__ static void load_tile(const In* in, long long remaining, In (&items)[kItems]) {
-    if (remaining <= 0) return;
-    if constexpr (kBlocked) {
-      if (remaining >= kTile) {
-        const uint4* vectors = reinterpret_cast<const uint4*>(in) + static_cast<long long>(threadIdx.x) * kThreadVectors;
-        uint4 raw[kThreadVectors];
-#pragma unroll
-        for (int j = 0; j < kThreadVectors; ++j) raw[j] = vectors[j];
-        memcpy(items, raw, sizeof(raw));
-      } else {
-        const long long first = static_cast<long long>(threadIdx.x) * kItems;
-#pragma unroll
-        for (int i = 0; i < kItems; ++i) items[i] = first + i < remaining ? in[first + i] : in[0];
-      }
-    } else if (remaining >= kTile) {
+  // Striped (coalesced) loads straight into registers, so the next tile's loads are in
+  // flight while this tile is scanned and stored.
+  __device__ __forceinline__ static void load_striped(const In* in, long long remaining, In (&items)[kItems]) {
+    if (remaining >= kTile) {
       cub::LoadDirectStriped<kScanBlock>(threadIdx.x, in, items);
-    } else {
+    } else if (remaining > 0) {
       cub::LoadDirectStriped<kScanBlock>(threadIdx.x, in, items, static_cast<int>(remaining), in[0]);
     }
   }
 
   __device__ static void run(const ScanParams& p) {
     __shared__ TempStorage temp;
-    const In* in = static_cast<const In*>(p.in);
-    const long long block_begin = static_cast<long long>(blockIdx.x) * p.chunk;
-    if constexpr (kVectorizable) {
-      if (aligned16(in + block_begin)) {  // chunks are whole tiles: every tile is aligned too
-        run_tiles<true>(p, temp);
-        return;
-      }
-    }
-    run_tiles<false>(p, temp);
-  }
-
-  template <bool kBlocked>
-  __device__ __forceinline__ static void run_tiles(const ScanParams& p, TempStorage& temp) {
     const long long block_begin = static_cast<long long>(blockIdx.x) * p.chunk;
     const long long block_end = min(block_begin + p.chunk, p.n);
     // The block's seed: everything before its chunk, in a fixed association.
@@ -468,18 +434,16 @@ struct Scan {
     }
     const In* in = static_cast<const In*>(p.in);
     In next[kItems];
-    load_tile<kBlocked>(in + block_begin, block_end - block_begin, next);
+    load_striped(in + block_begin, block_end - block_begin, next);
     for (long long base = block_begin; base < block_end; base += kTile) {
       const long long remaining = block_end - base;
       const int valid = remaining >= kTile ? static_cast<int>(kTile) : static_cast<int>(remaining);
       In items[kItems];
 #pragma unroll
       for (int i = 0; i < kItems; ++i) items[i] = next[i];
-      load_tile<kBlocked>(in + base + kTile, block_end - base - kTile, next);
-      if constexpr (!kBlocked) {
-        Exchange(temp.exchange).StripedToBlocked(items, items);
-        __syncthreads();
-      }
+      load_striped(in + base + kTile, block_end - base - kTile, next);
+      Exchange(temp.exchange).StripedToBlocked(items, items);
+      __syncthreads();
       Acc values[kItems];
       const long long first_index = p.index_base + base + static_cast<long long>(threadIdx.x) * kItems;
 #pragma unroll

@@ -194,7 +194,6 @@ struct LeasedSlot {
   bool clean = false;
 };
 
-
 // How a shard is cut into one contiguous chunk per block (shared by both scan passes).
 struct Chunking {
   long long chunk;
