@@ -190,19 +190,22 @@ def transform_reduce(a: ShardedArray, map_op, reduce_op, init, with_index: bool 
     if builtin:
         reduce_op = _PYTHON_OPS[builtin]
     request = _init_request(init)
-    tuples_error = (f"reduce_op: {builtin!r} combines single numbers, but the map returns tuples; "
-                    f"pass an operator that combines two tuples")
     try:
         acc, libraries = kernel_libraries(reduce_op, "reduce", (("array", a.dtype),), request,
                                           a.group.archs, ("call_index" if with_index else "call", map_op))
     except TypeError as error:
         if builtin and "tuple" in str(error):
-            raise TypeError(tuples_error) from error
+            raise TypeError(_tuples_error(builtin)) from error
         raise
     if builtin and is_record(acc):  # "min" / "max" would compare tuples lexicographically
-        raise TypeError(tuples_error)
+        raise TypeError(_tuples_error(builtin))
     valid, raw = _shim.reduce(libraries, a._impl, acc.itemsize, _pack(init, acc))
     return _result(valid, raw, acc, None, "transform_reduce")
+
+
+def _tuples_error(builtin: str) -> str:
+    return (f"reduce_op: {builtin!r} combines single numbers, but the map returns tuples; "
+            f"pass an operator that combines two tuples")
 
 
 def _pair_with_index(value, index):
@@ -236,8 +239,13 @@ def _first_index(a: ShardedArray, better: Op, what: str) -> int:
                         f"use transform_reduce with an operator that orders them")
     if a.size == 0:
         raise ValueError(f"{what}: the array is empty")
-    _, index = transform_reduce(a, _PAIR, better, None, with_index=True)
-    return int(index)
+    # transform_reduce(a, _PAIR, better, None, with_index=True)[1], less the argument checks
+    # and the tuple of numpy scalars (a third of the host time of a small call)
+    acc, libraries = kernel_libraries(better, "reduce", (("array", a.dtype),), None, a.group.archs,
+                                      ("call_index", _PAIR))
+    _, raw = _shim.reduce(libraries, a._impl, acc.itemsize, b"")
+    offset = acc.fields[acc.names[1]][1]
+    return int.from_bytes(raw[offset:offset + 8], "little", signed=True)
 
 
 def argmin(a: ShardedArray) -> int:
