@@ -88,6 +88,19 @@ cudaError_t radix_sort(void* temp, std::size_t& temp_bytes, void* current, void*
 }
 
 template <class T, bool Descending>
+cudaError_t radix_sort_into(void* temp, std::size_t& temp_bytes, const void* in, void* out, long long n,
+                            cudaStream_t stream) {
+  const T* keys_in = static_cast<const T*>(in);
+  T* keys_out = static_cast<T*>(out);
+  if constexpr (Descending) {
+    return cub::DeviceRadixSort::SortKeysDescending(temp, temp_bytes, keys_in, keys_out, n, 0, int(sizeof(T) * 8),
+                                                    stream);
+  } else {
+    return cub::DeviceRadixSort::SortKeys(temp, temp_bytes, keys_in, keys_out, n, 0, int(sizeof(T) * 8), stream);
+  }
+}
+
+template <class T, bool Descending>
 cudaError_t merge(void* temp, std::size_t& temp_bytes, const void* first, long long first_n,
                   const void* second, long long second_n, void* out, cudaStream_t stream) {
   return cub::DeviceMerge::MergeKeys(temp, temp_bytes, static_cast<const T*>(first), first_n,
@@ -100,6 +113,7 @@ SortEngine make_engine() {
   SortEngine engine{};
   engine.key_bits = static_cast<int>(sizeof(T) * 8);
   engine.sort = &radix_sort<T, Descending>;
+  engine.sort_into = &radix_sort_into<T, Descending>;
   engine.merge = &merge<T, Descending>;
   engine.splitter_kernel = reinterpret_cast<const void*>(&splitter_kernel<T, Descending>);
   if constexpr (cuda::std::is_floating_point_v<T>) {

@@ -35,6 +35,10 @@ struct SortEngine {
   // where the sorted keys are. A null `temp` queries `temp_bytes`.
   cudaError_t (*sort)(void* temp, std::size_t& temp_bytes, void* current, void* alternate,
                       long long n, bool* current_is_alternate, cudaStream_t stream);
+  // cub::DeviceRadixSort from `in`, left as it was, into `out` (temp then holds a third
+  // buffer of n keys). A null `temp` queries `temp_bytes`.
+  cudaError_t (*sort_into)(void* temp, std::size_t& temp_bytes, const void* in, void* out, long long n,
+                           cudaStream_t stream);
   // cub::DeviceMerge of two sorted runs into `out` (stable: ties from `first` come first).
   cudaError_t (*merge)(void* temp, std::size_t& temp_bytes, const void* first, long long first_n,
                        const void* second, long long second_n, void* out, cudaStream_t stream);

@@ -45,6 +45,22 @@ DeviceGuard::~DeviceGuard() {
   if (cudaGetDevice(&current) == cudaSuccess && current != previous_) cudaSetDevice(previous_);
 }
 
+ContextStamp ContextStamp::current() {
+  check(cudaFree(nullptr), "initialising the device");  // makes the primary context current
+  ContextStamp stamp;
+  check(driver().cuCtxGetCurrent(&stamp.context), "cuCtxGetCurrent");
+  if (!stamp.context) throw std::runtime_error("no CUDA context is current on this thread");
+  check(driver().cuCtxGetId(stamp.context, &stamp.id), "cuCtxGetId");
+  return stamp;
+}
+
+bool ContextStamp::alive() const noexcept {
+  unsigned long long now = 0;
+  // a destroyed context answers CUDA_ERROR_CONTEXT_IS_DESTROYED; a primary context made
+  // again after a reset keeps its handle but has a new id
+  return context && driver().cuCtxGetId(context, &now) == CUDA_SUCCESS && now == id;
+}
+
 void* allocate_async(std::size_t bytes, cudaStream_t stream, cudaMemPool_t pool) {
   void* pointer = nullptr;
   check(cudaMallocFromPoolAsync(&pointer, bytes, pool, stream), "cudaMallocFromPoolAsync");

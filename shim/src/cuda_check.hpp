@@ -42,6 +42,20 @@ class DeviceGuard {
   int previous_ = -1;
 };
 
+// Which context a device's resources (streams, pools, memory, pinned buffers) were made in,
+// able to say later whether that context still exists. A device reset (cudaDeviceReset by
+// any library in the process) destroys the primary context and everything made in it; the
+// runtime then makes a new one with a new id on the next call. Handles of the old one must
+// not reach the driver again: some calls crash on them rather than fail.
+struct ContextStamp {
+  CUcontext context = nullptr;
+  unsigned long long id = 0;
+  // The current device's context (initialised if it was not).
+  static ContextStamp current();
+  // One driver call (cuCtxGetId), no lock.
+  bool alive() const noexcept;
+};
+
 // `bytes` from `pool`, stream-ordered on `stream` (std::bad_alloc when the device is full).
 void* allocate_async(std::size_t bytes, cudaStream_t stream, cudaMemPool_t pool);
 

@@ -41,6 +41,8 @@ DriverApi load_all() {
   load(api.cuLaunchKernel, "cuLaunchKernel");
   load(api.cuKernelGetFunction, "cuKernelGetFunction");
   load(api.cuOccupancyMaxActiveBlocksPerMultiprocessor, "cuOccupancyMaxActiveBlocksPerMultiprocessor");
+  load(api.cuCtxGetCurrent, "cuCtxGetCurrent");
+  load(api.cuCtxGetId, "cuCtxGetId");
   return api;
 }
 

@@ -23,6 +23,8 @@ struct DriverApi {
   decltype(&::cuLaunchKernel) cuLaunchKernel = nullptr;
   decltype(&::cuKernelGetFunction) cuKernelGetFunction = nullptr;
   decltype(&::cuOccupancyMaxActiveBlocksPerMultiprocessor) cuOccupancyMaxActiveBlocksPerMultiprocessor = nullptr;
+  decltype(&::cuCtxGetCurrent) cuCtxGetCurrent = nullptr;
+  decltype(&::cuCtxGetId) cuCtxGetId = nullptr;
 };
 
 // Loaded once, thread-safely.

@@ -9,6 +9,7 @@
 #include <mutex>
 #include <numeric>
 #include <set>
+#include <tuple>
 #include <stdexcept>
 #include <utility>
 
@@ -115,16 +116,18 @@ cudaMemPool_t create_pool(int device) {
 // (one group's cache cannot starve another's allocations), and the pool is destroyed, its
 // memory back to the driver, when the last group on the device goes. A new group after that
 // (after a device reset, say) gets a new pool.
-std::shared_ptr<void> shared_pool(int device) {
+std::shared_ptr<void> shared_pool(int device, const detail::ContextStamp& context) {
   static std::mutex mutex;
-  static std::map<int, std::weak_ptr<void>> pools;
+  static std::map<std::pair<int, unsigned long long>, std::weak_ptr<void>> pools;
   std::lock_guard<std::mutex> lock(mutex);
-  if (std::shared_ptr<void> pool = pools[device].lock()) return pool;
-  std::shared_ptr<void> pool(create_pool(device), [](void* handle) {
-    // deferred by the driver until frees still queued have run
+  const auto key = std::make_pair(device, context.id);
+  if (std::shared_ptr<void> pool = pools[key].lock()) return pool;
+  std::shared_ptr<void> pool(create_pool(device), [context](void* handle) {
+    // deferred by the driver until frees still queued have run; a reset took it already
+    if (!context.alive()) return;
     if (cudaMemPoolDestroy(static_cast<cudaMemPool_t>(handle)) != cudaSuccess) cudaGetLastError();
   });
-  pools[device] = pool;
+  pools[key] = pool;
   return pool;
 }
 
@@ -132,18 +135,18 @@ std::shared_ptr<void> shared_pool(int device) {
 // driver keeps it enabled for the context's life, and asking again is an API error
 // (cudaErrorPeerAccessAlreadyEnabled) that error-checking tools report. Another library in
 // the process may have enabled it first; that answer is accepted too.
-void enable_peer_access(int device, int other) {
+void enable_peer_access(int device, int other, unsigned long long context) {
   static std::mutex mutex;
-  static std::set<std::pair<int, int>> enabled;
+  static std::set<std::tuple<int, int, unsigned long long>> enabled;  // a reset forgets it
   std::lock_guard<std::mutex> lock(mutex);
-  if (enabled.count({device, other})) return;
+  if (enabled.count({device, other, context})) return;
   const cudaError_t status = cudaDeviceEnablePeerAccess(other, 0);
   if (status == cudaErrorPeerAccessAlreadyEnabled) {
     cudaGetLastError();
   } else {
     check(status, "cudaDeviceEnablePeerAccess");
   }
-  enabled.insert({device, other});
+  enabled.insert({device, other, context});
 }
 
 }  // namespace
@@ -163,15 +166,17 @@ PlaceGroup::PlaceGroup(std::vector<int> devices, std::vector<int> domains)
     // Peer access (kernels reading a neighbour's memory) and the group's pools.
     for (int device : unique_devices_) {
       detail::DeviceGuard guard(device);
+      const detail::ContextStamp context = detail::ContextStamp::current();
+      contexts_.emplace_back(reinterpret_cast<std::uintptr_t>(context.context), context.id);
       peer_[device][device] = true;
-      pool_owners_.push_back(shared_pool(device));
+      pool_owners_.push_back(shared_pool(device, context));
       device_pools_.push_back(reinterpret_cast<std::uintptr_t>(pool_owners_.back().get()));
       for (int other : unique_devices_) {
         if (other == device) continue;
         int can = 0;
         check(cudaDeviceCanAccessPeer(&can, device, other), "cudaDeviceCanAccessPeer");
         if (!can) continue;
-        enable_peer_access(device, other);
+        enable_peer_access(device, other, context.id);
         peer_[device][other] = true;
       }
     }
@@ -205,7 +210,33 @@ PlaceGroup::PlaceGroup(std::vector<int> devices, std::vector<int> domains)
   }
 }
 
+bool PlaceGroup::alive() const noexcept {
+  for (const auto& [context, id] : contexts_) {
+    if (!detail::ContextStamp{reinterpret_cast<CUcontext>(context), id}.alive()) return false;
+  }
+  return true;
+}
+
+void PlaceGroup::check_alive() const {
+  for (std::size_t k = 0; k < contexts_.size(); ++k) {
+    const auto [context, id] = contexts_[k];
+    if (detail::ContextStamp{reinterpret_cast<CUcontext>(context), id}.alive()) continue;
+    throw std::runtime_error("group: cuda:" + std::to_string(unique_devices_[k]) +
+                             " was reset after the group was made (cudaDeviceReset, perhaps by "
+                             "another library): the context that held the group's streams, memory "
+                             "and arrays is gone. Make a new PlaceGroup and new arrays");
+  }
+}
+
+unsigned long long PlaceGroup::context_id(int device) const {
+  for (std::size_t k = 0; k < unique_devices_.size(); ++k) {
+    if (unique_devices_[k] == device) return contexts_[k].second;
+  }
+  throw std::out_of_range("device " + std::to_string(device) + " is not in the group");
+}
+
 void* PlaceGroup::acquire_host_slot() const {
+  check_alive();
   std::lock_guard<std::mutex> lock(slots_mutex_);
   if (free_slots_.empty()) {
     constexpr std::size_t kSlot = 64, kSlots = 64;
@@ -232,14 +263,17 @@ void PlaceGroup::release_resources() noexcept {
   // Arrays hold their group, so every array of the group is gone and its memory's frees are
   // queued. None of this waits: a stream with queued work is destroyed once the work has
   // run, and a pool with allocations still to be freed once they are.
-  int previous = 0;
-  cudaGetDevice(&previous);
-  for (std::size_t place = 0; place < streams_.size(); ++place) {
-    cudaSetDevice(devices_[place]);
-    cudaStreamDestroy(reinterpret_cast<cudaStream_t>(streams_[place]));
+  // After a reset the handles are dangling and what they named is gone: only forget them.
+  if (alive()) {
+    int previous = 0;
+    cudaGetDevice(&previous);
+    for (std::size_t place = 0; place < streams_.size(); ++place) {
+      cudaSetDevice(devices_[place]);
+      cudaStreamDestroy(reinterpret_cast<cudaStream_t>(streams_[place]));
+    }
+    cudaSetDevice(previous);
+    for (void* chunk : pinned_chunks_) cudaFreeHost(chunk);
   }
-  cudaSetDevice(previous);
-  for (void* chunk : pinned_chunks_) cudaFreeHost(chunk);
   streams_.clear();
   pool_owners_.clear();  // the last group on a device destroys its pool
   device_pools_.clear();
@@ -285,6 +319,7 @@ std::pair<int, int> PlaceGroup::compute_capability(std::size_t place) const {
 void PlaceGroup::wait_for_stream(std::size_t place, std::uintptr_t foreign_stream) const {
   const int id = device(place);
   if (foreign_stream == 0 || foreign_stream == streams_[place]) return;
+  check_alive();
   detail::DeviceGuard guard(id);
   // CAI streams: 1 is the legacy default stream, 2 the per-thread default stream.
   cudaStream_t producer = foreign_stream == 1   ? cudaStreamLegacy
@@ -294,6 +329,7 @@ void PlaceGroup::wait_for_stream(std::size_t place, std::uintptr_t foreign_strea
 }
 
 void PlaceGroup::sync() const {
+  check_alive();
   for (std::size_t place = 0; place < streams_.size(); ++place) {
     detail::DeviceGuard guard(devices_[place]);
     check(cudaStreamSynchronize(reinterpret_cast<cudaStream_t>(streams_[place])),

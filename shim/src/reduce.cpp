@@ -84,6 +84,7 @@ class ReduceSlots {
  public:
   struct Slot {
     int device = -1;
+    unsigned long long context = 0;  // the id of the context its memory lives in
     void* partials = nullptr;
     unsigned int* counter = nullptr;
     unsigned blocks = 0;  // partials held: one wave of the reduce kernels on this device
@@ -92,10 +93,13 @@ class ReduceSlots {
     void* result = nullptr;
   };
 
-  static Slot acquire(int device) {
+  // A slot of the group's context on `device` (after a device reset, the old context's
+  // slots are never handed out again: their memory went with it).
+  static Slot acquire(const PlaceGroup& group, int device) {
+    const unsigned long long context = group.context_id(device);
     std::lock_guard<std::mutex> lock(mutex());
-    std::vector<Slot>& free_slots = pool()[device];
-    if (free_slots.empty()) add_batch(device, free_slots);
+    std::vector<Slot>& free_slots = pool()[{device, context}];
+    if (free_slots.empty()) add_batch(device, context, free_slots);
     const Slot slot = free_slots.back();
     free_slots.pop_back();
     return slot;
@@ -103,7 +107,7 @@ class ReduceSlots {
 
   static void release(const Slot& slot) {
     std::lock_guard<std::mutex> lock(mutex());
-    pool()[slot.device].push_back(slot);
+    pool()[{slot.device, slot.context}].push_back(slot);
   }
 
   // Whether kernels on every one of `devices` can store to and count atomically in memory
@@ -127,7 +131,7 @@ class ReduceSlots {
   }
 
  private:
-  static void add_batch(int device, std::vector<Slot>& free_slots) {
+  static void add_batch(int device, unsigned long long context, std::vector<Slot>& free_slots) {
     constexpr std::size_t kSlots = 32;
     constexpr std::size_t kTotalsBytes = k::kMaxFoldValues * k::kMaxAccSize;
     const auto blocks = static_cast<unsigned>(detail::multiprocessors(device) * kReduceBlocksPerMultiprocessor);
@@ -157,6 +161,7 @@ class ReduceSlots {
       unsigned char* base = memory + i * slot_bytes;
       Slot slot;
       slot.device = device;
+      slot.context = context;
       slot.partials = base;
       slot.counter = reinterpret_cast<unsigned int*>(base + partial_bytes);
       slot.blocks = blocks;
@@ -171,8 +176,8 @@ class ReduceSlots {
     static std::mutex m;
     return m;
   }
-  static std::map<int, std::vector<Slot>>& pool() {
-    static std::map<int, std::vector<Slot>> slots;
+  static std::map<std::pair<int, unsigned long long>, std::vector<Slot>>& pool() {
+    static std::map<std::pair<int, unsigned long long>, std::vector<Slot>> slots;
     return slots;
   }
   static std::map<std::pair<int, int>, bool>& atomics() {
@@ -184,7 +189,7 @@ class ReduceSlots {
 // A slot held for one call: back to the pool only after a clean run (after a failure its
 // counters may never have been reset, so it is dropped).
 struct LeasedSlot {
-  explicit LeasedSlot(int device) : slot(ReduceSlots::acquire(device)) {}
+  LeasedSlot(const PlaceGroup& group, int device) : slot(ReduceSlots::acquire(group, device)) {}
   ~LeasedSlot() {
     if (clean) ReduceSlots::release(slot);
   }
@@ -363,9 +368,9 @@ void combine_in_kernel(const std::vector<KernelSet>& sets, const ShardedArray& i
                        const std::string& map_value, ReduceResult& result) {
   const PlaceGroup& group = *in.group();
   const int in_size = static_cast<int>(in.itemsize());
-  LeasedSlot home(group.device(0));
+  LeasedSlot home(group, group.device(0));
   std::vector<std::unique_ptr<LeasedSlot>> slots;
-  for (std::size_t place : places) slots.push_back(std::make_unique<LeasedSlot>(group.device(place)));
+  for (std::size_t place : places) slots.push_back(std::make_unique<LeasedSlot>(group, group.device(place)));
   const detail::SyncOnUnwind settle(group);  // on a throw, queued work drains before the slots go
   for (std::size_t k = 0; k < places.size(); ++k) {
     const std::size_t place = places[k];
@@ -392,7 +397,7 @@ void reduce_one_place(const KernelSet& kernels, const ShardedArray& in, std::siz
   const int device = group.device(place);
   const cudaStream_t stream = stream_of(group, place);
   detail::DeviceGuard guard(device);
-  LeasedSlot slot(device);
+  LeasedSlot slot(group, device);
   const Chunking cut = chunking(kernels, false, in.shard_size(place), device, static_cast<int>(in.itemsize()),
                                 acc_size);
   if (cut.grid > slot.slot.blocks) throw std::logic_error("reduce: more blocks than a slot holds");

@@ -66,6 +66,7 @@ ShardedArray::ShardedArray(std::shared_ptr<PlaceGroup> group, std::vector<std::i
       storage_(storage),
       shard_sizes_(std::move(sizes)) {
   if (!group_) throw std::invalid_argument("group: expected a PlaceGroup, got None");
+  group_->check_alive();
   validate_sizes(shard_sizes_, group_->size(), itemsize_);
   shard_offsets_.resize(shard_sizes_.size());
   std::exclusive_scan(shard_sizes_.begin(), shard_sizes_.end(), shard_offsets_.begin(),
@@ -230,6 +231,12 @@ ShardedArray::~ShardedArray() {
 // Runs once: from free() (which then marks the array freed) or from the destructor of an
 // array never freed. Shard pointers keep their values; freed_ guards every use.
 void ShardedArray::release_storage() noexcept {
+  if (!group_->alive()) {  // a device reset took the memory along with its context
+    mapped_offsets_.clear();
+    mapped_bytes_.clear();
+    chunk_handles_.clear();
+    return;
+  }
   if (storage_ == Storage::separate) {
     for (std::size_t shard = 0; shard < shard_pointers_.size(); ++shard) {
       if (!shard_pointers_[shard]) continue;
@@ -363,11 +370,16 @@ ArrayLeases::ArrayLeases(std::vector<Use> uses) {
   });
   locks_.reserve(uses.size());
   const ShardedArray* previous = nullptr;
+  const PlaceGroup* checked = nullptr;
   for (const Use& use : uses) {
     if (use.array == previous) continue;
     previous = use.array;
     locks_.emplace_back(use.array->usage_);
     if (use.array->is_freed()) throw_freed(use.what);
+    if (use.array->group_.get() != checked) {  // nothing of a reset device's reaches the driver
+      checked = use.array->group_.get();
+      checked->check_alive();
+    }
   }
 }
 

@@ -1,15 +1,17 @@
 // The multi-place sort (csj/sort.hpp):
-//   1. each place radix-sorts its shard (into the shard or a scratch buffer, CUB decides);
+//   1. each place radix-sorts its shard into a run buffer of its own (one place alone sorts
+//      in place: CUB decides between the shard and a scratch buffer);
 //   2. exact splitters: for every shard boundary (a global rank R) and every place, how many
 //      of that place's sorted keys go before R. A digit-by-digit search over the ordered-key
 //      space: each round, every place counts its keys below 2^12 candidates per boundary
 //      (binary searches), the host sums the counts over places and keeps the candidate
 //      interval that holds rank R. Ties at the final key are given out in place order, so
 //      the split is deterministic and each output shard gets exactly its size;
-//   3. every place pulls its pieces from all places into one buffer (peer copies, all
-//      places at once, so both directions of each link are busy);
-//   4. once no place still reads it, each shard is written by merging its pieces (a tree
-//      of two-way merges).
+//   3. each shard is written by merging its pieces of every place's run (a tree of two-way
+//      merges), the merge reading a peer's run where it lies (over NVLink): the transfer and
+//      the merge are one pass, and every place merges at once, so both directions of each
+//      link are busy. Pieces a device cannot read in place are copied over first;
+//   4. a run buffer goes only once every place that reads it has finished.
 #include "csj/sort.hpp"
 
 #include <cuda_runtime.h>
@@ -41,27 +43,34 @@ std::size_t aligned(std::size_t bytes) { return (bytes + kAlign - 1) / kAlign * 
 
 // Pinned host memory for the splitter rounds, reused across calls (cudaMallocHost costs far
 // more than a sort's splitter rounds): buffers go back to a process-wide free list, behind a
-// lock, and are kept until exit.
+// lock, and are kept until exit. Pinned memory belongs to the context it was made in: a
+// buffer whose context a device reset destroyed is forgotten, never handed out again.
 class PinnedBuffer {
  public:
   explicit PinnedBuffer(std::size_t bytes) {
     {
       std::lock_guard<std::mutex> lock(mutex());
       auto& free_list = spare();
-      for (auto it = free_list.begin(); it != free_list.end(); ++it) {
-        if (it->second >= bytes) {
-          data = it->first, capacity_ = it->second;
+      for (auto it = free_list.begin(); it != free_list.end();) {
+        if (!it->context.alive()) {
+          it = free_list.erase(it);
+          continue;
+        }
+        if (it->capacity >= bytes) {
+          data = it->data, capacity_ = it->capacity, context_ = it->context;
           free_list.erase(it);
           return;
         }
+        ++it;
       }
     }
+    context_ = detail::ContextStamp::current();
     check(cudaMallocHost(reinterpret_cast<void**>(&data), bytes), "cudaMallocHost (sort splitters)");
     capacity_ = bytes;
   }
   ~PinnedBuffer() {
     std::lock_guard<std::mutex> lock(mutex());
-    spare().emplace_back(data, capacity_);
+    spare().push_back({data, capacity_, context_});
   }
   PinnedBuffer(const PinnedBuffer&) = delete;
   PinnedBuffer& operator=(const PinnedBuffer&) = delete;
@@ -69,16 +78,22 @@ class PinnedBuffer {
   unsigned char* data = nullptr;
 
  private:
+  struct Spare {
+    unsigned char* data;
+    std::size_t capacity;
+    detail::ContextStamp context;
+  };
   static std::mutex& mutex() {
     static std::mutex m;
     return m;
   }
-  static std::vector<std::pair<unsigned char*, std::size_t>>& spare() {  // (buffer, capacity)
-    static std::vector<std::pair<unsigned char*, std::size_t>> buffers;
+  static std::vector<Spare>& spare() {
+    static std::vector<Spare> buffers;
     return buffers;
   }
 
   std::size_t capacity_ = 0;
+  detail::ContextStamp context_;
 };
 
 // Everything one place holds during a sort. The scratch allocation is stream-ordered (from
@@ -88,22 +103,27 @@ struct Place {
   int device = 0;
   cudaStream_t stream = nullptr;
   long long n = 0;
-  unsigned char* shard = nullptr;     // the output shard: sorted in place, then merged into
+  unsigned char* shard = nullptr;     // the output shard: sorted in place, or merged into
   detail::StreamScratch scratch;      // one allocation carved into the buffers below
-  unsigned char* alternate = nullptr; // the radix sort's second buffer
-  unsigned char* spare = nullptr;     // a third buffer (several places only)
-  unsigned char* temp = nullptr;      // CUB's temporary storage
+  unsigned char* alternate = nullptr; // one place: the radix sort's second buffer; several:
+                                      // the sorted run, which other places read
+  unsigned char* receive = nullptr;   // pieces copied from devices without peer access
+  unsigned char* temp = nullptr;      // CUB's temporary storage; after the sort, the merges'
   std::size_t temp_bytes = 0;
+  std::size_t merge_temp_bytes = 0;   // the merges' part of `temp`
+  unsigned char* between = nullptr;   // in `temp`, after the merges' part: merge levels
   unsigned long long* bases = nullptr;   // splitter candidates' bases, per boundary
   unsigned long long* counts = nullptr;  // splitter counts, per (boundary, candidate)
-  const unsigned char* sorted = nullptr; // where the sorted run is: shard or alternate
-  std::optional<detail::Event> copied;   // this place has pulled all its pieces
+  const unsigned char* sorted = nullptr; // where the sorted run is
+  std::optional<detail::Event> ready;    // the run is sorted
+  std::optional<detail::Event> merged;   // this place's merges (and reads of others) are done
+};
 
-  // Where the pieces land: a buffer the merge does not write and no other place reads (the
-  // alternate buffer when the sorted run is in the shard, the spare one otherwise).
-  unsigned char* receive() const { return sorted == shard ? alternate : spare; }
-  // The merges' other buffer: written only once every reader of the sorted run is done.
-  unsigned char* merge_spare() const { return sorted == shard ? spare : alternate; }
+// One sorted piece a merge reads: on `device`, possibly a peer's.
+struct Piece {
+  const unsigned char* data;
+  long long n;
+  int device;
 };
 
 // A boundary between output shards: the global rank where output shard `shard` starts,
@@ -257,43 +277,40 @@ void check_splitters(const std::vector<std::vector<long long>>& cuts, const std:
   }
 }
 
-// Merges the sorted runs (offset, length) of `runs` in `source` into `out`, pairwise, level by
-// level, through `spare`; the last level writes `out`.
-void merge_runs(const k::SortEngine& engine, Place& place, std::vector<std::pair<long long, long long>> runs,
-                unsigned char* source, unsigned char* spare, std::size_t item) {
-  if (runs.empty()) return;
-  unsigned char* current = source;
-  unsigned char* other = spare;
-  if (runs.size() == 1) {
-    check(cudaMemcpyAsync(place.shard, current + runs[0].first * item, runs[0].second * item,
-                          cudaMemcpyDeviceToDevice, place.stream),
-          "cudaMemcpyAsync (sort run)");
+// Writes the merge of `pieces` (each sorted, in place order) into place.shard: two-way merges
+// level by level (stable, so ties keep place order), the levels alternating between the
+// shard and `between` so that the last one writes the shard.
+void merge_pieces(const k::SortEngine& engine, Place& place, std::vector<Piece> pieces, std::size_t item) {
+  if (pieces.empty()) return;
+  int levels = 0;
+  for (std::size_t width = 1; width < pieces.size(); width <<= 1) ++levels;
+  if (levels == 0) {
+    copy_piece(place.shard, place.device, pieces[0].data, pieces[0].device,
+               static_cast<std::size_t>(pieces[0].n) * item, place.stream);
     return;
   }
-  while (runs.size() > 1) {
-    unsigned char* target = runs.size() <= 2 ? place.shard : other;
-    std::vector<std::pair<long long, long long>> merged;
+  for (int level = 1; level <= levels; ++level) {
+    unsigned char* target = (levels - level) % 2 == 0 ? place.shard : place.between;
+    std::vector<Piece> merged;
     long long offset = 0;
-    for (std::size_t r = 0; r < runs.size(); r += 2) {
-      const auto [first, first_n] = runs[r];
-      if (r + 1 == runs.size()) {
-        check(cudaMemcpyAsync(target + offset * item, current + first * item, first_n * item,
-                              cudaMemcpyDeviceToDevice, place.stream),
-              "cudaMemcpyAsync (sort run)");
-        merged.emplace_back(offset, first_n);
-        offset += first_n;
+    for (std::size_t r = 0; r < pieces.size(); r += 2) {
+      const Piece& first = pieces[r];
+      if (r + 1 == pieces.size()) {
+        copy_piece(target + offset * item, place.device, first.data, first.device,
+                   static_cast<std::size_t>(first.n) * item, place.stream);
+        merged.push_back({target + offset * item, first.n, place.device});
+        offset += first.n;
         continue;
       }
-      const auto [second, second_n] = runs[r + 1];
-      std::size_t bytes = place.temp_bytes;
-      check(engine.merge(place.temp, bytes, current + first * item, first_n, current + second * item, second_n,
-                         target + offset * item, place.stream),
+      const Piece& second = pieces[r + 1];
+      std::size_t bytes = place.merge_temp_bytes;
+      check(engine.merge(place.temp, bytes, first.data, first.n, second.data, second.n, target + offset * item,
+                         place.stream),
             "cub::DeviceMerge");
-      merged.emplace_back(offset, first_n + second_n);
-      offset += first_n + second_n;
+      merged.push_back({target + offset * item, first.n + second.n, place.device});
+      offset += first.n + second.n;
     }
-    runs = std::move(merged);
-    std::swap(current, other);
+    pieces = std::move(merged);
   }
 }
 
@@ -320,6 +337,18 @@ void sort(const ShardedArray& in, ShardedArray& out, bool descending) {
   const bool several = non_empty > 1;
   const std::size_t boundaries = count - 1;
 
+  // Several places merge pieces of each other's runs in place where peer access allows;
+  // pieces from a device that cannot be read are copied into a receive buffer first.
+  bool needs_receive = false;
+  for (std::size_t q = 0; q < count && several; ++q) {
+    for (std::size_t p = 0; p < count; ++p) {
+      if (in.shard_size(q) == 0 || in.shard_size(p) == 0) continue;
+      if (!group.can_access_peer(group.device(q), group.device(p))) needs_receive = true;
+    }
+  }
+  // Merge levels (three or more pieces) go through a buffer of one shard in `temp`.
+  const bool deep_merges = non_empty > 2;
+
   // 1. local sorts
   std::vector<Place> places(count);
   for (std::size_t p = 0; p < count; ++p) {
@@ -330,53 +359,69 @@ void sort(const ShardedArray& in, ShardedArray& out, bool descending) {
     if (place.n == 0) continue;
     place.shard = reinterpret_cast<unsigned char*>(out.shard_pointer(p));
     DeviceGuard guard(place.device);
-    std::size_t sort_temp = 0, merge_temp = 0;
-    check(engine->sort(nullptr, sort_temp, nullptr, nullptr, place.n, nullptr, place.stream), "cub::DeviceRadixSort");
-    if (several) {
-      check(engine->merge(nullptr, merge_temp, nullptr, place.n - place.n / 2, nullptr, place.n / 2, nullptr,
-                          place.stream),
-            "cub::DeviceMerge");
-    }
-    place.temp_bytes = std::max(sort_temp, merge_temp);
     const std::size_t keys = aligned(static_cast<std::size_t>(place.n) * item);
+    std::size_t sort_temp = 0;
+    if (several) {
+      check(engine->sort_into(nullptr, sort_temp, nullptr, nullptr, place.n, place.stream), "cub::DeviceRadixSort");
+      check(engine->merge(nullptr, place.merge_temp_bytes, nullptr, place.n - place.n / 2, nullptr, place.n / 2,
+                          nullptr, place.stream),
+            "cub::DeviceMerge");
+      place.temp_bytes = std::max(sort_temp, aligned(place.merge_temp_bytes) + (deep_merges ? keys : 0));
+    } else {
+      check(engine->sort(nullptr, sort_temp, nullptr, nullptr, place.n, nullptr, place.stream),
+            "cub::DeviceRadixSort");
+      place.temp_bytes = sort_temp;
+    }
     const std::size_t slots = boundaries << kDigitBits;
-    const std::size_t bytes = keys * (several ? 2 : 1) + aligned(place.temp_bytes) +
+    const std::size_t bytes = keys * (needs_receive ? 2 : 1) + aligned(place.temp_bytes) +
                               (several ? aligned(boundaries * 8) + aligned(slots * 8) : 0);
     place.scratch = detail::StreamScratch(bytes, place.stream, reinterpret_cast<cudaMemPool_t>(group.memory_pool(p)));
     unsigned char* cursor = place.scratch.bytes();
     place.alternate = cursor, cursor += keys;
-    if (several) place.spare = cursor, cursor += keys;
+    if (needs_receive) place.receive = cursor, cursor += keys;
     place.temp = cursor, cursor += aligned(place.temp_bytes);
     if (several) {
+      place.between = place.temp + aligned(place.merge_temp_bytes);
       place.bases = reinterpret_cast<unsigned long long*>(cursor), cursor += aligned(boundaries * 8);
       place.counts = reinterpret_cast<unsigned long long*>(cursor);
     }
 
-    if (&in != &out) {
-      check(cudaMemcpyAsync(place.shard, reinterpret_cast<const void*>(in.shard_pointer(p)), place.n * item,
-                            cudaMemcpyDeviceToDevice, place.stream),
+    // The keys the radix sort reads: the output shard, after a copy of the input when they
+    // differ and NaNs must be rewritten; the input shard itself otherwise (it is left as is).
+    const auto* input = reinterpret_cast<const unsigned char*>(in.shard_pointer(p));
+    const bool rewrite = engine->canonicalize_kernel != nullptr;
+    if (&in != &out && (rewrite || !several)) {
+      check(cudaMemcpyAsync(place.shard, input, place.n * item, cudaMemcpyDeviceToDevice, place.stream),
             "cudaMemcpyAsync (sort input)");
+      input = place.shard;
     }
-    if (engine->canonicalize_kernel) {
+    if (rewrite) {
       k::KeysParams params{place.shard, place.n};
       const long long blocks = (place.n + 255) / 256;
       const auto grid = static_cast<unsigned>(std::min<long long>(blocks, detail::multiprocessors(place.device) * 8LL));
       detail::launch(detail::KernelHandle::builtin(engine->canonicalize_kernel), grid, 256, place.stream, params,
                      "launching NaN canonicalisation");
     }
-    bool in_alternate = false;
     std::size_t temp_bytes = place.temp_bytes;
-    check(engine->sort(place.temp, temp_bytes, place.shard, place.alternate, place.n, &in_alternate, place.stream),
-          "cub::DeviceRadixSort");
-    place.sorted = in_alternate ? place.alternate : place.shard;
-    if (!several && in_alternate) {
-      check(cudaMemcpyAsync(place.shard, place.alternate, place.n * item, cudaMemcpyDeviceToDevice, place.stream),
-            "cudaMemcpyAsync (sorted shard)");
+    if (several) {
+      check(engine->sort_into(place.temp, temp_bytes, input, place.alternate, place.n, place.stream),
+            "cub::DeviceRadixSort");
+      place.sorted = place.alternate;
+      place.ready.emplace(place.device);
+      place.ready->record(place.stream);
+    } else {
+      bool in_alternate = false;
+      check(engine->sort(place.temp, temp_bytes, place.shard, place.alternate, place.n, &in_alternate, place.stream),
+            "cub::DeviceRadixSort");
+      if (in_alternate) {
+        check(cudaMemcpyAsync(place.shard, place.alternate, place.n * item, cudaMemcpyDeviceToDevice, place.stream),
+              "cudaMemcpyAsync (sorted shard)");
+      }
     }
   }
   if (!several) return;  // one shard holds every key: sorted in place
 
-  // pieces may be in flight between places when something throws: they land before any
+  // runs may be read across places when something throws: those reads end before any
   // place's scratch goes
   const detail::SyncOnUnwind settle(group);
   exchange_and_merge(*engine, places, out, item);
@@ -386,44 +431,52 @@ namespace {
 
 void exchange_and_merge(const k::SortEngine& engine, std::vector<Place>& places, const ShardedArray& out,
                         std::size_t item) {
+  const PlaceGroup& group = *out.group();
   const std::size_t count = places.size();
   // 2. splitters (the host waits for the local sorts here)
   const std::vector<std::vector<long long>> cuts = find_splitters(engine, places, out);
   check_splitters(cuts, places, out);
 
-  // 3. every place pulls its pieces, in place order, into its receive buffer
-  std::vector<std::vector<std::pair<long long, long long>>> runs(count);
+  // 3. every place merges its pieces of every run into its shard, after the runs it reads
+  //    are sorted; pieces it cannot read in place are copied into its receive buffer first
   for (std::size_t q = 0; q < count; ++q) {
     Place& place = places[q];
     if (place.n == 0) continue;
     DeviceGuard guard(place.device);
-    long long offset = 0;
+    std::vector<Piece> pieces;
+    long long received = 0;
     for (std::size_t p = 0; p < count; ++p) {
       const long long length = cuts[q + 1][p] - cuts[q][p];
       if (length == 0) continue;
-      copy_piece(place.receive() + offset * item, place.device, places[p].sorted + cuts[q][p] * item, places[p].device,
-                 static_cast<std::size_t>(length) * item, place.stream);
-      runs[q].emplace_back(offset, length);
-      offset += length;
+      const Place& source = places[p];
+      if (p != q) source.ready->wait(place.stream);
+      const unsigned char* data = source.sorted + cuts[q][p] * item;
+      if (group.can_access_peer(place.device, source.device)) {
+        pieces.push_back({data, length, source.device});
+      } else {
+        unsigned char* landing = place.receive + received * item;
+        copy_piece(landing, place.device, data, source.device, static_cast<std::size_t>(length) * item, place.stream);
+        pieces.push_back({landing, length, place.device});
+        received += length;
+      }
     }
-    place.copied.emplace(place.device);
-    place.copied->record(place.stream);
+    merge_pieces(engine, place, std::move(pieces), item);
+    place.merged.emplace(place.device);
+    place.merged->record(place.stream);
   }
 
-  // 4. merges, each after every place that reads this place's sorted run has its copy
-  for (std::size_t q = 0; q < count; ++q) {
-    Place& place = places[q];
+  // 4. a place's run (in its scratch, freed on its stream when `places` goes) outlives every
+  //    place that reads it
+  for (std::size_t p = 0; p < count; ++p) {
+    Place& place = places[p];
     if (place.n == 0) continue;
     DeviceGuard guard(place.device);
     for (std::size_t reader = 0; reader < count; ++reader) {
-      if (reader == q || places[reader].n == 0) continue;
-      if (cuts[reader + 1][q] == cuts[reader][q]) continue;  // reads nothing of ours
-      places[reader].copied->wait(place.stream);
+      if (reader == p || places[reader].n == 0) continue;
+      if (cuts[reader + 1][p] == cuts[reader][p]) continue;  // reads nothing of ours
+      places[reader].merged->wait(place.stream);
     }
-    merge_runs(engine, place, runs[q], place.receive(), place.merge_spare(), item);
   }
-  // each place's scratch goes back on its own stream (Place's destructor), after its merge,
-  // which came after every read of it
 }
 
 }  // namespace

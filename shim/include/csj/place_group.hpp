@@ -51,6 +51,15 @@ class PlaceGroup {
   // driver made it.
   std::uintptr_t memory_pool(std::size_t place) const;
 
+  // Whether the contexts the group was made in still exist: a device reset (by any library
+  // in the process) destroys a device's context with the group's streams, pools and memory.
+  bool alive() const noexcept;
+  // std::runtime_error naming the reset device unless alive(). Every call that would hand a
+  // stream, pool or array of the group to the driver checks first.
+  void check_alive() const;
+  // Identity of the context of `device` (one of the group's) the group was made in.
+  unsigned long long context_id(int device) const;
+
   // A 64-byte slot of pinned host memory for small device-to-host results (fast, truly
   // asynchronous copies). Thread-safe; give it back with release_host_slot.
   void* acquire_host_slot() const;
@@ -68,6 +77,8 @@ class PlaceGroup {
   std::vector<std::uintptr_t> device_pools_;        // parallel to unique_devices_
   std::vector<std::uintptr_t> place_pools_;         // per place
   std::vector<std::vector<bool>> peer_;  // indexed by device id
+  // per unique device: (CUcontext, its cuCtxGetId) at creation
+  std::vector<std::pair<std::uintptr_t, unsigned long long>> contexts_;
   mutable std::mutex slots_mutex_;
   mutable std::vector<void*> pinned_chunks_;
   mutable std::vector<void*> free_slots_;

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# One device session's checks in one go (the lent H200s): build, the two-place sort's
+# timeline, the sort / reduce / scan bars, the GPU suite, the sanitizers and the exit-leak
+# probe. Outputs land in $OUT (or /tmp/out).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out=${OUT:-/tmp/out}; mkdir -p "$out"
+export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH} PATH=$PATH:/usr/local/cuda/bin
+python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .whl/*.whl
+CMAKE_ARGS=-DCMAKE_CUDA_ARCHITECTURES=90 CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) \
+  python3 -m pip install -q --no-build-isolation --no-deps . 2>&1 | tail -3
+git log --oneline | head -1; nvidia-smi -L
+root=$PWD
+(cd /tmp && python3 -W ignore "$root/benchmarks/probes/sort_probe.py" > "$out/sort_probe.txt" 2>&1); head -4 "$out/sort_probe.txt"
+(cd /tmp && python3 -W ignore "$root/benchmarks/run.py" --out "$out/bench" --sizes 28 --places 1,2 --dtypes float32 \
+  --only sort,reduce,scan,argmin --no-plots 2>&1 | grep -E "^\| [3-6] \|" )
+python3 -P -m pytest -q -m gpu -p no:cacheprovider -rf tests > "$out/suite.txt" 2>&1; tail -4 "$out/suite.txt"
+bash .ci/sanitize.sh memcheck racecheck > "$out/sanitize.txt" 2>&1; grep -E "SUMMARY|passed|failed|nanobind: leaked [0-9]+ inst" "$out/sanitize.txt"
+(cd /tmp && echo "== plain" && python3 -P "$root/benchmarks/probes/leak_probe2.py" && echo "== memcheck" && \
+  compute-sanitizer --tool memcheck python3 -P "$root/benchmarks/probes/leak_probe2.py") > "$out/leak.txt" 2>&1
+grep -E "refcount|leaked [0-9]+ inst" "$out/leak.txt" | head -12
