@@ -70,6 +70,26 @@ for i in range(8):
 print(f"peer copies of 2^{quarter.bit_length()-1} int32 both ways at once: {np.median(tt[2:])*1e3:.3f} ms "
       f"({quarter*4/np.median(tt[2:])/1e9:.0f} GB/s each way)", flush=True)
 
+streams2 = {}
+for d in devices:
+    with cp.cuda.Device(d):
+        streams2[d] = cp.cuda.Stream(non_blocking=True)
+def both_ways_two_streams():
+    half = quarter // 2
+    for d in devices:
+        o = 1 - d
+        with cp.cuda.Device(d):
+            for k, st in enumerate((streams[d], streams2[d])):
+                cp.cuda.runtime.memcpyPeerAsync(bufs[d][1].data.ptr + k * half * 4, d, bufs[o][0].data.ptr + k * half * 4,
+                                                o, half * 4, st.ptr)
+    for d in devices:
+        streams[d].synchronize(); streams2[d].synchronize()
+tt = []
+for i in range(8):
+    t0 = time.perf_counter(); both_ways_two_streams(); tt.append(time.perf_counter() - t0)
+print(f"same, split over two streams per GPU: {np.median(tt[2:])*1e3:.3f} ms "
+      f"({quarter*4/np.median(tt[2:])/1e9:.0f} GB/s each way)", flush=True)
+
 # timeline of one sort
 refill()
 with profile(activities=[ProfilerActivity.CUDA]) as prof:

@@ -18,6 +18,8 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <deque>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <stdexcept>
@@ -126,11 +128,11 @@ struct Piece {
   int device;
 };
 
-// A boundary between output shards: the global rank where output shard `shard` starts,
+// A global rank to cut every run at (where an output shard, or a chunk of one, starts),
 // and the state of its digit search (per place: keys below `base` and below the top of
 // the interval still searched).
 struct Boundary {
-  std::size_t shard;
+  std::size_t index;  // in the list of ranks searched
   long long rank;
   unsigned long long base = 0;
   int known_bits = 0;
@@ -148,23 +150,22 @@ void copy_piece(void* dst, int dst_device, const void* src, int src_device, std:
   }
 }
 
-// Splitters: cuts[q][p] = how many of place p's sorted keys go to output shards before q.
-std::vector<std::vector<long long>> find_splitters(const k::SortEngine& engine, std::vector<Place>& places,
-                                                   const ShardedArray& out) {
+// Cuts: cuts[i][p] = how many of place p's sorted keys rank below global rank ranks[i]
+// (ranks ascending, each in [0, total]).
+std::vector<std::vector<long long>> find_cuts(const k::SortEngine& engine, std::vector<Place>& places,
+                                              const PlaceGroup& group, const std::vector<long long>& ranks,
+                                              long long total) {
   const std::size_t count = places.size();
-  const long long total = out.size();
-  std::vector<std::vector<long long>> cuts(count + 1, std::vector<long long>(count, 0));
-  for (std::size_t p = 0; p < count; ++p) cuts[count][p] = places[p].n;
-
+  std::vector<std::vector<long long>> cuts(ranks.size(), std::vector<long long>(count, 0));
   std::vector<Boundary> open;
-  for (std::size_t q = 1; q < count; ++q) {
-    const long long rank = out.shard_offset(q);
+  for (std::size_t i = 0; i < ranks.size(); ++i) {
+    const long long rank = ranks[i];
     if (rank == 0) continue;  // all zeros
     if (rank == total) {
-      for (std::size_t p = 0; p < count; ++p) cuts[q][p] = places[p].n;
+      for (std::size_t p = 0; p < count; ++p) cuts[i][p] = places[p].n;
       continue;
     }
-    Boundary boundary{q, rank};
+    Boundary boundary{i, rank};
     boundary.below_base.assign(count, 0);
     for (const Place& place : places) boundary.below_top.push_back(place.n);
     open.push_back(std::move(boundary));
@@ -175,7 +176,7 @@ std::vector<std::vector<long long>> find_splitters(const k::SortEngine& engine, 
   const std::size_t max_slots = open.size() << kDigitBits;
   PinnedBuffer host(open.size() * sizeof(unsigned long long) + count * max_slots * sizeof(unsigned long long));
   // on a throw, the copies already queued into `host` land before it goes back to the pool
-  const detail::SyncOnUnwind settle(*out.group());
+  const detail::SyncOnUnwind settle(group);
   auto* bases = reinterpret_cast<unsigned long long*>(host.data);
   auto* counts = bases + open.size();
 
@@ -239,13 +240,13 @@ std::vector<std::vector<long long>> find_splitters(const k::SortEngine& engine, 
       boundary.base += static_cast<unsigned long long>(chosen) << shift;
       boundary.known_bits += digit;
       if (below_sum == boundary.rank) {  // an exact cut between two distinct keys
-        cuts[boundary.shard] = boundary.below_base;
+        cuts[boundary.index] = boundary.below_base;
       } else if (boundary.known_bits == key_bits) {
         // rank falls among the keys equal to `base`: hand them out in place order
         long long needed = boundary.rank - below_sum;
         for (std::size_t p = 0; p < count; ++p) {
           const long long take = std::min(needed, boundary.below_top[p] - boundary.below_base[p]);
-          cuts[boundary.shard][p] = boundary.below_base[p] + take;
+          cuts[boundary.index][p] = boundary.below_base[p] + take;
           needed -= take;
         }
       } else {
@@ -259,63 +260,102 @@ std::vector<std::vector<long long>> find_splitters(const k::SortEngine& engine, 
 
 // The counts come from binary searches over runs sorted a moment ago: they only disagree
 // when something else wrote the input meanwhile. Nothing moves then.
-void check_splitters(const std::vector<std::vector<long long>>& cuts, const std::vector<Place>& places,
-                     const ShardedArray& out) {
+void check_cuts(const std::vector<std::vector<long long>>& cuts, const std::vector<Place>& places,
+                const std::vector<long long>& ranks) {
   const std::size_t count = places.size();
-  for (std::size_t q = 1; q <= count; ++q) {
+  for (std::size_t i = 0; i < ranks.size(); ++i) {
     long long sum = 0;
     for (std::size_t p = 0; p < count; ++p) {
-      if (cuts[q][p] < cuts[q - 1][p] || cuts[q][p] > places[p].n) {
+      const long long below = i == 0 ? 0 : cuts[i - 1][p];
+      if (cuts[i][p] < below || cuts[i][p] > places[p].n) {
         throw std::runtime_error("sort: inconsistent splitters; was the array written by other work "
                                  "while it was being sorted?");
       }
-      sum += cuts[q][p];
+      sum += cuts[i][p];
     }
-    if (sum != (q == count ? out.size() : out.shard_offset(q))) {
-      throw std::runtime_error("sort: splitters do not add up to the shard boundaries");
-    }
+    if (sum != ranks[i]) throw std::runtime_error("sort: splitters do not add up to the shard boundaries");
   }
 }
 
-// Writes the merge of `pieces` (each sorted, in place order) into place.shard: two-way merges
-// level by level (stable, so ties keep place order), the levels alternating between the
-// shard and `between` so that the last one writes the shard.
-void merge_pieces(const k::SortEngine& engine, Place& place, std::vector<Piece> pieces, std::size_t item) {
+// Writes the merge of `pieces` (each sorted, in place order) to place.shard from element
+// `offset` on: two-way merges level by level (stable, so ties keep place order), the levels
+// alternating between the shard and `between` (at the same offset) so that the last one
+// writes the shard.
+void merge_pieces(const k::SortEngine& engine, Place& place, std::vector<Piece> pieces, long long offset,
+                  std::size_t item) {
   if (pieces.empty()) return;
+  unsigned char* shard = place.shard + offset * item;
   int levels = 0;
   for (std::size_t width = 1; width < pieces.size(); width <<= 1) ++levels;
   if (levels == 0) {
-    copy_piece(place.shard, place.device, pieces[0].data, pieces[0].device,
-               static_cast<std::size_t>(pieces[0].n) * item, place.stream);
+    copy_piece(shard, place.device, pieces[0].data, pieces[0].device, static_cast<std::size_t>(pieces[0].n) * item,
+               place.stream);
     return;
   }
   for (int level = 1; level <= levels; ++level) {
-    unsigned char* target = (levels - level) % 2 == 0 ? place.shard : place.between;
+    unsigned char* target = (levels - level) % 2 == 0 ? shard : place.between + offset * item;
     std::vector<Piece> merged;
-    long long offset = 0;
+    long long at = 0;
     for (std::size_t r = 0; r < pieces.size(); r += 2) {
       const Piece& first = pieces[r];
       if (r + 1 == pieces.size()) {
-        copy_piece(target + offset * item, place.device, first.data, first.device,
-                   static_cast<std::size_t>(first.n) * item, place.stream);
-        merged.push_back({target + offset * item, first.n, place.device});
-        offset += first.n;
+        copy_piece(target + at * item, place.device, first.data, first.device, static_cast<std::size_t>(first.n) * item,
+                   place.stream);
+        merged.push_back({target + at * item, first.n, place.device});
+        at += first.n;
         continue;
       }
       const Piece& second = pieces[r + 1];
       std::size_t bytes = place.merge_temp_bytes;
-      check(engine.merge(place.temp, bytes, first.data, first.n, second.data, second.n, target + offset * item,
+      check(engine.merge(place.temp, bytes, first.data, first.n, second.data, second.n, target + at * item,
                          place.stream),
             "cub::DeviceMerge");
-      merged.push_back({target + offset * item, first.n + second.n, place.device});
-      offset += first.n + second.n;
+      merged.push_back({target + at * item, first.n + second.n, place.device});
+      at += first.n + second.n;
     }
     pieces = std::move(merged);
   }
 }
 
+// A stream of its own for a place's incoming copies, so that they run while the place merges
+// what has already arrived. Left by an exception, it waits for its copies before the buffers
+// they write go.
+class TransferStream {
+ public:
+  explicit TransferStream(int device) : device_(device), exceptions_(std::uncaught_exceptions()) {
+    DeviceGuard guard(device);
+    check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
+  }
+  ~TransferStream() {
+    int previous = 0;
+    cudaGetDevice(&previous);
+    cudaSetDevice(device_);
+    if (std::uncaught_exceptions() > exceptions_) cudaStreamSynchronize(stream_);
+    cudaStreamDestroy(stream_);  // copies still queued complete first
+    cudaSetDevice(previous);
+    cudaGetLastError();
+  }
+  TransferStream(const TransferStream&) = delete;
+  TransferStream& operator=(const TransferStream&) = delete;
+  cudaStream_t get() const { return stream_; }
+
+ private:
+  int device_;
+  int exceptions_;
+  cudaStream_t stream_ = nullptr;
+};
+
+// Each output shard is cut into this many chunks (shards of at least kChunkMin keys each):
+// chunk j is merged as soon as its pieces from other devices have arrived, while the copies
+// of chunk j + 1 run.
+constexpr long long kChunks = 4;
+constexpr long long kChunkMin = 1024;
+
+long long chunks_of(long long n) { return n >= kChunks * kChunkMin ? kChunks : 1; }
+
 void exchange_and_merge(const k::SortEngine& engine, std::vector<Place>& places, const ShardedArray& out,
-                        std::size_t item);
+                        std::size_t item, const std::vector<long long>& ranks,
+                        const std::vector<std::size_t>& first_chunk);
 
 }  // namespace
 
@@ -335,21 +375,31 @@ void sort(const ShardedArray& in, ShardedArray& out, bool descending) {
   for (std::size_t p = 0; p < count; ++p) non_empty += in.shard_size(p) > 0 ? 1 : 0;
   if (non_empty == 0) return;
   const bool several = non_empty > 1;
-  const std::size_t boundaries = count - 1;
 
-  // Several places merge pieces of each other's runs in place where peer access allows;
-  // pieces from a device that cannot be read are copied into a receive buffer first.
+  // The global ranks the runs are cut at: where each output shard, and each chunk of one,
+  // starts, then the end. Place q's chunk j spans ranks[first_chunk[q] + j] up to the next.
+  std::vector<long long> ranks;
+  std::vector<std::size_t> first_chunk(count, 0);
+  for (std::size_t q = 0; q < count && several; ++q) {
+    first_chunk[q] = ranks.size();
+    const long long n = out.shard_size(q), start = out.shard_offset(q);
+    for (long long j = 0; n > 0 && j < chunks_of(n); ++j) ranks.push_back(start + n * j / chunks_of(n));
+  }
+  if (several) ranks.push_back(out.size());
+
+  // Pieces on another device are copied into a receive buffer (chunk by chunk, while earlier
+  // chunks merge); pieces on the place's own device are merged where they lie.
   bool needs_receive = false;
   for (std::size_t q = 0; q < count && several; ++q) {
     for (std::size_t p = 0; p < count; ++p) {
-      if (in.shard_size(q) == 0 || in.shard_size(p) == 0) continue;
-      if (!group.can_access_peer(group.device(q), group.device(p))) needs_receive = true;
+      if (in.shard_size(q) > 0 && in.shard_size(p) > 0 && group.device(q) != group.device(p)) needs_receive = true;
     }
   }
   // Merge levels (three or more pieces) go through a buffer of one shard in `temp`.
   const bool deep_merges = non_empty > 2;
 
-  // 1. local sorts
+  // 1. local sorts: every place's memory first, then the sorts queued back to back, so that
+  //    the places start together
   std::vector<Place> places(count);
   for (std::size_t p = 0; p < count; ++p) {
     Place& place = places[p];
@@ -372,9 +422,9 @@ void sort(const ShardedArray& in, ShardedArray& out, bool descending) {
             "cub::DeviceRadixSort");
       place.temp_bytes = sort_temp;
     }
-    const std::size_t slots = boundaries << kDigitBits;
+    const std::size_t slots = ranks.size() << kDigitBits;
     const std::size_t bytes = keys * (needs_receive ? 2 : 1) + aligned(place.temp_bytes) +
-                              (several ? aligned(boundaries * 8) + aligned(slots * 8) : 0);
+                              (several ? aligned(ranks.size() * 8) + aligned(slots * 8) : 0);
     place.scratch = detail::StreamScratch(bytes, place.stream, reinterpret_cast<cudaMemPool_t>(group.memory_pool(p)));
     unsigned char* cursor = place.scratch.bytes();
     place.alternate = cursor, cursor += keys;
@@ -382,10 +432,14 @@ void sort(const ShardedArray& in, ShardedArray& out, bool descending) {
     place.temp = cursor, cursor += aligned(place.temp_bytes);
     if (several) {
       place.between = place.temp + aligned(place.merge_temp_bytes);
-      place.bases = reinterpret_cast<unsigned long long*>(cursor), cursor += aligned(boundaries * 8);
+      place.bases = reinterpret_cast<unsigned long long*>(cursor), cursor += aligned(ranks.size() * 8);
       place.counts = reinterpret_cast<unsigned long long*>(cursor);
     }
-
+  }
+  for (std::size_t p = 0; p < count; ++p) {
+    Place& place = places[p];
+    if (place.n == 0) continue;
+    DeviceGuard guard(place.device);
     // The keys the radix sort reads: the output shard, after a copy of the input when they
     // differ and NaNs must be rewritten; the input shard itself otherwise (it is left as is).
     const auto* input = reinterpret_cast<const unsigned char*>(in.shard_pointer(p));
@@ -421,46 +475,81 @@ void sort(const ShardedArray& in, ShardedArray& out, bool descending) {
   }
   if (!several) return;  // one shard holds every key: sorted in place
 
-  // runs may be read across places when something throws: those reads end before any
+  // copies and merges may read across places when something throws: they end before any
   // place's scratch goes
   const detail::SyncOnUnwind settle(group);
-  exchange_and_merge(*engine, places, out, item);
+  exchange_and_merge(*engine, places, out, item, ranks, first_chunk);
 }
 
 namespace {
 
 void exchange_and_merge(const k::SortEngine& engine, std::vector<Place>& places, const ShardedArray& out,
-                        std::size_t item) {
+                        std::size_t item, const std::vector<long long>& ranks,
+                        const std::vector<std::size_t>& first_chunk) {
   const PlaceGroup& group = *out.group();
   const std::size_t count = places.size();
+  // made while the local sorts run
+  std::vector<std::unique_ptr<TransferStream>> transfers(count);
+  for (std::size_t q = 0; q < count; ++q) {
+    if (places[q].receive) transfers[q] = std::make_unique<TransferStream>(places[q].device);
+  }
   // 2. splitters (the host waits for the local sorts here)
-  const std::vector<std::vector<long long>> cuts = find_splitters(engine, places, out);
-  check_splitters(cuts, places, out);
+  const std::vector<std::vector<long long>> cuts = find_cuts(engine, places, group, ranks, out.size());
+  check_cuts(cuts, places, ranks);
 
-  // 3. every place merges its pieces of every run into its shard, after the runs it reads
-  //    are sorted; pieces it cannot read in place are copied into its receive buffer first
+  // 3. chunk by chunk, each place copies the pieces on other devices into its receive buffer
+  //    (on its transfer stream) and merges them with the pieces on its own device as soon
+  //    as they are in (on its stream). Every place's copies are queued first, so that every
+  //    link is busy at once, then the merges.
+  struct Chunk {
+    std::vector<Piece> pieces;
+    detail::Event* arrived = nullptr;  // its copies are in
+    long long offset = 0;                    // in the output shard
+  };
+  std::vector<std::vector<Chunk>> plans(count);
+  std::deque<detail::Event> arrivals;
   for (std::size_t q = 0; q < count; ++q) {
     Place& place = places[q];
     if (place.n == 0) continue;
     DeviceGuard guard(place.device);
-    std::vector<Piece> pieces;
     long long received = 0;
-    for (std::size_t p = 0; p < count; ++p) {
-      const long long length = cuts[q + 1][p] - cuts[q][p];
-      if (length == 0) continue;
-      const Place& source = places[p];
-      if (p != q) source.ready->wait(place.stream);
-      const unsigned char* data = source.sorted + cuts[q][p] * item;
-      if (group.can_access_peer(place.device, source.device)) {
-        pieces.push_back({data, length, source.device});
-      } else {
+    std::vector<bool> waited(count, false);  // the transfer stream waits once per source run
+    for (long long j = 0; j < chunks_of(place.n); ++j) {
+      const std::size_t begin = first_chunk[q] + static_cast<std::size_t>(j);
+      Chunk chunk;
+      chunk.offset = ranks[begin] - ranks[first_chunk[q]];
+      for (std::size_t p = 0; p < count; ++p) {
+        const long long length = cuts[begin + 1][p] - cuts[begin][p];
+        if (length == 0) continue;
+        const Place& source = places[p];
+        const unsigned char* data = source.sorted + cuts[begin][p] * item;
+        if (source.device == place.device) {
+          chunk.pieces.push_back({data, length, source.device});
+          continue;
+        }
+        const cudaStream_t transfer = transfers[q]->get();
+        if (!waited[p]) source.ready->wait(transfer), waited[p] = true;
         unsigned char* landing = place.receive + received * item;
-        copy_piece(landing, place.device, data, source.device, static_cast<std::size_t>(length) * item, place.stream);
-        pieces.push_back({landing, length, place.device});
+        copy_piece(landing, place.device, data, source.device, static_cast<std::size_t>(length) * item, transfer);
+        chunk.pieces.push_back({landing, length, place.device});
         received += length;
+        if (!chunk.arrived) chunk.arrived = &arrivals.emplace_back(place.device);
       }
+      if (chunk.arrived) chunk.arrived->record(transfers[q]->get());
+      plans[q].push_back(std::move(chunk));
     }
-    merge_pieces(engine, place, std::move(pieces), item);
+  }
+  for (std::size_t q = 0; q < count; ++q) {
+    Place& place = places[q];
+    if (place.n == 0) continue;
+    DeviceGuard guard(place.device);
+    for (std::size_t p = 0; p < count; ++p) {  // runs on this device read in place
+      if (p != q && places[p].n > 0 && places[p].device == place.device) places[p].ready->wait(place.stream);
+    }
+    for (Chunk& chunk : plans[q]) {
+      if (chunk.arrived) chunk.arrived->wait(place.stream);
+      merge_pieces(engine, place, std::move(chunk.pieces), chunk.offset, item);
+    }
     place.merged.emplace(place.device);
     place.merged->record(place.stream);
   }
@@ -473,7 +562,7 @@ void exchange_and_merge(const k::SortEngine& engine, std::vector<Place>& places,
     DeviceGuard guard(place.device);
     for (std::size_t reader = 0; reader < count; ++reader) {
       if (reader == p || places[reader].n == 0) continue;
-      if (cuts[reader + 1][p] == cuts[reader][p]) continue;  // reads nothing of ours
+      if (cuts[first_chunk[reader]][p] == cuts[first_chunk[reader] + chunks_of(places[reader].n)][p]) continue;
       places[reader].merged->wait(place.stream);
     }
   }
