@@ -109,11 +109,11 @@ struct Place {
   detail::StreamScratch scratch;      // one allocation carved into the buffers below
   unsigned char* alternate = nullptr; // one place: the radix sort's second buffer; several:
                                       // the sorted run, which other places read
-  unsigned char* receive = nullptr;   // pieces copied from devices without peer access
-  unsigned char* temp = nullptr;      // CUB's temporary storage; after the sort, the merges'
-  std::size_t temp_bytes = 0;
+  unsigned char* temp = nullptr;      // CUB's temporary storage; once the sort is done, the
+  std::size_t temp_bytes = 0;         // merges' and the two buffers below
   std::size_t merge_temp_bytes = 0;   // the merges' part of `temp`
-  unsigned char* between = nullptr;   // in `temp`, after the merges' part: merge levels
+  unsigned char* receive = nullptr;   // in `temp`: pieces copied from other devices
+  unsigned char* between = nullptr;   // in `temp`: merge levels (three or more pieces)
   unsigned long long* bases = nullptr;   // splitter candidates' bases, per boundary
   unsigned long long* counts = nullptr;  // splitter counts, per (boundary, candidate)
   const unsigned char* sorted = nullptr; // where the sorted run is
@@ -395,8 +395,12 @@ void sort(const ShardedArray& in, ShardedArray& out, bool descending) {
       if (in.shard_size(q) > 0 && in.shard_size(p) > 0 && group.device(q) != group.device(p)) needs_receive = true;
     }
   }
-  // Merge levels (three or more pieces) go through a buffer of one shard in `temp`.
+  // Merge levels (three or more pieces) go through a buffer of one shard.
   const bool deep_merges = non_empty > 2;
+  // Once a place's run is sorted, its CUB storage (which holds a buffer of the shard's keys
+  // besides) takes the merges' storage, the receive buffer and the merge levels' buffer: a
+  // sort over several places needs about two shards of scratch per place (three with merge
+  // levels).
 
   // 1. local sorts: every place's memory first, then the sorts queued back to back, so that
   //    the places start together
@@ -416,22 +420,24 @@ void sort(const ShardedArray& in, ShardedArray& out, bool descending) {
       check(engine->merge(nullptr, place.merge_temp_bytes, nullptr, place.n - place.n / 2, nullptr, place.n / 2,
                           nullptr, place.stream),
             "cub::DeviceMerge");
-      place.temp_bytes = std::max(sort_temp, aligned(place.merge_temp_bytes) + (deep_merges ? keys : 0));
+      place.temp_bytes = std::max(sort_temp, aligned(place.merge_temp_bytes) + (needs_receive ? keys : 0) +
+                                                  (deep_merges ? keys : 0));
     } else {
       check(engine->sort(nullptr, sort_temp, nullptr, nullptr, place.n, nullptr, place.stream),
             "cub::DeviceRadixSort");
       place.temp_bytes = sort_temp;
     }
     const std::size_t slots = ranks.size() << kDigitBits;
-    const std::size_t bytes = keys * (needs_receive ? 2 : 1) + aligned(place.temp_bytes) +
+    const std::size_t bytes = keys + aligned(place.temp_bytes) +
                               (several ? aligned(ranks.size() * 8) + aligned(slots * 8) : 0);
     place.scratch = detail::StreamScratch(bytes, place.stream, reinterpret_cast<cudaMemPool_t>(group.memory_pool(p)));
     unsigned char* cursor = place.scratch.bytes();
     place.alternate = cursor, cursor += keys;
-    if (needs_receive) place.receive = cursor, cursor += keys;
     place.temp = cursor, cursor += aligned(place.temp_bytes);
     if (several) {
-      place.between = place.temp + aligned(place.merge_temp_bytes);
+      unsigned char* after_merge_temp = place.temp + aligned(place.merge_temp_bytes);
+      if (needs_receive) place.receive = after_merge_temp, after_merge_temp += keys;
+      if (deep_merges) place.between = after_merge_temp;
       place.bases = reinterpret_cast<unsigned long long*>(cursor), cursor += aligned(ranks.size() * 8);
       place.counts = reinterpret_cast<unsigned long long*>(cursor);
     }
@@ -504,7 +510,7 @@ void exchange_and_merge(const k::SortEngine& engine, std::vector<Place>& places,
   struct Chunk {
     std::vector<Piece> pieces;
     detail::Event* arrived = nullptr;  // its copies are in
-    long long offset = 0;                    // in the output shard
+    long long offset = 0;              // in the output shard
   };
   std::vector<std::vector<Chunk>> plans(count);
   std::deque<detail::Event> arrivals;
@@ -514,6 +520,7 @@ void exchange_and_merge(const k::SortEngine& engine, std::vector<Place>& places,
     DeviceGuard guard(place.device);
     long long received = 0;
     std::vector<bool> waited(count, false);  // the transfer stream waits once per source run
+    bool landed = false;                     // and once for this place's own sort
     for (long long j = 0; j < chunks_of(place.n); ++j) {
       const std::size_t begin = first_chunk[q] + static_cast<std::size_t>(j);
       Chunk chunk;
@@ -528,7 +535,8 @@ void exchange_and_merge(const k::SortEngine& engine, std::vector<Place>& places,
           continue;
         }
         const cudaStream_t transfer = transfers[q]->get();
-        if (!waited[p]) source.ready->wait(transfer), waited[p] = true;
+        if (!landed) place.ready->wait(transfer), landed = true;  // the receive buffer is CUB's
+        if (!waited[p]) source.ready->wait(transfer), waited[p] = true;  // storage until then
         unsigned char* landing = place.receive + received * item;
         copy_piece(landing, place.device, data, source.device, static_cast<std::size_t>(length) * item, transfer);
         chunk.pieces.push_back({landing, length, place.device});
