@@ -55,10 +55,15 @@ ContextStamp ContextStamp::current() {
 }
 
 bool ContextStamp::alive() const noexcept {
+  if (!context) return false;
   unsigned long long now = 0;
-  // a destroyed context answers CUDA_ERROR_CONTEXT_IS_DESTROYED; a primary context made
-  // again after a reset keeps its handle but has a new id
-  return context && driver().cuCtxGetId(context, &now) == CUDA_SUCCESS && now == id;
+  try {
+    // a destroyed context answers CUDA_ERROR_CONTEXT_IS_DESTROYED; a primary context made
+    // again after a reset keeps its handle but has a new id
+    return driver().cuCtxGetId(context, &now) == CUDA_SUCCESS && now == id;
+  } catch (...) {  // no driver: nothing made in a context can be alive
+    return false;
+  }
 }
 
 void* allocate_async(std::size_t bytes, cudaStream_t stream, cudaMemPool_t pool) {

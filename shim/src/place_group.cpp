@@ -217,6 +217,14 @@ bool PlaceGroup::alive() const noexcept {
   return true;
 }
 
+bool PlaceGroup::device_alive(int device) const noexcept {
+  for (std::size_t k = 0; k < unique_devices_.size() && k < contexts_.size(); ++k) {
+    if (unique_devices_[k] != device) continue;
+    return detail::ContextStamp{reinterpret_cast<CUcontext>(contexts_[k].first), contexts_[k].second}.alive();
+  }
+  return false;
+}
+
 void PlaceGroup::check_alive() const {
   for (std::size_t k = 0; k < contexts_.size(); ++k) {
     const auto [context, id] = contexts_[k];
@@ -241,8 +249,10 @@ void* PlaceGroup::acquire_host_slot() const {
   if (free_slots_.empty()) {
     constexpr std::size_t kSlot = 64, kSlots = 64;
     void* chunk = nullptr;
+    const detail::ContextStamp context = detail::ContextStamp::current();  // the chunk's owner
     check(cudaMallocHost(&chunk, kSlot * kSlots), "cudaMallocHost");
     pinned_chunks_.push_back(chunk);
+    pinned_contexts_.emplace_back(reinterpret_cast<std::uintptr_t>(context.context), context.id);
     for (std::size_t slot = 0; slot < kSlots; ++slot) {
       free_slots_.push_back(static_cast<unsigned char*>(chunk) + slot * kSlot);
     }
@@ -263,21 +273,25 @@ void PlaceGroup::release_resources() noexcept {
   // Arrays hold their group, so every array of the group is gone and its memory's frees are
   // queued. None of this waits: a stream with queued work is destroyed once the work has
   // run, and a pool with allocations still to be freed once they are.
-  // After a reset the handles are dangling and what they named is gone: only forget them.
-  if (alive()) {
-    int previous = 0;
-    cudaGetDevice(&previous);
-    for (std::size_t place = 0; place < streams_.size(); ++place) {
-      cudaSetDevice(devices_[place]);
-      cudaStreamDestroy(reinterpret_cast<cudaStream_t>(streams_[place]));
-    }
-    cudaSetDevice(previous);
-    for (void* chunk : pinned_chunks_) cudaFreeHost(chunk);
+  // What a reset device's context held is gone with it and its handles dangle: those are
+  // only forgotten; the rest is given back.
+  int previous = 0;
+  cudaGetDevice(&previous);
+  for (std::size_t place = 0; place < streams_.size(); ++place) {
+    if (!device_alive(devices_[place])) continue;
+    cudaSetDevice(devices_[place]);
+    cudaStreamDestroy(reinterpret_cast<cudaStream_t>(streams_[place]));
+  }
+  cudaSetDevice(previous);
+  for (std::size_t k = 0; k < pinned_chunks_.size(); ++k) {
+    const auto [context, id] = pinned_contexts_[k];
+    if (detail::ContextStamp{reinterpret_cast<CUcontext>(context), id}.alive()) cudaFreeHost(pinned_chunks_[k]);
   }
   streams_.clear();
   pool_owners_.clear();  // the last group on a device destroys its pool
   device_pools_.clear();
   pinned_chunks_.clear();
+  pinned_contexts_.clear();
   cudaGetLastError();
 }
 

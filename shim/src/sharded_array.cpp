@@ -231,15 +231,11 @@ ShardedArray::~ShardedArray() {
 // Runs once: from free() (which then marks the array freed) or from the destructor of an
 // array never freed. Shard pointers keep their values; freed_ guards every use.
 void ShardedArray::release_storage() noexcept {
-  if (!group_->alive()) {  // a device reset took the memory along with its context
-    mapped_offsets_.clear();
-    mapped_bytes_.clear();
-    chunk_handles_.clear();
-    return;
-  }
+  // A device reset took its shards along with its context: those are only forgotten (and a
+  // contiguous range, whose mappings span the devices, is left as it is).
   if (storage_ == Storage::separate) {
     for (std::size_t shard = 0; shard < shard_pointers_.size(); ++shard) {
-      if (!shard_pointers_[shard]) continue;
+      if (!shard_pointers_[shard] || !group_->device_alive(group_->devices()[shard])) continue;
       int previous = 0;
       cudaGetDevice(&previous);
       cudaSetDevice(group_->devices()[shard]);
@@ -249,7 +245,7 @@ void ShardedArray::release_storage() noexcept {
                     reinterpret_cast<cudaStream_t>(group_->stream(shard)));
       cudaSetDevice(previous);
     }
-  } else if (storage_ == Storage::contiguous && va_base_) {
+  } else if (storage_ == Storage::contiguous && va_base_ && group_->alive()) {
     // Unmapping is not stream-ordered: it must wait for work still using the range.
     for (std::size_t place = 0; place < group_->size(); ++place) {
       int previous = 0;

@@ -54,6 +54,8 @@ class PlaceGroup {
   // Whether the contexts the group was made in still exist: a device reset (by any library
   // in the process) destroys a device's context with the group's streams, pools and memory.
   bool alive() const noexcept;
+  // The same for one of the group's devices (false for a device not in the group).
+  bool device_alive(int device) const noexcept;
   // std::runtime_error naming the reset device unless alive(). Every call that would hand a
   // stream, pool or array of the group to the driver checks first.
   void check_alive() const;
@@ -81,6 +83,7 @@ class PlaceGroup {
   std::vector<std::pair<std::uintptr_t, unsigned long long>> contexts_;
   mutable std::mutex slots_mutex_;
   mutable std::vector<void*> pinned_chunks_;
+  mutable std::vector<std::pair<std::uintptr_t, unsigned long long>> pinned_contexts_;  // per chunk
   mutable std::vector<void*> free_slots_;
 };
 
