@@ -149,6 +149,15 @@ void enable_peer_access(int device, int other, unsigned long long context) {
   enabled.insert({device, other, context});
 }
 
+// The (CUcontext, id) pairs the CUDA-free header keeps, to and from a ContextStamp.
+std::pair<std::uintptr_t, unsigned long long> stored(const detail::ContextStamp& stamp) {
+  return {reinterpret_cast<std::uintptr_t>(stamp.context), stamp.id};
+}
+
+bool alive(const std::pair<std::uintptr_t, unsigned long long>& context) noexcept {
+  return detail::ContextStamp{reinterpret_cast<CUcontext>(context.first), context.second}.alive();
+}
+
 }  // namespace
 
 PlaceGroup::PlaceGroup(std::vector<int> devices, std::vector<int> domains)
@@ -167,7 +176,7 @@ PlaceGroup::PlaceGroup(std::vector<int> devices, std::vector<int> domains)
     for (int device : unique_devices_) {
       detail::DeviceGuard guard(device);
       const detail::ContextStamp context = detail::ContextStamp::current();
-      contexts_.emplace_back(reinterpret_cast<std::uintptr_t>(context.context), context.id);
+      contexts_.push_back(stored(context));
       peer_[device][device] = true;
       pool_owners_.push_back(shared_pool(device, context));
       device_pools_.push_back(reinterpret_cast<std::uintptr_t>(pool_owners_.back().get()));
@@ -211,24 +220,19 @@ PlaceGroup::PlaceGroup(std::vector<int> devices, std::vector<int> domains)
 }
 
 bool PlaceGroup::alive() const noexcept {
-  for (const auto& [context, id] : contexts_) {
-    if (!detail::ContextStamp{reinterpret_cast<CUcontext>(context), id}.alive()) return false;
-  }
-  return true;
+  return std::all_of(contexts_.begin(), contexts_.end(), [](const auto& context) { return csj::alive(context); });
 }
 
 bool PlaceGroup::device_alive(int device) const noexcept {
   for (std::size_t k = 0; k < unique_devices_.size() && k < contexts_.size(); ++k) {
-    if (unique_devices_[k] != device) continue;
-    return detail::ContextStamp{reinterpret_cast<CUcontext>(contexts_[k].first), contexts_[k].second}.alive();
+    if (unique_devices_[k] == device) return csj::alive(contexts_[k]);
   }
   return false;
 }
 
 void PlaceGroup::check_alive() const {
   for (std::size_t k = 0; k < contexts_.size(); ++k) {
-    const auto [context, id] = contexts_[k];
-    if (detail::ContextStamp{reinterpret_cast<CUcontext>(context), id}.alive()) continue;
+    if (csj::alive(contexts_[k])) continue;
     throw std::runtime_error("group: cuda:" + std::to_string(unique_devices_[k]) +
                              " was reset after the group was made (cudaDeviceReset, perhaps by "
                              "another library): the context that held the group's streams, memory "
@@ -252,7 +256,7 @@ void* PlaceGroup::acquire_host_slot() const {
     const detail::ContextStamp context = detail::ContextStamp::current();  // the chunk's owner
     check(cudaMallocHost(&chunk, kSlot * kSlots), "cudaMallocHost");
     pinned_chunks_.push_back(chunk);
-    pinned_contexts_.emplace_back(reinterpret_cast<std::uintptr_t>(context.context), context.id);
+    pinned_contexts_.push_back(stored(context));
     for (std::size_t slot = 0; slot < kSlots; ++slot) {
       free_slots_.push_back(static_cast<unsigned char*>(chunk) + slot * kSlot);
     }
@@ -284,8 +288,7 @@ void PlaceGroup::release_resources() noexcept {
   }
   cudaSetDevice(previous);
   for (std::size_t k = 0; k < pinned_chunks_.size(); ++k) {
-    const auto [context, id] = pinned_contexts_[k];
-    if (detail::ContextStamp{reinterpret_cast<CUcontext>(context), id}.alive()) cudaFreeHost(pinned_chunks_[k]);
+    if (csj::alive(pinned_contexts_[k])) cudaFreeHost(pinned_chunks_[k]);
   }
   streams_.clear();
   pool_owners_.clear();  // the last group on a device destroys its pool

@@ -7,10 +7,12 @@
 //      (binary searches), the host sums the counts over places and keeps the candidate
 //      interval that holds rank R. Ties at the final key are given out in place order, so
 //      the split is deterministic and each output shard gets exactly its size;
-//   3. each shard is written by merging its pieces of every place's run (a tree of two-way
-//      merges), the merge reading a peer's run where it lies (over NVLink): the transfer and
-//      the merge are one pass, and every place merges at once, so both directions of each
-//      link are busy. Pieces a device cannot read in place are copied over first;
+//   3. the same search cuts each output shard into chunks; each shard is written chunk by
+//      chunk by merging its pieces of every place's run (a tree of two-way merges). Pieces
+//      on another device are copied into a receive buffer on a transfer stream (every place
+//      at once, so both directions of each link are busy), and a chunk is merged as soon as
+//      its pieces are in, while the next chunk's travel; pieces on the same device are
+//      merged where they lie;
 //   4. a run buffer goes only once every place that reads it has finished.
 #include "csj/sort.hpp"
 
