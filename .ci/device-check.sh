@@ -16,6 +16,7 @@ root=$PWD
   --only sort,reduce,scan,argmin --no-plots 2>&1 | grep -E "^\| [3-6] \|" )
 python3 -P -m pytest -q -m gpu -p no:cacheprovider -rf tests > "$out/suite.txt" 2>&1; tail -4 "$out/suite.txt"
 bash .ci/sanitize.sh memcheck racecheck > "$out/sanitize.txt" 2>&1; grep -E "SUMMARY|passed|failed|nanobind: leaked [0-9]+ inst" "$out/sanitize.txt"
-(cd /tmp && echo "== plain" && python3 -P "$root/benchmarks/probes/leak_probe2.py" && echo "== memcheck" && \
-  compute-sanitizer --tool memcheck python3 -P "$root/benchmarks/probes/leak_probe2.py") > "$out/leak.txt" 2>&1
-grep -E "refcount|leaked [0-9]+ inst" "$out/leak.txt" | head -12
+(cd /tmp && echo "== plain" && python3 -P "$root/benchmarks/probes/leak_probe.py" && \
+  echo "== memcheck, no backtraces" && compute-sanitizer --tool memcheck --show-backtrace no \
+  python3 -P "$root/benchmarks/probes/leak_probe.py") > "$out/leak.txt" 2>&1
+grep -E "alive|leaked [0-9]+ inst" "$out/leak.txt" | head -30

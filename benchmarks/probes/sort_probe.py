@@ -36,7 +36,7 @@ def timed(fn, prepare, reps=8):
     return np.median(t), min(t)
 
 med, best = timed(lambda: sharded.sort(a), refill)
-print(f"sharded.sort 2 places, 2^{n.bit_length()-1} int32: median {med:.3f} ms, best {best:.3f} ms", flush=True)
+print(f"sharded.sort 2 places (sorted: {bool((lambda h: (h[1:] >= h[:-1]).all())(a.to_numpy()))}), 2^{n.bit_length()-1} int32: median {med:.3f} ms, best {best:.3f} ms", flush=True)
 
 # the parts alone
 for d in devices:
@@ -69,6 +69,16 @@ for i in range(8):
     t0 = time.perf_counter(); both_ways(); tt.append(time.perf_counter() - t0)
 print(f"peer copies of 2^{quarter.bit_length()-1} int32 both ways at once: {np.median(tt[2:])*1e3:.3f} ms "
       f"({quarter*4/np.median(tt[2:])/1e9:.0f} GB/s each way)", flush=True)
+
+# the same copies after the links have idled as long as a local sort takes
+def idle_then_both_ways():
+    for d in devices:
+        cp.cuda.Device(d).synchronize()
+    time.sleep(0.003)
+    t0 = time.perf_counter(); both_ways(); return time.perf_counter() - t0
+tt = [idle_then_both_ways() for _ in range(8)]
+print(f"same, after 3 ms idle: {np.median(tt[2:])*1e3:.3f} ms ({quarter*4/np.median(tt[2:])/1e9:.0f} GB/s each way)",
+      flush=True)
 
 streams2 = {}
 for d in devices:

@@ -12,7 +12,9 @@
 //      on another device are copied into a receive buffer on a transfer stream (every place
 //      at once, so both directions of each link are busy), and a chunk is merged as soon as
 //      its pieces are in, while the next chunk's travel; pieces on the same device are
-//      merged where they lie;
+//      merged where they lie. The first round of step 2 already bounds every cut, so the
+//      keys of the first chunk's pieces that lie between those bounds travel while the
+//      later rounds run (into windows of the receive buffer that hold every possible cut);
 //   4. a run buffer goes only once every place that reads it has finished.
 #include "csj/sort.hpp"
 
@@ -115,6 +117,7 @@ struct Place {
   std::size_t temp_bytes = 0;         // merges' and the two buffers below
   std::size_t merge_temp_bytes = 0;   // the merges' part of `temp`
   unsigned char* receive = nullptr;   // in `temp`: pieces copied from other devices
+  long long receive_keys = 0;         // its capacity
   unsigned char* between = nullptr;   // in `temp`: merge levels (three or more pieces)
   unsigned long long* bases = nullptr;   // splitter candidates' bases, per boundary
   unsigned long long* counts = nullptr;  // splitter counts, per (boundary, candidate)
@@ -130,18 +133,6 @@ struct Piece {
   int device;
 };
 
-// A global rank to cut every run at (where an output shard, or a chunk of one, starts),
-// and the state of its digit search (per place: keys below `base` and below the top of
-// the interval still searched).
-struct Boundary {
-  std::size_t index;  // in the list of ranks searched
-  long long rank;
-  unsigned long long base = 0;
-  int known_bits = 0;
-  std::vector<long long> below_base;
-  std::vector<long long> below_top;
-};
-
 void copy_piece(void* dst, int dst_device, const void* src, int src_device, std::size_t bytes,
                 cudaStream_t stream) {
   if (bytes == 0) return;
@@ -152,113 +143,150 @@ void copy_piece(void* dst, int dst_device, const void* src, int src_device, std:
   }
 }
 
-// Cuts: cuts[i][p] = how many of place p's sorted keys rank below global rank ranks[i]
-// (ranks ascending, each in [0, total]).
-std::vector<std::vector<long long>> find_cuts(const k::SortEngine& engine, std::vector<Place>& places,
-                                              const PlaceGroup& group, const std::vector<long long>& ranks,
-                                              long long total) {
-  const std::size_t count = places.size();
-  std::vector<std::vector<long long>> cuts(ranks.size(), std::vector<long long>(count, 0));
-  std::vector<Boundary> open;
-  for (std::size_t i = 0; i < ranks.size(); ++i) {
-    const long long rank = ranks[i];
-    if (rank == 0) continue;  // all zeros
-    if (rank == total) {
-      for (std::size_t p = 0; p < count; ++p) cuts[i][p] = places[p].n;
-      continue;
+// Step 2, one round at a time, so that the copies certain after the first round can travel
+// while the later rounds run. After each round, lower(i, p) <= cuts[i][p] <= upper(i, p),
+// where cuts[i][p] = how many of place p's sorted keys rank below global rank ranks[i]
+// (ranks ascending, each in [0, total]); both are equal once boundary i is settled.
+class Splitters {
+ public:
+  Splitters(const k::SortEngine& engine, std::vector<Place>& places, const PlaceGroup& group,
+            const std::vector<long long>& ranks, long long total)
+      : engine_(engine), places_(places) {
+    const std::size_t count = places.size();
+    lower_.assign(ranks.size(), std::vector<long long>(count, 0));
+    upper_.assign(ranks.size(), std::vector<long long>(count, 0));
+    for (std::size_t i = 0; i < ranks.size(); ++i) {
+      for (std::size_t p = 0; p < count; ++p) upper_[i][p] = places[p].n;
+      if (ranks[i] == 0) {
+        upper_[i].assign(count, 0);
+      } else if (ranks[i] == total) {
+        lower_[i] = upper_[i];
+      } else {
+        open_.push_back({i, ranks[i]});
+      }
     }
-    Boundary boundary{i, rank};
-    boundary.below_base.assign(count, 0);
-    for (const Place& place : places) boundary.below_top.push_back(place.n);
-    open.push_back(std::move(boundary));
+    if (open_.empty()) return;
+    max_slots_ = open_.size() << kDigitBits;
+    host_ = std::make_unique<PinnedBuffer>(open_.size() * sizeof(unsigned long long) +
+                                           count * max_slots_ * sizeof(unsigned long long));
+    // on a throw, the copies already queued into the pinned buffer land before it goes back
+    settle_.emplace(group);
   }
-  if (open.empty()) return cuts;
 
-  const int key_bits = engine.key_bits;
-  const std::size_t max_slots = open.size() << kDigitBits;
-  PinnedBuffer host(open.size() * sizeof(unsigned long long) + count * max_slots * sizeof(unsigned long long));
-  // on a throw, the copies already queued into `host` land before it goes back to the pool
-  const detail::SyncOnUnwind settle(group);
-  auto* bases = reinterpret_cast<unsigned long long*>(host.data);
-  auto* counts = bases + open.size();
+  bool settled() const { return open_.empty(); }
+  const std::vector<std::vector<long long>>& lowers() const { return lower_; }
+  const std::vector<std::vector<long long>>& uppers() const { return upper_; }
+  const std::vector<std::vector<long long>>& cuts() const { return lower_; }  // once settled
 
-  while (!open.empty()) {
-    const int digit = std::min(kDigitBits, key_bits - open.front().known_bits);
-    const int shift = key_bits - open.front().known_bits - digit;
+  // One digit of every open boundary: every place counts its keys below 2^digit candidates
+  // per boundary; the host waits, sums the counts over places and keeps, per boundary, the
+  // candidate interval that holds its rank.
+  void round() {
+    const std::size_t count = places_.size();
+    auto* bases = reinterpret_cast<unsigned long long*>(host_->data);
+    auto* counts = bases + open_.size();
+    const int key_bits = engine_.key_bits;
+    const int digit = std::min(kDigitBits, key_bits - known_bits_);
+    const int shift = key_bits - known_bits_ - digit;
     const int candidates = 1 << digit;
-    const std::size_t slots = open.size() * static_cast<std::size_t>(candidates);
-    for (std::size_t b = 0; b < open.size(); ++b) bases[b] = open[b].base;
+    const std::size_t slots = open_.size() * static_cast<std::size_t>(candidates);
+    for (std::size_t b = 0; b < open_.size(); ++b) bases[b] = open_[b].base;
     for (std::size_t p = 0; p < count; ++p) {
-      Place& place = places[p];
+      Place& place = places_[p];
       if (place.n == 0) continue;
       DeviceGuard guard(place.device);
-      check(cudaMemcpyAsync(place.bases, bases, open.size() * sizeof(unsigned long long),
-                            cudaMemcpyHostToDevice, place.stream),
+      check(cudaMemcpyAsync(place.bases, bases, open_.size() * sizeof(unsigned long long), cudaMemcpyHostToDevice,
+                            place.stream),
             "cudaMemcpyAsync (splitter bases)");
       k::SplitterParams params{};
       params.keys = place.sorted;
       params.n = place.n;
       params.bases = place.bases;
       params.counts = place.counts;
-      params.boundaries = static_cast<int>(open.size());
+      params.boundaries = static_cast<int>(open_.size());
       params.candidates = candidates;
       params.shift = shift;
       const auto grid = static_cast<unsigned>((slots + k::kSplitterBlock - 1) / k::kSplitterBlock);
-      detail::launch(detail::KernelHandle::builtin(engine.splitter_kernel), grid, k::kSplitterBlock,
-                     place.stream, params, "launching sort splitters");
-      check(cudaMemcpyAsync(counts + p * max_slots, place.counts, slots * sizeof(unsigned long long),
+      detail::launch(detail::KernelHandle::builtin(engine_.splitter_kernel), grid, k::kSplitterBlock, place.stream,
+                     params, "launching sort splitters");
+      check(cudaMemcpyAsync(counts + p * max_slots_, place.counts, slots * sizeof(unsigned long long),
                             cudaMemcpyDeviceToHost, place.stream),
             "cudaMemcpyAsync (splitter counts)");
     }
-    for (const Place& place : places) {
+    for (const Place& place : places_) {
       if (place.n == 0) continue;
       DeviceGuard guard(place.device);
       check(cudaStreamSynchronize(place.stream), "cudaStreamSynchronize");
     }
-    // the bases buffer is rewritten by the next round: the copies above have completed
+    // (the bases buffer is rewritten by the next round: the copies above have completed)
+    known_bits_ += digit;
 
-    std::vector<Boundary> still_open;
-    for (std::size_t b = 0; b < open.size(); ++b) {
-      Boundary& boundary = open[b];
+    std::vector<Open> still_open;
+    for (std::size_t b = 0; b < open_.size(); ++b) {
+      Open& boundary = open_[b];
       auto below = [&](std::size_t p, int j) -> long long {
-        return places[p].n == 0 ? 0 : static_cast<long long>(counts[p * max_slots + b * candidates + j]);
+        return places_[p].n == 0 ? 0 : static_cast<long long>(counts[p * max_slots_ + b * candidates + j]);
       };
-      // the last candidate with at most `rank` keys below it (candidate 0 is the base: true)
-      int chosen = 0;
-      for (int j = candidates - 1; j > 0; --j) {
+      auto below_all = [&](int j) {
         long long sum = 0;
         for (std::size_t p = 0; p < count; ++p) sum += below(p, j);
-        if (sum <= boundary.rank) {
-          chosen = j;
-          break;
+        return sum;
+      };
+      // the last candidate with at most `rank` keys below it (candidate 0, the base, has):
+      // the counts grow with the candidate
+      int chosen = 0;
+      for (int top = candidates - 1; chosen < top;) {
+        const int middle = chosen + (top - chosen + 1) / 2;
+        if (below_all(middle) <= boundary.rank) {
+          chosen = middle;
+        } else {
+          top = middle - 1;
         }
       }
+      std::vector<long long>& lower = lower_[boundary.index];
+      std::vector<long long>& upper = upper_[boundary.index];
       long long below_sum = 0;
       for (std::size_t p = 0; p < count; ++p) {
-        boundary.below_base[p] = below(p, chosen);
-        if (chosen + 1 < candidates) boundary.below_top[p] = below(p, chosen + 1);
-        below_sum += boundary.below_base[p];
+        lower[p] = below(p, chosen);
+        if (chosen + 1 < candidates) upper[p] = below(p, chosen + 1);
+        below_sum += lower[p];
       }
       boundary.base += static_cast<unsigned long long>(chosen) << shift;
-      boundary.known_bits += digit;
       if (below_sum == boundary.rank) {  // an exact cut between two distinct keys
-        cuts[boundary.index] = boundary.below_base;
-      } else if (boundary.known_bits == key_bits) {
+        upper = lower;
+      } else if (known_bits_ == key_bits) {
         // rank falls among the keys equal to `base`: hand them out in place order
         long long needed = boundary.rank - below_sum;
         for (std::size_t p = 0; p < count; ++p) {
-          const long long take = std::min(needed, boundary.below_top[p] - boundary.below_base[p]);
-          cuts[boundary.index][p] = boundary.below_base[p] + take;
+          const long long take = std::min(needed, upper[p] - lower[p]);
+          lower[p] += take;
           needed -= take;
         }
+        upper = lower;
       } else {
-        still_open.push_back(std::move(boundary));
+        still_open.push_back(boundary);
       }
     }
-    open = std::move(still_open);
+    open_ = std::move(still_open);
   }
-  return cuts;
-}
+
+ private:
+  // a boundary still searched: every key of the interval left starts with `base`'s top bits
+  struct Open {
+    std::size_t index;  // in the list of ranks
+    long long rank;
+    unsigned long long base = 0;
+  };
+
+  const k::SortEngine& engine_;
+  std::vector<Place>& places_;
+  std::vector<std::vector<long long>> lower_, upper_;
+  std::vector<Open> open_;
+  int known_bits_ = 0;  // the same for every open boundary
+  std::size_t max_slots_ = 0;
+  std::unique_ptr<PinnedBuffer> host_;
+  std::optional<detail::SyncOnUnwind> settle_;  // after host_: runs before it goes
+};
 
 // The counts come from binary searches over runs sorted a moment ago: they only disagree
 // when something else wrote the input meanwhile. Nothing moves then.
@@ -319,12 +347,14 @@ void merge_pieces(const k::SortEngine& engine, Place& place, std::vector<Piece> 
   }
 }
 
-// A stream of its own for a place's incoming copies, so that they run while the place merges
-// what has already arrived. Left by an exception, it waits for its copies before the buffers
-// they write go.
+// A stream of its own for copies into a place's receive buffer, so that they run while the
+// place merges what has already arrived. Before its first copy from a run, it waits for that
+// run's sort and for the place's own (the receive buffer is CUB's storage until then). Left
+// by an exception, it waits for its copies before the buffers they write go.
 class TransferStream {
  public:
-  explicit TransferStream(int device) : device_(device), exceptions_(std::uncaught_exceptions()) {
+  TransferStream(int device, std::size_t places)
+      : device_(device), exceptions_(std::uncaught_exceptions()), waited_(places, false) {
     DeviceGuard guard(device);
     check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
   }
@@ -339,21 +369,42 @@ class TransferStream {
   }
   TransferStream(const TransferStream&) = delete;
   TransferStream& operator=(const TransferStream&) = delete;
-  cudaStream_t get() const { return stream_; }
+
+  // Copies keys [from, to) of place p's run into `place`'s receive buffer at element `at`.
+  void copy(Place& place, const Place& source, std::size_t p, long long from, long long to, long long at,
+            std::size_t item) {
+    if (from >= to) return;
+    if (!landed_) place.ready->wait(stream_), landed_ = true;
+    if (!waited_[p]) source.ready->wait(stream_), waited_[p] = true;
+    copy_piece(place.receive + at * item, place.device, source.sorted + from * item, source.device,
+               static_cast<std::size_t>(to - from) * item, stream_);
+    used_ = true;
+  }
+  // An event for the copies queued since the last call (null when none were).
+  detail::Event* arrivals(std::deque<detail::Event>& events) {
+    if (!used_) return nullptr;
+    used_ = false;
+    detail::Event* event = &events.emplace_back(device_);
+    event->record(stream_);
+    return event;
+  }
 
  private:
   int device_;
   int exceptions_;
   cudaStream_t stream_ = nullptr;
+  bool landed_ = false;
+  std::vector<bool> waited_;
+  bool used_ = false;
 };
 
-// Each output shard is cut into this many chunks (shards of at least kChunkMin keys each):
-// chunk j is merged as soon as its pieces from other devices have arrived, while the copies
-// of chunk j + 1 run.
+// Each output shard is cut into this many chunks (shards of at least kChunkMin keys): the
+// first chunk's pieces go while the later splitter rounds run, and each chunk is merged as
+// soon as its pieces are in while the next ones travel.
 constexpr long long kChunks = 4;
-constexpr long long kChunkMin = 1024;
+constexpr long long kChunkMin = 4096;
 
-long long chunks_of(long long n) { return n >= kChunks * kChunkMin ? kChunks : 1; }
+long long chunks_of(long long n) { return n >= kChunkMin ? kChunks : 1; }
 
 void exchange_and_merge(const k::SortEngine& engine, std::vector<Place>& places, const ShardedArray& out,
                         std::size_t item, const std::vector<long long>& ranks,
@@ -422,8 +473,11 @@ void sort(const ShardedArray& in, ShardedArray& out, bool descending) {
       check(engine->merge(nullptr, place.merge_temp_bytes, nullptr, place.n - place.n / 2, nullptr, place.n / 2,
                           nullptr, place.stream),
             "cub::DeviceMerge");
-      place.temp_bytes = std::max(sort_temp, aligned(place.merge_temp_bytes) + (needs_receive ? keys : 0) +
-                                                  (deep_merges ? keys : 0));
+      // the receive buffer holds the shard's keys and room for the uncertain ends of the
+      // windows the first splitter round leaves (see exchange_and_merge)
+      place.receive_keys = needs_receive ? place.n + place.n / 64 : 0;
+      const std::size_t receive = aligned(static_cast<std::size_t>(place.receive_keys) * item);
+      place.temp_bytes = std::max(sort_temp, aligned(place.merge_temp_bytes) + receive + (deep_merges ? keys : 0));
     } else {
       check(engine->sort(nullptr, sort_temp, nullptr, nullptr, place.n, nullptr, place.stream),
             "cub::DeviceRadixSort");
@@ -438,7 +492,10 @@ void sort(const ShardedArray& in, ShardedArray& out, bool descending) {
     place.temp = cursor, cursor += aligned(place.temp_bytes);
     if (several) {
       unsigned char* after_merge_temp = place.temp + aligned(place.merge_temp_bytes);
-      if (needs_receive) place.receive = after_merge_temp, after_merge_temp += keys;
+      if (needs_receive) {
+        place.receive = after_merge_temp;
+        after_merge_temp += aligned(static_cast<std::size_t>(place.receive_keys) * item);
+      }
       if (deep_merges) place.between = after_merge_temp;
       place.bases = reinterpret_cast<unsigned long long*>(cursor), cursor += aligned(ranks.size() * 8);
       place.counts = reinterpret_cast<unsigned long long*>(cursor);
@@ -496,56 +553,116 @@ void exchange_and_merge(const k::SortEngine& engine, std::vector<Place>& places,
                         const std::vector<std::size_t>& first_chunk) {
   const PlaceGroup& group = *out.group();
   const std::size_t count = places.size();
-  // made while the local sorts run
+  auto remote = [&](std::size_t q, std::size_t p) {
+    return p != q && places[p].n > 0 && places[p].device != places[q].device;
+  };
+  // made while the local sorts run: a stream per place that receives
   std::vector<std::unique_ptr<TransferStream>> transfers(count);
   for (std::size_t q = 0; q < count; ++q) {
-    if (places[q].receive) transfers[q] = std::make_unique<TransferStream>(places[q].device);
+    if (places[q].receive && places[q].n > 0) transfers[q] = std::make_unique<TransferStream>(places[q].device, count);
   }
   // 2. splitters (the host waits for the local sorts here)
-  const std::vector<std::vector<long long>> cuts = find_cuts(engine, places, group, ranks, out.size());
-  check_cuts(cuts, places, ranks);
+  Splitters splitters(engine, places, group, ranks, out.size());
+  if (!splitters.settled()) splitters.round();
 
-  // 3. chunk by chunk, each place copies the pieces on other devices into its receive buffer
-  //    (on its transfer stream) and merges them with the pieces on its own device as soon
-  //    as they are in (on its stream). Every place's copies are queued first, so that every
-  //    link is busy at once, then the merges.
+  // 3a. Once the first round has bounded every cut, the keys of a piece between the upper
+  //     bound of its start and the lower bound of its end are certain to go: those of each
+  //     place's first chunks travel now, while the later rounds run. The place's receive
+  //     buffer then mirrors each source run from the lowest possible start of its first
+  //     piece to the highest possible end of its last (a window per source), so that
+  //     whatever the exact cuts, every key lands where its piece will read it. Where those
+  //     windows do not fit (keys crowded around a cut), the pieces travel once the cuts are
+  //     exact, one after another.
+  const std::vector<std::vector<long long>> sent_low = splitters.lowers(), sent_high = splitters.uppers();
+  const bool early = !splitters.settled();
+  std::vector<std::vector<long long>> window_from(count), window_at(count);  // per (place, source)
+  for (std::size_t q = 0; q < count && early; ++q) {
+    Place& place = places[q];
+    if (!transfers[q]) continue;
+    const std::size_t first = first_chunk[q], last = first + static_cast<std::size_t>(chunks_of(place.n));
+    long long needed = 0;
+    for (std::size_t p = 0; p < count; ++p) {
+      if (remote(q, p)) needed += sent_high[last][p] - sent_low[first][p];
+    }
+    if (needed > place.receive_keys) continue;
+    window_from[q].assign(count, 0);
+    window_at[q].assign(count, 0);
+    long long at = 0;
+    for (std::size_t p = 0; p < count; ++p) {
+      if (!remote(q, p)) continue;
+      window_from[q][p] = sent_low[first][p];
+      window_at[q][p] = at;
+      at += sent_high[last][p] - sent_low[first][p];
+    }
+    DeviceGuard guard(place.device);
+    for (std::size_t p = 0; p < count; ++p) {  // the first chunk's
+      if (!remote(q, p)) continue;
+      const long long from = sent_high[first][p], to = sent_low[first + 1][p];
+      transfers[q]->copy(place, places[p], p, from, to, window_at[q][p] + from - window_from[q][p], item);
+    }
+  }
+  while (!splitters.settled()) splitters.round();
+  const std::vector<std::vector<long long>>& cuts = splitters.cuts();
+  check_cuts(cuts, places, ranks);
+  for (std::size_t q = 0; q < count; ++q) {
+    if (window_from[q].empty()) continue;
+    const std::size_t first = first_chunk[q], last = first + static_cast<std::size_t>(chunks_of(places[q].n));
+    for (std::size_t i = first; i <= last; ++i) {
+      for (std::size_t p = 0; p < count; ++p) {
+        if (remote(q, p) && (cuts[i][p] < sent_low[i][p] || cuts[i][p] > sent_high[i][p])) {
+          throw std::runtime_error("sort: splitters moved between rounds; was the array written by other work "
+                                   "while it was being sorted?");
+        }
+      }
+    }
+  }
+
+  // 3b. chunk by chunk, each place receives the rest of its pieces from other devices (after
+  //     the first chunks' bulk, on the same stream) and merges them with the pieces on its own
+  //     device as soon as they are in (on its stream). Every place's copies are queued first,
+  //     so that every link is busy at once, then the merges.
   struct Chunk {
     std::vector<Piece> pieces;
     detail::Event* arrived = nullptr;  // its copies are in
     long long offset = 0;              // in the output shard
   };
   std::vector<std::vector<Chunk>> plans(count);
-  std::deque<detail::Event> arrivals;
+  std::deque<detail::Event> events;
   for (std::size_t q = 0; q < count; ++q) {
     Place& place = places[q];
     if (place.n == 0) continue;
     DeviceGuard guard(place.device);
-    long long received = 0;
-    std::vector<bool> waited(count, false);  // the transfer stream waits once per source run
-    bool landed = false;                     // and once for this place's own sort
+    const bool windowed = !window_from[q].empty();
+    long long received = 0;  // without windows, pieces land one after another
     for (long long j = 0; j < chunks_of(place.n); ++j) {
       const std::size_t begin = first_chunk[q] + static_cast<std::size_t>(j);
       Chunk chunk;
       chunk.offset = ranks[begin] - ranks[first_chunk[q]];
       for (std::size_t p = 0; p < count; ++p) {
-        const long long length = cuts[begin + 1][p] - cuts[begin][p];
-        if (length == 0) continue;
+        const long long from = cuts[begin][p], to = cuts[begin + 1][p];
+        if (from == to) continue;
         const Place& source = places[p];
-        const unsigned char* data = source.sorted + cuts[begin][p] * item;
-        if (source.device == place.device) {
-          chunk.pieces.push_back({data, length, source.device});
+        if (!remote(q, p)) {
+          chunk.pieces.push_back({source.sorted + from * item, to - from, source.device});
           continue;
         }
-        const cudaStream_t transfer = transfers[q]->get();
-        if (!landed) place.ready->wait(transfer), landed = true;  // the receive buffer is CUB's
-        if (!waited[p]) source.ready->wait(transfer), waited[p] = true;  // storage until then
-        unsigned char* landing = place.receive + received * item;
-        copy_piece(landing, place.device, data, source.device, static_cast<std::size_t>(length) * item, transfer);
-        chunk.pieces.push_back({landing, length, place.device});
-        received += length;
-        if (!chunk.arrived) chunk.arrived = &arrivals.emplace_back(place.device);
+        if (!windowed) {
+          transfers[q]->copy(place, source, p, from, to, received, item);
+          chunk.pieces.push_back({place.receive + received * item, to - from, place.device});
+          received += to - from;
+          continue;
+        }
+        const long long at = window_at[q][p] - window_from[q][p];  // + a run index
+        chunk.pieces.push_back({place.receive + (at + from) * item, to - from, place.device});
+        const long long sent_from = sent_high[begin][p], sent_to = sent_low[begin + 1][p];
+        if (j == 0 && sent_from < sent_to) {  // the bulk went: its ends remain
+          transfers[q]->copy(place, source, p, from, sent_from, at + from, item);
+          transfers[q]->copy(place, source, p, sent_to, to, at + sent_to, item);
+        } else {
+          transfers[q]->copy(place, source, p, from, to, at + from, item);
+        }
       }
-      if (chunk.arrived) chunk.arrived->record(transfers[q]->get());
+      if (transfers[q]) chunk.arrived = transfers[q]->arrivals(events);
       plans[q].push_back(std::move(chunk));
     }
   }
