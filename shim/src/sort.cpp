@@ -567,7 +567,7 @@ void exchange_and_merge(const k::SortEngine& engine, std::vector<Place>& places,
 
   // 3a. Once the first round has bounded every cut, the keys of a piece between the upper
   //     bound of its start and the lower bound of its end are certain to go: those of each
-  //     place's first chunks travel now, while the later rounds run. The place's receive
+  //     place's first chunk travel now, while the later rounds run. The place's receive
   //     buffer then mirrors each source run from the lowest possible start of its first
   //     piece to the highest possible end of its last (a window per source), so that
   //     whatever the exact cuts, every key lands where its piece will read it. Where those
