@@ -618,7 +618,7 @@ void exchange_and_merge(const k::SortEngine& engine, std::vector<Place>& places,
   }
 
   // 3b. chunk by chunk, each place receives the rest of its pieces from other devices (after
-  //     the first chunks' bulk, on the same stream) and merges them with the pieces on its own
+  //     the first chunk's bulk, on the same stream) and merges them with the pieces on its own
   //     device as soon as they are in (on its stream). Every place's copies are queued first,
   //     so that every link is busy at once, then the merges.
   struct Chunk {
