@@ -112,7 +112,7 @@ struct Place {
   unsigned char* shard = nullptr;     // the output shard: sorted in place, or merged into
   detail::StreamScratch scratch;      // one allocation carved into the buffers below
   unsigned char* alternate = nullptr; // one place: the radix sort's second buffer; several:
-                                      // the sorted run, which other places read
+                                      // the sorted run, which other places read (once `ready`)
   unsigned char* temp = nullptr;      // CUB's temporary storage; once the sort is done, the
   std::size_t temp_bytes = 0;         // merges' and the two buffers below
   std::size_t merge_temp_bytes = 0;   // the merges' part of `temp`
@@ -121,7 +121,6 @@ struct Place {
   unsigned char* between = nullptr;   // in `temp`: merge levels (three or more pieces)
   unsigned long long* bases = nullptr;   // splitter candidates' bases, per boundary
   unsigned long long* counts = nullptr;  // splitter counts, per (boundary, candidate)
-  const unsigned char* sorted = nullptr; // where the sorted run is
   std::optional<detail::Event> ready;    // the run is sorted
   std::optional<detail::Event> merged;   // this place's merges (and reads of others) are done
 };
@@ -199,7 +198,7 @@ class Splitters {
                             place.stream),
             "cudaMemcpyAsync (splitter bases)");
       k::SplitterParams params{};
-      params.keys = place.sorted;
+      params.keys = place.alternate;
       params.n = place.n;
       params.bases = place.bases;
       params.counts = place.counts;
@@ -376,7 +375,7 @@ class TransferStream {
     if (from >= to) return;
     if (!landed_) place.ready->wait(stream_), landed_ = true;
     if (!waited_[p]) source.ready->wait(stream_), waited_[p] = true;
-    copy_piece(place.receive + at * item, place.device, source.sorted + from * item, source.device,
+    copy_piece(place.receive + at * item, place.device, source.alternate + from * item, source.device,
                static_cast<std::size_t>(to - from) * item, stream_);
     used_ = true;
   }
@@ -525,7 +524,6 @@ void sort(const ShardedArray& in, ShardedArray& out, bool descending) {
     if (several) {
       check(engine->sort_into(place.temp, temp_bytes, input, place.alternate, place.n, place.stream),
             "cub::DeviceRadixSort");
-      place.sorted = place.alternate;
       place.ready.emplace(place.device);
       place.ready->record(place.stream);
     } else {
@@ -556,6 +554,8 @@ void exchange_and_merge(const k::SortEngine& engine, std::vector<Place>& places,
   auto remote = [&](std::size_t q, std::size_t p) {
     return p != q && places[p].n > 0 && places[p].device != places[q].device;
   };
+  // place q's chunks start at ranks[first_chunk[q]] and end at ranks[end_of(q)]
+  auto end_of = [&](std::size_t q) { return first_chunk[q] + static_cast<std::size_t>(chunks_of(places[q].n)); };
   // made while the local sorts run: a stream per place that receives
   std::vector<std::unique_ptr<TransferStream>> transfers(count);
   for (std::size_t q = 0; q < count; ++q) {
@@ -575,39 +575,38 @@ void exchange_and_merge(const k::SortEngine& engine, std::vector<Place>& places,
   //     exact, one after another.
   const std::vector<std::vector<long long>> sent_low = splitters.lowers(), sent_high = splitters.uppers();
   const bool early = !splitters.settled();
-  std::vector<std::vector<long long>> window_from(count), window_at(count);  // per (place, source)
+  // per (place, source): where key 0 of the source run would land in the place's receive
+  // buffer (empty for a place without windows)
+  std::vector<std::vector<long long>> landing(count);
   for (std::size_t q = 0; q < count && early; ++q) {
     Place& place = places[q];
     if (!transfers[q]) continue;
-    const std::size_t first = first_chunk[q], last = first + static_cast<std::size_t>(chunks_of(place.n));
+    const std::size_t first = first_chunk[q], last = end_of(q);
     long long needed = 0;
     for (std::size_t p = 0; p < count; ++p) {
       if (remote(q, p)) needed += sent_high[last][p] - sent_low[first][p];
     }
     if (needed > place.receive_keys) continue;
-    window_from[q].assign(count, 0);
-    window_at[q].assign(count, 0);
-    long long at = 0;
+    landing[q].assign(count, 0);
+    long long at = 0;  // the windows lie one after another
     for (std::size_t p = 0; p < count; ++p) {
       if (!remote(q, p)) continue;
-      window_from[q][p] = sent_low[first][p];
-      window_at[q][p] = at;
+      landing[q][p] = at - sent_low[first][p];
       at += sent_high[last][p] - sent_low[first][p];
     }
     DeviceGuard guard(place.device);
     for (std::size_t p = 0; p < count; ++p) {  // the first chunk's
       if (!remote(q, p)) continue;
       const long long from = sent_high[first][p], to = sent_low[first + 1][p];
-      transfers[q]->copy(place, places[p], p, from, to, window_at[q][p] + from - window_from[q][p], item);
+      transfers[q]->copy(place, places[p], p, from, to, landing[q][p] + from, item);
     }
   }
   while (!splitters.settled()) splitters.round();
   const std::vector<std::vector<long long>>& cuts = splitters.cuts();
   check_cuts(cuts, places, ranks);
   for (std::size_t q = 0; q < count; ++q) {
-    if (window_from[q].empty()) continue;
-    const std::size_t first = first_chunk[q], last = first + static_cast<std::size_t>(chunks_of(places[q].n));
-    for (std::size_t i = first; i <= last; ++i) {
+    if (landing[q].empty()) continue;
+    for (std::size_t i = first_chunk[q]; i <= end_of(q); ++i) {
       for (std::size_t p = 0; p < count; ++p) {
         if (remote(q, p) && (cuts[i][p] < sent_low[i][p] || cuts[i][p] > sent_high[i][p])) {
           throw std::runtime_error("sort: splitters moved between rounds; was the array written by other work "
@@ -632,7 +631,7 @@ void exchange_and_merge(const k::SortEngine& engine, std::vector<Place>& places,
     Place& place = places[q];
     if (place.n == 0) continue;
     DeviceGuard guard(place.device);
-    const bool windowed = !window_from[q].empty();
+    const bool windowed = !landing[q].empty();
     long long received = 0;  // without windows, pieces land one after another
     for (long long j = 0; j < chunks_of(place.n); ++j) {
       const std::size_t begin = first_chunk[q] + static_cast<std::size_t>(j);
@@ -643,7 +642,7 @@ void exchange_and_merge(const k::SortEngine& engine, std::vector<Place>& places,
         if (from == to) continue;
         const Place& source = places[p];
         if (!remote(q, p)) {
-          chunk.pieces.push_back({source.sorted + from * item, to - from, source.device});
+          chunk.pieces.push_back({source.alternate + from * item, to - from, source.device});
           continue;
         }
         if (!windowed) {
@@ -652,7 +651,7 @@ void exchange_and_merge(const k::SortEngine& engine, std::vector<Place>& places,
           received += to - from;
           continue;
         }
-        const long long at = window_at[q][p] - window_from[q][p];  // + a run index
+        const long long at = landing[q][p];  // + a run index
         chunk.pieces.push_back({place.receive + (at + from) * item, to - from, place.device});
         const long long sent_from = sent_high[begin][p], sent_to = sent_low[begin + 1][p];
         if (j == 0 && sent_from < sent_to) {  // the bulk went: its ends remain
@@ -689,7 +688,7 @@ void exchange_and_merge(const k::SortEngine& engine, std::vector<Place>& places,
     DeviceGuard guard(place.device);
     for (std::size_t reader = 0; reader < count; ++reader) {
       if (reader == p || places[reader].n == 0) continue;
-      if (cuts[first_chunk[reader]][p] == cuts[first_chunk[reader] + chunks_of(places[reader].n)][p]) continue;
+      if (cuts[first_chunk[reader]][p] == cuts[end_of(reader)][p]) continue;
       places[reader].merged->wait(place.stream);
     }
   }
