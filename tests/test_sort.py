@@ -147,6 +147,73 @@ def test_sort_large_across_digit_rounds(places):
     check_sorted(array.to_numpy(), host)
 
 
+# The experimental partition-first path (CSJ_SORT_PARTITION=1): from 2^22 keys over several
+# places, with no shard far below a quarter of an even share, the sort partitions first
+# (sampled splitters, one pass into buckets, a radix sort per bucket); keys crowded on a few
+# values overflow the sampled buckets and take the sort-then-merge path, as do small shards.
+PARTITION_N = (1 << 22) + 4099
+
+
+@pytest.fixture(autouse=True)
+def partition_first(request, monkeypatch):
+    if "partition_path" in request.node.name:
+        monkeypatch.setenv("CSJ_SORT_PARTITION", "1")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ALL_DTYPES)
+@pytest.mark.parametrize("distribution", ["uniform", "sorted", "reverse"])
+def test_sort_partition_path_matches_numpy(places, dtype, distribution):
+    host = keys(dtype, distribution, PARTITION_N, seed=21)
+    array = sharded.ShardedArray.from_numpy(places, host)
+    sharded.sort(array)
+    check_sorted(array.to_numpy(), host)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("distribution", ["equal", "few"])
+def test_sort_partition_path_crowded_keys(places, distribution):
+    host = keys(np.int32, distribution, PARTITION_N, seed=22)
+    array = sharded.ShardedArray.from_numpy(places, host)
+    sharded.sort(array)
+    check_sorted(array.to_numpy(), host)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("descending", [False, True])
+def test_sort_partition_path_floats(places, dtype, descending):
+    host = keys(dtype, "special", PARTITION_N, seed=23)
+    array = sharded.ShardedArray.from_numpy(places, host)
+    out = sharded.ShardedArray.allocate(places, host.size, dtype)
+    sharded.sort(array, out=out, descending=descending)
+    check_sorted(out.to_numpy(), host, descending)
+    assert np.array_equal(array.to_numpy().view(host.dtype.str.replace("f", "u")),
+                          host.view(host.dtype.str.replace("f", "u")))  # the input is left as it was
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("share", [0.05, 0.2, 0.3, 0.7])  # 0.05: below a quarter share, merged instead
+def test_sort_partition_path_uneven_shards(share):
+    # the first shard gets `share` of the keys, the rest share the remainder evenly
+    group = sharded.PlaceGroup.by_devices(groups_for_test()[3])
+    first = int(PARTITION_N * share)
+    sizes = [first, (PARTITION_N - first) // 2, PARTITION_N - first - (PARTITION_N - first) // 2]
+    host = keys(np.int64, "uniform", PARTITION_N, seed=24)
+    array = sharded.ShardedArray.from_numpy(group, host, sizes=sizes)
+    sharded.sort(array)
+    assert array.shard_sizes == tuple(sizes)
+    check_sorted(array.to_numpy(), host)
+
+
+@pytest.mark.gpu
+def test_sort_partition_path_contiguous(places):
+    host = keys(np.uint32, "uniform", PARTITION_N, seed=25)
+    array = sharded.ShardedArray.from_numpy(places, host, contiguous=True)
+    sharded.sort(array, descending=True)
+    check_sorted(array.to_numpy(), host, descending=True)
+
+
 @pytest.mark.gpu
 def test_sort_twice_is_stable_and_deterministic(places):
     host = keys(np.float64, "few", 50000, seed=3)

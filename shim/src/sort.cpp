@@ -21,6 +21,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstdint>
 #include <deque>
 #include <memory>
@@ -34,73 +35,21 @@
 #include "../kernels/sort_engine.hpp"
 #include "cuda_check.hpp"
 #include "launch.hpp"
+#include "pinned_buffer.hpp"
+#include "sort_partition.hpp"
 
 namespace csj {
 namespace {
 
 using detail::check;
 using detail::DeviceGuard;
+using detail::PinnedBuffer;
 namespace k = kernels;
 
 constexpr int kDigitBits = 12;  // candidates per boundary and round: 2^12
 constexpr std::size_t kAlign = 256;
 
 std::size_t aligned(std::size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
-
-// Pinned host memory for the splitter rounds, reused across calls (cudaMallocHost costs far
-// more than a sort's splitter rounds): buffers go back to a process-wide free list, behind a
-// lock, and are kept until exit. Pinned memory belongs to the context it was made in: a
-// buffer whose context a device reset destroyed is forgotten, never handed out again.
-class PinnedBuffer {
- public:
-  explicit PinnedBuffer(std::size_t bytes) {
-    {
-      std::lock_guard<std::mutex> lock(mutex());
-      auto& free_list = spare();
-      for (auto it = free_list.begin(); it != free_list.end();) {
-        if (!it->context.alive()) {
-          it = free_list.erase(it);
-          continue;
-        }
-        if (it->capacity >= bytes) {
-          data = it->data, capacity_ = it->capacity, context_ = it->context;
-          free_list.erase(it);
-          return;
-        }
-        ++it;
-      }
-    }
-    context_ = detail::ContextStamp::current();
-    check(cudaMallocHost(reinterpret_cast<void**>(&data), bytes), "cudaMallocHost (sort splitters)");
-    capacity_ = bytes;
-  }
-  ~PinnedBuffer() {
-    std::lock_guard<std::mutex> lock(mutex());
-    spare().push_back({data, capacity_, context_});
-  }
-  PinnedBuffer(const PinnedBuffer&) = delete;
-  PinnedBuffer& operator=(const PinnedBuffer&) = delete;
-
-  unsigned char* data = nullptr;
-
- private:
-  struct Spare {
-    unsigned char* data;
-    std::size_t capacity;
-    detail::ContextStamp context;
-  };
-  static std::mutex& mutex() {
-    static std::mutex m;
-    return m;
-  }
-  static std::vector<Spare>& spare() {
-    static std::vector<Spare> buffers;
-    return buffers;
-  }
-
-  std::size_t capacity_ = 0;
-  detail::ContextStamp context_;
-};
 
 // Everything one place holds during a sort. The scratch allocation is stream-ordered (from
 // the group's pool) and goes back on the place's stream when the sort ends, also when it
@@ -427,6 +376,13 @@ void sort(const ShardedArray& in, ShardedArray& out, bool descending) {
   for (std::size_t p = 0; p < count; ++p) non_empty += in.shard_size(p) > 0 ? 1 : 0;
   if (non_empty == 0) return;
   const bool several = non_empty > 1;
+  // The partition-first path is experimental: on 2x H200 it is still slower than this one
+  // for 2^28 int32 keys (see sort_partition.cpp), so it runs only when asked for.
+  const char* partition_first = std::getenv("CSJ_SORT_PARTITION");
+  if (several && partition_first && std::string(partition_first) == "1" &&
+      detail::partition_sort(in, out, *engine)) {
+    return;
+  }
 
   // The global ranks the runs are cut at: where each output shard, and each chunk of one,
   // starts, then the end. Place q's chunk j spans ranks[first_chunk[q] + j] up to the next.
