@@ -35,7 +35,7 @@
 #include "../kernels/sort_engine.hpp"
 #include "cuda_check.hpp"
 #include "launch.hpp"
-#include "pinned_buffer.hpp"
+#include "sort_common.hpp"
 #include "sort_partition.hpp"
 
 namespace csj {
@@ -43,6 +43,7 @@ namespace {
 
 using detail::check;
 using detail::DeviceGuard;
+using detail::copy_keys;
 using detail::PinnedBuffer;
 namespace k = kernels;
 
@@ -80,16 +81,6 @@ struct Piece {
   long long n;
   int device;
 };
-
-void copy_piece(void* dst, int dst_device, const void* src, int src_device, std::size_t bytes,
-                cudaStream_t stream) {
-  if (bytes == 0) return;
-  if (dst_device == src_device) {
-    check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream), "cudaMemcpyAsync (sort piece)");
-  } else {
-    check(cudaMemcpyPeerAsync(dst, dst_device, src, src_device, bytes, stream), "cudaMemcpyPeerAsync (sort piece)");
-  }
-}
 
 // Step 2, one round at a time, so that the copies certain after the first round can travel
 // while the later rounds run. After each round, lower(i, p) <= cuts[i][p] <= upper(i, p),
@@ -266,8 +257,8 @@ void merge_pieces(const k::SortEngine& engine, Place& place, std::vector<Piece> 
   int levels = 0;
   for (std::size_t width = 1; width < pieces.size(); width <<= 1) ++levels;
   if (levels == 0) {
-    copy_piece(shard, place.device, pieces[0].data, pieces[0].device, static_cast<std::size_t>(pieces[0].n) * item,
-               place.stream);
+    copy_keys(shard, place.device, pieces[0].data, pieces[0].device, static_cast<std::size_t>(pieces[0].n) * item,
+              place.stream);
     return;
   }
   for (int level = 1; level <= levels; ++level) {
@@ -277,8 +268,8 @@ void merge_pieces(const k::SortEngine& engine, Place& place, std::vector<Piece> 
     for (std::size_t r = 0; r < pieces.size(); r += 2) {
       const Piece& first = pieces[r];
       if (r + 1 == pieces.size()) {
-        copy_piece(target + at * item, place.device, first.data, first.device, static_cast<std::size_t>(first.n) * item,
-                   place.stream);
+        copy_keys(target + at * item, place.device, first.data, first.device, static_cast<std::size_t>(first.n) * item,
+                  place.stream);
         merged.push_back({target + at * item, first.n, place.device});
         at += first.n;
         continue;
@@ -301,46 +292,29 @@ void merge_pieces(const k::SortEngine& engine, Place& place, std::vector<Piece> 
 // by an exception, it waits for its copies before the buffers they write go.
 class TransferStream {
  public:
-  TransferStream(int device, std::size_t places)
-      : device_(device), exceptions_(std::uncaught_exceptions()), waited_(places, false) {
-    DeviceGuard guard(device);
-    check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
-  }
-  ~TransferStream() {
-    int previous = 0;
-    cudaGetDevice(&previous);
-    cudaSetDevice(device_);
-    if (std::uncaught_exceptions() > exceptions_) cudaStreamSynchronize(stream_);
-    cudaStreamDestroy(stream_);  // copies still queued complete first
-    cudaSetDevice(previous);
-    cudaGetLastError();
-  }
-  TransferStream(const TransferStream&) = delete;
-  TransferStream& operator=(const TransferStream&) = delete;
+  TransferStream(int device, std::size_t places) : stream_(device), waited_(places, false) {}
 
   // Copies keys [from, to) of place p's run into `place`'s receive buffer at element `at`.
   void copy(Place& place, const Place& source, std::size_t p, long long from, long long to, long long at,
             std::size_t item) {
     if (from >= to) return;
-    if (!landed_) place.ready->wait(stream_), landed_ = true;
-    if (!waited_[p]) source.ready->wait(stream_), waited_[p] = true;
-    copy_piece(place.receive + at * item, place.device, source.alternate + from * item, source.device,
-               static_cast<std::size_t>(to - from) * item, stream_);
+    if (!landed_) place.ready->wait(stream_.get()), landed_ = true;
+    if (!waited_[p]) source.ready->wait(stream_.get()), waited_[p] = true;
+    copy_keys(place.receive + at * item, place.device, source.alternate + from * item, source.device,
+              static_cast<std::size_t>(to - from) * item, stream_.get());
     used_ = true;
   }
   // An event for the copies queued since the last call (null when none were).
   detail::Event* arrivals(std::deque<detail::Event>& events) {
     if (!used_) return nullptr;
     used_ = false;
-    detail::Event* event = &events.emplace_back(device_);
-    event->record(stream_);
+    detail::Event* event = &events.emplace_back(stream_.device());
+    event->record(stream_.get());
     return event;
   }
 
  private:
-  int device_;
-  int exceptions_;
-  cudaStream_t stream_ = nullptr;
+  detail::CopyStream stream_;
   bool landed_ = false;
   std::vector<bool> waited_;
   bool used_ = false;

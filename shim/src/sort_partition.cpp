@@ -37,7 +37,7 @@
 #include "csj/place_group.hpp"
 #include "cuda_check.hpp"
 #include "launch.hpp"
-#include "pinned_buffer.hpp"
+#include "sort_common.hpp"
 
 namespace csj::detail {
 namespace {
@@ -70,42 +70,6 @@ std::vector<double> sub_range_shares(std::size_t places) {
   if (fit == 1) return {1.0};
   return {};
 }
-
-void copy_keys(void* dst, int dst_device, const void* src, int src_device, std::size_t bytes, cudaStream_t stream) {
-  if (bytes == 0) return;
-  if (dst_device == src_device) {
-    check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream), "cudaMemcpyAsync (sort bucket)");
-  } else {
-    check(cudaMemcpyPeerAsync(dst, dst_device, src, src_device, bytes, stream), "cudaMemcpyPeerAsync (sort bucket)");
-  }
-}
-
-// A stream of a place's device for the copies into it; left by an exception, it waits for
-// its copies before the buffers they touch go.
-class Lane {
- public:
-  explicit Lane(int device) : device_(device), exceptions_(std::uncaught_exceptions()) {
-    DeviceGuard guard(device);
-    check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
-  }
-  ~Lane() {
-    int previous = 0;
-    cudaGetDevice(&previous);
-    cudaSetDevice(device_);
-    if (std::uncaught_exceptions() > exceptions_) cudaStreamSynchronize(stream_);
-    cudaStreamDestroy(stream_);
-    cudaSetDevice(previous);
-    cudaGetLastError();
-  }
-  Lane(const Lane&) = delete;
-  Lane& operator=(const Lane&) = delete;
-  cudaStream_t get() const { return stream_; }
-
- private:
-  int device_;
-  int exceptions_;
-  cudaStream_t stream_ = nullptr;
-};
 
 struct Place {
   int device = 0;
@@ -189,7 +153,6 @@ bool partition_sort(const ShardedArray& in, ShardedArray& out, const k::SortEngi
   }
 
   // 1. samples, splitters, sample counts per bucket
-  auto q_has_boundary = [&](std::size_t q) { return q + 1 < count; };
   std::vector<Place> places(count);
   for (std::size_t p = 0; p < count; ++p) {
     Place& place = places[p];
@@ -209,7 +172,7 @@ bool partition_sort(const ShardedArray& in, ShardedArray& out, const k::SortEngi
     place.receive_keys = place.n + spare;
     place.send_keys = place.n + spare;
     // a boundary bucket holds about 2 half_width samples' worth of keys: room for twice that
-    place.gather_keys = q_has_boundary(p) ? 4 * (half_width + 1) * ((n + samples - 1) / samples) + 65536 : 0;
+    place.gather_keys = p + 1 < count ? 4 * (half_width + 1) * ((n + samples - 1) / samples) + 65536 : 0;
     check(engine.sort_into(nullptr, place.sort_temp_bytes, nullptr, nullptr, std::max(place.n, place.gather_keys),
                            place.stream),
           "cub::DeviceRadixSort");
@@ -251,11 +214,11 @@ bool partition_sort(const ShardedArray& in, ShardedArray& out, const k::SortEngi
     sampling.firsts[p] = place.sample_offset;
   }
   sampling.firsts[count] = samples;
-  std::vector<std::unique_ptr<Lane>> lanes(count);  // made now: the host is busy later
+  std::vector<std::unique_ptr<CopyStream>> lanes(count);  // made now: the host is busy later
   for (std::size_t q = 0; q < count; ++q) {
     Place& place = places[q];
     DeviceGuard guard(place.device);
-    lanes[q] = std::make_unique<Lane>(place.device);
+    lanes[q] = std::make_unique<CopyStream>(place.device);
     for (std::size_t p = 0; p < count; ++p) {
       if (p != q) places[p].entered->wait(place.stream);
     }

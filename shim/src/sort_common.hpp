@@ -1,9 +1,11 @@
-// Internal: pinned host buffers for the sort's device-to-host reads, kept for reuse.
+// Internal: what both multi-place sorts (sort.cpp, sort_partition.cpp) use: pinned host
+// buffers for their device-to-host reads, key copies between places, copy streams.
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include <cstddef>
+#include <exception>
 #include <mutex>
 #include <vector>
 
@@ -64,6 +66,47 @@ class PinnedBuffer {
 
   std::size_t capacity_ = 0;
   detail::ContextStamp context_;
+};
+
+// Queues a copy of `bytes` between two places' memory: a device-to-device copy on one device,
+// a peer copy across two.
+inline void copy_keys(void* dst, int dst_device, const void* src, int src_device, std::size_t bytes,
+                      cudaStream_t stream) {
+  if (bytes == 0) return;
+  if (dst_device == src_device) {
+    check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream), "cudaMemcpyAsync (sort keys)");
+  } else {
+    check(cudaMemcpyPeerAsync(dst, dst_device, src, src_device, bytes, stream), "cudaMemcpyPeerAsync (sort keys)");
+  }
+}
+
+// A stream of its own on `device` for a sort's copies into a place. Left by an exception, it
+// waits for its copies before the buffers they touch go; otherwise copies still queued
+// complete after it is destroyed.
+class CopyStream {
+ public:
+  explicit CopyStream(int device) : device_(device), exceptions_(std::uncaught_exceptions()) {
+    DeviceGuard guard(device);
+    check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
+  }
+  ~CopyStream() {
+    int previous = 0;
+    cudaGetDevice(&previous);
+    cudaSetDevice(device_);
+    if (std::uncaught_exceptions() > exceptions_) cudaStreamSynchronize(stream_);
+    cudaStreamDestroy(stream_);
+    cudaSetDevice(previous);
+    cudaGetLastError();
+  }
+  CopyStream(const CopyStream&) = delete;
+  CopyStream& operator=(const CopyStream&) = delete;
+  cudaStream_t get() const { return stream_; }
+  int device() const { return device_; }
+
+ private:
+  int device_;
+  int exceptions_;
+  cudaStream_t stream_ = nullptr;
 };
 
 }  // namespace csj::detail
