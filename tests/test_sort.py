@@ -223,6 +223,23 @@ def test_sort_twice_is_stable_and_deterministic(places):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("descending", [False, True])
+def test_sort_repeated_on_the_same_buffers(places, descending):
+    # the same array sorted again and again with new keys: from the second sort on, the local
+    # sorts are replayed from CUDA graphs (same buffers, same size), which must sort what the
+    # buffers hold now
+    n = (1 << 16) + 3
+    array = sharded.ShardedArray.allocate(places, n, np.int64)
+    for round_ in range(5):
+        start, step = round_ * 12345, (-1) ** round_ * (round_ + 1) * 1000003
+        sharded.sequence(array, start=start, step=step)
+        host = start + np.arange(n, dtype=np.int64) * step
+        np.testing.assert_array_equal(array.to_numpy(), host)
+        sharded.sort(array, descending=descending)
+        check_sorted(array.to_numpy(), host, descending)
+
+
+@pytest.mark.gpu
 def test_concurrent_sorts_on_one_group():
     group = sharded.PlaceGroup.by_devices(groups_for_test()[3])
     hosts = [keys(dtype, "uniform", 50000 + 17 * index, seed=index)

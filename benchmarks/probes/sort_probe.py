@@ -100,13 +100,15 @@ for i in range(8):
 print(f"same, split over two streams per GPU: {np.median(tt[2:])*1e3:.3f} ms "
       f"({quarter*4/np.median(tt[2:])/1e9:.0f} GB/s each way)", flush=True)
 
-# timeline of one sort
+# timeline of one sort: the GPUs' kernels and copies, and the host's CUDA runtime calls
 refill()
-with profile(activities=[ProfilerActivity.CUDA]) as prof:
+with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
     t0 = time.perf_counter(); sharded.sort(a); g.sync(); t1 = time.perf_counter()
 print(f"profiled sort wall {1e3*(t1-t0):.3f} ms")
-evs = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+evs = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA or
+       (e.device_type == torch.autograd.DeviceType.CPU and e.name.startswith("cu"))]
 evs.sort(key=lambda e: e.time_range.start)
 start = evs[0].time_range.start if evs else 0
 for e in evs:
-    print(f"  dev {e.device_index}  +{(e.time_range.start-start)/1e3:8.3f} ms  {(e.time_range.end-e.time_range.start)/1e3:8.3f} ms  {e.name[:90]}")
+    where = f"dev {e.device_index}" if e.device_type == torch.autograd.DeviceType.CUDA else "host "
+    print(f"  {where}  +{(e.time_range.start-start)/1e3:8.3f} ms  {(e.time_range.end-e.time_range.start)/1e3:8.3f} ms  {e.name[:90]}")

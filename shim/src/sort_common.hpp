@@ -80,23 +80,46 @@ inline void copy_keys(void* dst, int dst_device, const void* src, int src_device
   }
 }
 
-// A stream of its own on `device` for a sort's copies into a place. Left by an exception, it
-// waits for its copies before the buffers they touch go; otherwise copies still queued
-// complete after it is destroyed.
+// A stream of its own on `device` for a sort's copies into a place. Streams are reused across
+// calls from a process-wide free list, like PinnedBuffer's (making and destroying them cost
+// ~0.01 ms of a two-place sort of 2^28 keys). Left by an exception, it waits for its copies
+// before the buffers they touch go; otherwise copies still queued complete after it is
+// handed back (a later sort's copies on the same stream queue behind them). A stream whose
+// context a device reset destroyed is forgotten.
 class CopyStream {
  public:
   explicit CopyStream(int device) : device_(device), exceptions_(std::uncaught_exceptions()) {
     DeviceGuard guard(device);
+    context_ = ContextStamp::current();
+    {
+      std::lock_guard<std::mutex> lock(mutex());
+      auto& free_list = spare();
+      for (auto it = free_list.begin(); it != free_list.end();) {
+        if (!it->context.alive()) {
+          it = free_list.erase(it);
+          continue;
+        }
+        if (it->device == device && it->context.id == context_.id) {
+          stream_ = it->stream;
+          free_list.erase(it);
+          return;
+        }
+        ++it;
+      }
+    }
     check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
   }
   ~CopyStream() {
-    int previous = 0;
-    cudaGetDevice(&previous);
-    cudaSetDevice(device_);
-    if (std::uncaught_exceptions() > exceptions_) cudaStreamSynchronize(stream_);
-    cudaStreamDestroy(stream_);
-    cudaSetDevice(previous);
-    cudaGetLastError();
+    if (std::uncaught_exceptions() > exceptions_) {
+      int previous = 0;
+      cudaGetDevice(&previous);
+      cudaSetDevice(device_);
+      cudaStreamSynchronize(stream_);
+      cudaSetDevice(previous);
+      cudaGetLastError();
+    }
+    std::lock_guard<std::mutex> lock(mutex());
+    spare().push_back({stream_, device_, context_});
   }
   CopyStream(const CopyStream&) = delete;
   CopyStream& operator=(const CopyStream&) = delete;
@@ -104,8 +127,23 @@ class CopyStream {
   int device() const { return device_; }
 
  private:
+  struct Spare {
+    cudaStream_t stream;
+    int device;
+    ContextStamp context;
+  };
+  static std::mutex& mutex() {
+    static std::mutex m;
+    return m;
+  }
+  static std::vector<Spare>& spare() {
+    static std::vector<Spare> streams;
+    return streams;
+  }
+
   int device_;
   int exceptions_;
+  ContextStamp context_;
   cudaStream_t stream_ = nullptr;
 };
 
