@@ -330,34 +330,40 @@ class SortGraphs {
                     long long n, cudaStream_t stream) {
     const detail::ContextStamp context = detail::ContextStamp::current();
     const Key key{context.id, &engine, in, out, temp, temp_bytes, n};
-    cudaGraphExec_t exec = nullptr;
     bool seen = false;
     {
+      // launched under the lock: another thread's remember() may destroy a graph it evicts
       std::lock_guard<std::mutex> lock(mutex());
       auto& list = entries();
       for (auto it = list.begin(); it != list.end(); ++it) {
         if (!(it->key == key)) continue;
         seen = true;
-        exec = it->exec;
-        list.splice(list.begin(), list, it);  // most recent first
+        if (it->exec) {
+          if (cudaGraphLaunch(it->exec, stream) == cudaSuccess) {
+            list.splice(list.begin(), list, it);  // most recent first
+            return;
+          }
+          cudaGetLastError();  // a graph that no longer launches goes; the sort is queued as usual
+          cudaGraphExecDestroy(it->exec);
+          list.erase(it);
+          seen = false;
+        }
         break;
       }
       if (!seen) remember(key, context, nullptr);
     }
-    if (exec) {
-      check(cudaGraphLaunch(exec, stream), "cudaGraphLaunch (radix sort)");
-      return;
+    cudaGraphExec_t exec = seen ? capture(engine, temp, temp_bytes, in, out, n) : nullptr;
+    if (exec && cudaGraphLaunch(exec, stream) != cudaSuccess) {
+      cudaGetLastError();
+      cudaGraphExecDestroy(exec);
+      exec = nullptr;
     }
-    if (!seen || !(exec = capture(engine, temp, temp_bytes, in, out, n))) {
+    if (!exec) {
       check(engine.sort_into(temp, temp_bytes, in, out, n, stream), "cub::DeviceRadixSort");
       return;
     }
-    const cudaError_t launched = cudaGraphLaunch(exec, stream);
-    {
-      std::lock_guard<std::mutex> lock(mutex());
-      remember(key, context, exec);
-    }
-    check(launched, "cudaGraphLaunch (radix sort)");
+    std::lock_guard<std::mutex> lock(mutex());
+    remember(key, context, exec);
   }
 
  private:
