@@ -7,43 +7,70 @@
 #include <cstddef>
 #include <exception>
 #include <mutex>
+#include <optional>
 #include <vector>
 
 #include "cuda_check.hpp"
 
 namespace csj::detail {
 
-// Pinned host memory for the sort's small device-to-host reads (splitter counts, bucket
-// sizes), reused across calls (cudaMallocHost costs far more than a sort's round trips): buffers go back to a process-wide free list, behind a
-// lock, and are kept until exit. Pinned memory belongs to the context it was made in: a
-// buffer whose context a device reset destroyed is forgotten, never handed out again.
+// A process-wide free list of things made in a CUDA context (pinned buffers, copy streams),
+// behind a lock and kept until exit. take() hands out the first spare that `fits`, dropping
+// (never destroying) those whose context a device reset destroyed; give() puts one back.
+// `Spare` has a ContextStamp member `context`; each Spare type has a list of its own.
+template <class Spare>
+class SpareList {
+ public:
+  template <class Fits>
+  static std::optional<Spare> take(Fits fits) {
+    std::lock_guard<std::mutex> lock(mutex());
+    auto& list = spares();
+    for (auto it = list.begin(); it != list.end();) {
+      if (!it->context.alive()) {
+        it = list.erase(it);
+        continue;
+      }
+      if (fits(*it)) {
+        Spare spare = *it;
+        list.erase(it);
+        return spare;
+      }
+      ++it;
+    }
+    return std::nullopt;
+  }
+  static void give(const Spare& spare) {
+    std::lock_guard<std::mutex> lock(mutex());
+    spares().push_back(spare);
+  }
+
+ private:
+  static std::mutex& mutex() {
+    static std::mutex m;
+    return m;
+  }
+  static std::vector<Spare>& spares() {
+    static std::vector<Spare> list;
+    return list;
+  }
+};
+
+// Pinned host memory for the sort's small host reads (splitter counts, bucket sizes), reused
+// across calls (cudaMallocHost costs far more than a sort's round trips) through a SpareList.
+// Pinned memory belongs to the context it was made in: a buffer whose context a device reset
+// destroyed is forgotten, never handed out again.
 class PinnedBuffer {
  public:
   explicit PinnedBuffer(std::size_t bytes) {
-    {
-      std::lock_guard<std::mutex> lock(mutex());
-      auto& free_list = spare();
-      for (auto it = free_list.begin(); it != free_list.end();) {
-        if (!it->context.alive()) {
-          it = free_list.erase(it);
-          continue;
-        }
-        if (it->capacity >= bytes) {
-          data = it->data, capacity_ = it->capacity, context_ = it->context;
-          free_list.erase(it);
-          return;
-        }
-        ++it;
-      }
+    if (auto spare = Spares::take([bytes](const Spare& s) { return s.capacity >= bytes; })) {
+      data = spare->data, capacity_ = spare->capacity, context_ = spare->context;
+      return;
     }
     context_ = detail::ContextStamp::current();
     check(cudaMallocHost(reinterpret_cast<void**>(&data), bytes), "cudaMallocHost (sort counts)");
     capacity_ = bytes;
   }
-  ~PinnedBuffer() {
-    std::lock_guard<std::mutex> lock(mutex());
-    spare().push_back({data, capacity_, context_});
-  }
+  ~PinnedBuffer() { Spares::give({data, capacity_, context_}); }
   PinnedBuffer(const PinnedBuffer&) = delete;
   PinnedBuffer& operator=(const PinnedBuffer&) = delete;
 
@@ -55,14 +82,7 @@ class PinnedBuffer {
     std::size_t capacity;
     detail::ContextStamp context;
   };
-  static std::mutex& mutex() {
-    static std::mutex m;
-    return m;
-  }
-  static std::vector<Spare>& spare() {
-    static std::vector<Spare> buffers;
-    return buffers;
-  }
+  using Spares = SpareList<Spare>;
 
   std::size_t capacity_ = 0;
   detail::ContextStamp context_;
@@ -81,7 +101,7 @@ inline void copy_keys(void* dst, int dst_device, const void* src, int src_device
 }
 
 // A stream of its own on `device` for a sort's copies into a place. Streams are reused across
-// calls from a process-wide free list, like PinnedBuffer's (making and destroying them cost
+// calls through a SpareList, like PinnedBuffer's (making and destroying them cost
 // ~0.01 ms of a two-place sort of 2^28 keys). Left by an exception, it waits for its copies
 // before the buffers they touch go; otherwise copies still queued complete after it is
 // handed back (a later sort's copies on the same stream queue behind them). A stream whose
@@ -91,21 +111,11 @@ class CopyStream {
   explicit CopyStream(int device) : device_(device), exceptions_(std::uncaught_exceptions()) {
     DeviceGuard guard(device);
     context_ = ContextStamp::current();
-    {
-      std::lock_guard<std::mutex> lock(mutex());
-      auto& free_list = spare();
-      for (auto it = free_list.begin(); it != free_list.end();) {
-        if (!it->context.alive()) {
-          it = free_list.erase(it);
-          continue;
-        }
-        if (it->device == device && it->context.id == context_.id) {
-          stream_ = it->stream;
-          free_list.erase(it);
-          return;
-        }
-        ++it;
-      }
+    const unsigned long long context = context_.id;
+    if (auto spare = Spares::take(
+            [device, context](const Spare& s) { return s.device == device && s.context.id == context; })) {
+      stream_ = spare->stream;
+      return;
     }
     check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
   }
@@ -118,8 +128,7 @@ class CopyStream {
       cudaSetDevice(previous);
       cudaGetLastError();
     }
-    std::lock_guard<std::mutex> lock(mutex());
-    spare().push_back({stream_, device_, context_});
+    Spares::give({stream_, device_, context_});
   }
   CopyStream(const CopyStream&) = delete;
   CopyStream& operator=(const CopyStream&) = delete;
@@ -132,14 +141,7 @@ class CopyStream {
     int device;
     ContextStamp context;
   };
-  static std::mutex& mutex() {
-    static std::mutex m;
-    return m;
-  }
-  static std::vector<Spare>& spare() {
-    static std::vector<Spare> streams;
-    return streams;
-  }
+  using Spares = SpareList<Spare>;
 
   int device_;
   int exceptions_;
