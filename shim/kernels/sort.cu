@@ -212,16 +212,26 @@ __global__ void __launch_bounds__(kPartitionBlock) partition_kernel(const __grid
   }
 }
 
+// CUB's radix sort takes its offset type from the type of the key count: 32-bit offsets give
+// its onesweep pass 20 keys per thread against 19 with 64-bit ones, and the sort is about 2%
+// faster (H200, 2^27 int32 keys: 2.683 against 2.740 ms). Shards that fit take them.
+template <class Sort>
+cudaError_t with_count(long long n, Sort&& sort) {
+  if (n <= cuda::std::numeric_limits<int>::max()) return sort(static_cast<int>(n));
+  return sort(n);
+}
+
 template <class T, bool Descending>
 cudaError_t radix_sort(void* temp, std::size_t& temp_bytes, void* current, void* alternate, long long n,
                        bool* current_is_alternate, cudaStream_t stream) {
   cub::DoubleBuffer<T> keys(static_cast<T*>(current), static_cast<T*>(alternate));
-  cudaError_t status;
-  if constexpr (Descending) {
-    status = cub::DeviceRadixSort::SortKeysDescending(temp, temp_bytes, keys, n, 0, int(sizeof(T) * 8), stream);
-  } else {
-    status = cub::DeviceRadixSort::SortKeys(temp, temp_bytes, keys, n, 0, int(sizeof(T) * 8), stream);
-  }
+  const cudaError_t status = with_count(n, [&](auto count) {
+    if constexpr (Descending) {
+      return cub::DeviceRadixSort::SortKeysDescending(temp, temp_bytes, keys, count, 0, int(sizeof(T) * 8), stream);
+    } else {
+      return cub::DeviceRadixSort::SortKeys(temp, temp_bytes, keys, count, 0, int(sizeof(T) * 8), stream);
+    }
+  });
   if (current_is_alternate) *current_is_alternate = keys.selector != 0;
   return status;
 }
@@ -231,12 +241,15 @@ cudaError_t radix_sort_into(void* temp, std::size_t& temp_bytes, const void* in,
                             cudaStream_t stream) {
   const T* keys_in = static_cast<const T*>(in);
   T* keys_out = static_cast<T*>(out);
-  if constexpr (Descending) {
-    return cub::DeviceRadixSort::SortKeysDescending(temp, temp_bytes, keys_in, keys_out, n, 0, int(sizeof(T) * 8),
-                                                    stream);
-  } else {
-    return cub::DeviceRadixSort::SortKeys(temp, temp_bytes, keys_in, keys_out, n, 0, int(sizeof(T) * 8), stream);
-  }
+  return with_count(n, [&](auto count) {
+    if constexpr (Descending) {
+      return cub::DeviceRadixSort::SortKeysDescending(temp, temp_bytes, keys_in, keys_out, count, 0,
+                                                      int(sizeof(T) * 8), stream);
+    } else {
+      return cub::DeviceRadixSort::SortKeys(temp, temp_bytes, keys_in, keys_out, count, 0, int(sizeof(T) * 8),
+                                            stream);
+    }
+  });
 }
 
 template <class T, bool Descending>
