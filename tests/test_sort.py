@@ -147,6 +147,53 @@ def test_sort_large_across_digit_rounds(places):
     check_sorted(array.to_numpy(), host)
 
 
+# From 2^22 keys per shard over several devices, samples taken during the local sorts bound
+# the cuts, and the first chunk's keys travel as soon as the sorts end; bounds that miss (keys
+# the samples misjudge; CSJ_SORT_SAMPLE_SIGMAS=0 makes them miss almost always) send the
+# place's pieces again, one after another. With one GPU the places share it: nothing travels.
+SAMPLED_N = 1 << 22
+
+
+def skewed(dtype, n: int, seed: int) -> np.ndarray:
+    """Nine keys in ten crowded in a narrow range, the rest spread: the bounds of most cuts
+    fall inside the crowd."""
+    rng = np.random.default_rng(seed)
+    spread = keys(dtype, "uniform", n, seed)
+    crowd = np.asarray(rng.integers(1000, 1064, n), dtype=dtype)
+    return np.where(rng.random(n) < 0.9, crowd, spread)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype, distribution, sigmas", [
+    (np.int32, "uniform", None), (np.int32, "sorted", None), (np.int32, "reverse", None), (np.int32, "few", None),
+    (np.int32, "skewed", None), (np.float64, "uniform", None), (np.float64, "skewed", None),
+    (np.int32, "uniform", "0"), (np.int32, "few", "0"), (np.float64, "uniform", "0")])
+def test_sort_sampled_bounds(places, monkeypatch, dtype, distribution, sigmas):
+    if sigmas is not None:
+        monkeypatch.setenv("CSJ_SORT_SAMPLE_SIGMAS", sigmas)
+    n = len(places) * SAMPLED_N + 4099
+    seed = len(places)
+    host = skewed(dtype, n, seed) if distribution == "skewed" else keys(dtype, distribution, n, seed)
+    array = sharded.ShardedArray.from_numpy(places, host)
+    sharded.sort(array)
+    check_sorted(array.to_numpy(), host)
+    sharded.sort(array, descending=True)  # sorted keys, the other way
+    check_sorted(array.to_numpy(), host, descending=True)
+
+
+@pytest.mark.gpu
+def test_sort_sampled_bounds_uneven_shards():
+    group = sharded.PlaceGroup.by_devices(groups_for_test()[3])
+    sizes = [SAMPLED_N, 3 * SAMPLED_N + 17, SAMPLED_N + 5]
+    host = keys(np.int64, "uniform", sum(sizes), seed=5)
+    array = sharded.ShardedArray.from_numpy(group, host, sizes)
+    out = sharded.ShardedArray.allocate(group, sizes, np.int64)
+    sharded.sort(array, out=out)
+    assert out.shard_sizes == tuple(sizes)
+    check_sorted(out.to_numpy(), host)
+    np.testing.assert_array_equal(array.to_numpy(), host)
+
+
 # The experimental partition-first path (CSJ_SORT_PARTITION=1): from 2^22 keys over several
 # places, with no shard far below a quarter of an even share, the sort partitions first
 # (sampled splitters, one pass into buckets, a radix sort per bucket); keys crowded on a few
