@@ -147,11 +147,17 @@ def test_sort_large_across_digit_rounds(places):
     check_sorted(array.to_numpy(), host)
 
 
-# From 2^22 keys per shard over several devices, samples taken during the local sorts bound
-# the cuts, and the first chunk's keys travel as soon as the sorts end; bounds that miss (keys
-# the samples misjudge; CSJ_SORT_SAMPLE_SIGMAS=0 makes them miss almost always) send the
-# place's pieces again, one after another. With one GPU the places share it: nothing travels.
-SAMPLED_N = 1 << 22
+# From 2^25 keys per shard over several devices (here from 2^20: CSJ_SORT_SAMPLE_MIN_KEYS),
+# samples taken during the local sorts bound the cuts, and the first chunk's keys travel as
+# soon as the sorts end; bounds that miss (keys the samples misjudge;
+# CSJ_SORT_SAMPLE_SIGMAS=0 makes them miss almost always) send the place's pieces again, one
+# after another. With one GPU the places share it: nothing travels.
+SAMPLED_N = 1 << 20
+
+
+@pytest.fixture
+def sampled_from_2_20(monkeypatch):
+    monkeypatch.setenv("CSJ_SORT_SAMPLE_MIN_KEYS", str(SAMPLED_N))
 
 
 def skewed(dtype, n: int, seed: int) -> np.ndarray:
@@ -168,7 +174,7 @@ def skewed(dtype, n: int, seed: int) -> np.ndarray:
     (np.int32, "uniform", None), (np.int32, "sorted", None), (np.int32, "reverse", None), (np.int32, "few", None),
     (np.int32, "skewed", None), (np.float64, "uniform", None), (np.float64, "skewed", None),
     (np.int32, "uniform", "0"), (np.int32, "few", "0"), (np.float64, "uniform", "0")])
-def test_sort_sampled_bounds(places, monkeypatch, dtype, distribution, sigmas):
+def test_sort_sampled_bounds(places, monkeypatch, sampled_from_2_20, dtype, distribution, sigmas):
     if sigmas is not None:
         monkeypatch.setenv("CSJ_SORT_SAMPLE_SIGMAS", sigmas)
     n = len(places) * SAMPLED_N + 4099
@@ -182,7 +188,7 @@ def test_sort_sampled_bounds(places, monkeypatch, dtype, distribution, sigmas):
 
 
 @pytest.mark.gpu
-def test_sort_sampled_bounds_uneven_shards():
+def test_sort_sampled_bounds_uneven_shards(sampled_from_2_20):
     group = sharded.PlaceGroup.by_devices(groups_for_test()[3])
     sizes = [SAMPLED_N, 3 * SAMPLED_N + 17, SAMPLED_N + 5]
     host = keys(np.int64, "uniform", sum(sizes), seed=5)

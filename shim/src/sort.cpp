@@ -18,7 +18,7 @@
 //      merged where they lie. Bounds of every cut are known before the search ends, so the
 //      keys of the first chunk's pieces that lie between those bounds travel while it runs
 //      (into windows of the receive buffer that hold every possible cut): for shards of
-//      2^22 keys and more, bounds from samples of the keys taken during the local sorts
+//      2^25 keys and more, bounds from samples of the keys taken during the local sorts
 //      (SampledCuts), queued to go the moment the sorts end; else those of its first round;
 //   4. a run buffer goes only once every place that reads it has finished.
 #include "csj/sort.hpp"
@@ -262,20 +262,35 @@ class SampledCuts {
   static constexpr long long kSamples = 1LL << 16;  // per place
   static constexpr int kBucketBits = 16;
   // The bounds' margin in standard deviations; CSJ_SORT_SAMPLE_SIGMAS sets another (tests
-  // narrow it to 0 so that the bounds miss and the places fall back).
+  // narrow it to 0 so that the bounds miss and the places fall back), or "off" (no samples:
+  // the bounds of the search's first round, as for smaller shards).
   static double sigmas() {
     const char* text = std::getenv("CSJ_SORT_SAMPLE_SIGMAS");
     if (!text || !*text) return 6.0;
+    if (std::string(text) == "off") return -1.0;
     char* end = nullptr;
     const double value = std::strtod(text, &end);
     return end && *end == '\0' && value >= 0.0 ? value : 6.0;
   }
-  // Sorts with a smaller non-empty shard are over before the host could use the samples.
-  static constexpr long long kMinKeys = 1LL << 22;
+  // Below this many keys in a non-empty shard, sampling costs more than it saves (the
+  // samples' kernel and the host's count are not hidden by short local sorts): 2x H200, int32
+  // keys over two places, sampled against the first round's bounds (same runs): 2^23 keys
+  // 0.546 against 0.423 ms, 2^24 0.807 against 0.633, 2^25 0.726 against 0.742, 2^26 1.109
+  // against 1.123, 2^28 3.560 against 3.601. CSJ_SORT_SAMPLE_MIN_KEYS sets another (tests
+  // lower it).
+  static long long min_keys() {
+    const char* text = std::getenv("CSJ_SORT_SAMPLE_MIN_KEYS");
+    if (!text || !*text) return 1LL << 25;
+    char* end = nullptr;
+    const long long value = std::strtoll(text, &end, 10);
+    return end && *end == '\0' && value >= 0 ? value : 1LL << 25;
+  }
 
   static bool wanted(const std::vector<Place>& places) {
+    if (sigmas() < 0.0) return false;
+    const long long least = min_keys();
     for (const Place& place : places) {
-      if (place.n > 0 && place.n < kMinKeys) return false;
+      if (place.n > 0 && place.n < least) return false;
     }
     return true;
   }
@@ -321,23 +336,25 @@ class SampledCuts {
     const std::size_t count = places_.size();
     constexpr std::size_t kBuckets = std::size_t(1) << kBucketBits;
     const int shift = std::max(0, key_bits_ - kBucketBits);  // narrower keys: a bucket per key
-    // below[p][b]: place p's samples in buckets before b (b = kBuckets: all of them)
-    std::vector<std::vector<std::uint32_t>> below(count, std::vector<std::uint32_t>(kBuckets + 1, 0));
+    // below[p * (kBuckets + 1) + b]: place p's samples in buckets before b (b = kBuckets: all
+    // of them). Kept per thread: a fresh half megabyte per call costs more in page faults
+    // than the counting.
+    thread_local std::vector<std::uint32_t> below;
+    below.assign(count * (kBuckets + 1), 0);
+    auto below_of = [&](std::size_t p, std::size_t b) { return below[p * (kBuckets + 1) + b]; };
     std::vector<double> weight(count, 0.0), margin(count, 0.0);
     double margins = 0.0;
     for (std::size_t p = 0; p < count; ++p) {
       const long long samples = samples_of(places_[p]);
       if (samples == 0) continue;
-      std::vector<std::uint32_t>& counts = below[p];
+      std::uint32_t* counts = below.data() + p * (kBuckets + 1);
       const unsigned char* keys = host_->data + offsets_[p];
-      for (long long j = 0; j < samples; ++j) {
-        unsigned long long key = 0;
-        if (key_bytes_ == 4) {
-          key = reinterpret_cast<const std::uint32_t*>(keys)[j];
-        } else {
-          key = reinterpret_cast<const unsigned long long*>(keys)[j];
-        }
-        ++counts[static_cast<std::size_t>(key >> shift) + 1];
+      if (key_bytes_ == 4) {
+        const auto* ordered = reinterpret_cast<const std::uint32_t*>(keys);
+        for (long long j = 0; j < samples; ++j) ++counts[(ordered[j] >> shift) + 1];
+      } else {
+        const auto* ordered = reinterpret_cast<const unsigned long long*>(keys);
+        for (long long j = 0; j < samples; ++j) ++counts[static_cast<std::size_t>(ordered[j] >> shift) + 1];
       }
       for (std::size_t b = 1; b <= kBuckets; ++b) counts[b] += counts[b - 1];
       weight[p] = static_cast<double>(places_[p].n) / static_cast<double>(samples);
@@ -347,21 +364,31 @@ class SampledCuts {
     // the estimated count of all places' keys below bucket b: nondecreasing in b
     auto estimate = [&](std::size_t b) {
       double sum = 0.0;
-      for (std::size_t p = 0; p < count; ++p) sum += weight[p] * below[p][b];
+      for (std::size_t p = 0; p < count; ++p) sum += weight[p] * below_of(p, b);
       return sum;
     };
-    std::vector<double> all(kBuckets + 1);
-    for (std::size_t b = 0; b <= kBuckets; ++b) all[b] = estimate(b);
+    // the first bucket start in [1, kBuckets) whose estimate passes `keys` (strictly, or not)
+    auto first_past = [&](double keys, bool strictly) {
+      std::size_t low = 1, high = kBuckets;
+      while (low < high) {
+        const std::size_t middle = low + (high - low) / 2;
+        const double at = estimate(middle);
+        if (strictly ? at > keys : at >= keys) {
+          high = middle;
+        } else {
+          low = middle + 1;
+        }
+      }
+      return low;
+    };
     lower.assign(ranks.size(), std::vector<long long>(count, 0));
     upper.assign(ranks.size(), std::vector<long long>(count, 0));
     for (std::size_t i = 0; i < ranks.size(); ++i) {
       const auto rank = static_cast<double>(ranks[i]);
       // the last bucket start surely at or below the rank (bucket 0's start has no key below
       // it), and the first surely at or above it (past the last bucket, every key is below)
-      const auto low = static_cast<std::size_t>(std::upper_bound(all.begin() + 1, all.end() - 1, rank - margins) -
-                                                all.begin() - 1);
-      const auto high = static_cast<std::size_t>(
-          std::lower_bound(all.begin() + 1, all.end() - 1, rank + margins) - all.begin());
+      const std::size_t low = first_past(rank - margins, true) - 1;
+      const std::size_t high = first_past(rank + margins, false);
       for (std::size_t p = 0; p < count; ++p) {
         const long long n = places_[p].n;
         if (ranks[i] == 0 || n == 0) continue;
@@ -369,8 +396,8 @@ class SampledCuts {
           lower[i][p] = upper[i][p] = n;
           continue;
         }
-        lower[i][p] = low == 0 ? 0 : clamp(std::floor(weight[p] * below[p][low] - margin[p]), n);
-        upper[i][p] = high == kBuckets ? n : clamp(std::ceil(weight[p] * below[p][high] + margin[p]), n);
+        lower[i][p] = low == 0 ? 0 : clamp(std::floor(weight[p] * below_of(p, low) - margin[p]), n);
+        upper[i][p] = high == kBuckets ? n : clamp(std::ceil(weight[p] * below_of(p, high) + margin[p]), n);
       }
     }
   }
