@@ -148,6 +148,10 @@ NB_MODULE(_shim, m) {
       },
       "a"_a, "num_bins"_a, "edges"_a);
   m.def("sort", &csj::sort, "a"_a, "out"_a, "descending"_a, nb::call_guard<nb::gil_scoped_release>());
+  m.def("_sort_path_counts", [] {
+    const csj::SortPathCounts counts = csj::sort_path_counts();
+    return nb::make_tuple(counts.sampled, counts.missed, counts.first_round);
+  });
   m.def("adjacent_difference", &csj::adjacent_difference, "difference"_a, "first"_a, "a"_a,
         "out"_a, nb::call_guard<nb::gil_scoped_release>());
 

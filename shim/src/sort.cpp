@@ -26,6 +26,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdlib>
 #include <cstdint>
@@ -247,6 +248,9 @@ void check_cuts(const std::vector<std::vector<long long>>& cuts, const std::vect
   }
 }
 
+// sort_path_counts()
+std::atomic<unsigned long long> sampled_sorts{0}, missed_sorts{0}, first_round_sorts{0};
+
 // Likely bounds of every cut, from a sample of each place's keys taken while the local sorts
 // run, so that the first chunk's keys are queued to travel the moment the sorts end (the
 // search's first round reads the sorted runs, and its round trip through the host held them
@@ -286,8 +290,10 @@ class SampledCuts {
     return end && *end == '\0' && value >= 0 ? value : 1LL << 25;
   }
 
-  static bool wanted(const std::vector<Place>& places) {
-    if (sigmas() < 0.0) return false;
+  // Whether to sample, with `sigmas` from sigmas() (read once per sort: the environment may
+  // change meanwhile).
+  static bool wanted(const std::vector<Place>& places, double sigmas) {
+    if (sigmas < 0.0) return false;
     const long long least = min_keys();
     for (const Place& place : places) {
       if (place.n > 0 && place.n < least) return false;
@@ -297,8 +303,8 @@ class SampledCuts {
 
   // Queues the sampling of every non-empty place's keys (`input`, once `unsorted`) on a side
   // stream of its device, into pinned host memory.
-  SampledCuts(const k::SortEngine& engine, const std::vector<Place>& places)
-      : places_(places), key_bits_(engine.key_bits), key_bytes_(engine.key_bits == 32 ? 4 : 8), sigmas_(sigmas()) {
+  SampledCuts(const k::SortEngine& engine, const std::vector<Place>& places, double sigmas)
+      : places_(places), key_bits_(engine.key_bits), key_bytes_(engine.key_bits == 32 ? 4 : 8), sigmas_(sigmas) {
     std::size_t total = 0;
     for (const Place& place : places) {
       offsets_.push_back(total);
@@ -725,7 +731,8 @@ void sort(const ShardedArray& in, ShardedArray& out, bool descending) {
   //    the places start together
   std::vector<Place> places(count);
   for (std::size_t p = 0; p < count; ++p) places[p].n = in.shard_size(p);
-  const bool sample = several && needs_receive && SampledCuts::wanted(places);
+  const double sigmas = SampledCuts::sigmas();
+  const bool sample = several && needs_receive && SampledCuts::wanted(places, sigmas);
   for (std::size_t p = 0; p < count; ++p) {
     Place& place = places[p];
     place.device = group.device(p);
@@ -810,7 +817,7 @@ void sort(const ShardedArray& in, ShardedArray& out, bool descending) {
   // place's scratch goes
   const detail::SyncOnUnwind settle(group);
   std::optional<SampledCuts> sampled;
-  if (sample) sampled.emplace(*engine, places);
+  if (sample) sampled.emplace(*engine, places, sigmas);
   exchange_and_merge(*engine, places, out, item, ranks, first_chunk, sampled ? &*sampled : nullptr);
 }
 
@@ -868,6 +875,9 @@ void exchange_and_merge(const k::SortEngine& engine, std::vector<Place>& places,
     }
     return all;
   };
+  // early[q][p]: place q's early copies read place p's run (step 4 must wait for them even
+  // where q's exact cuts take nothing from p)
+  std::vector<std::vector<bool>> early(count, std::vector<bool>(count, false));
   auto send_first_chunks = [&] {
     for (std::size_t q = 0; q < count; ++q) {
       if (landing[q].empty()) continue;
@@ -877,6 +887,7 @@ void exchange_and_merge(const k::SortEngine& engine, std::vector<Place>& places,
         if (!remote(q, p)) continue;
         const long long from = sent_high[first][p], to = sent_low[first + 1][p];
         transfers[q]->copy(places[q], places[p], p, from, to, landing[q][p] + from, item);
+        if (from < to) early[q][p] = true;
       }
     }
   };
@@ -892,12 +903,15 @@ void exchange_and_merge(const k::SortEngine& engine, std::vector<Place>& places,
   // 2. splitters (the host waits for the local sorts here)
   Splitters splitters(engine, places, group, ranks, out.size());
   if (!splitters.settled()) splitters.round();
-  if (!guessed) {
+  if (guessed) {
+    ++sampled_sorts;
+  } else {
     sent_low = splitters.lowers(), sent_high = splitters.uppers();
     for (auto& windows : landing) windows.clear();
     if (!splitters.settled()) {
       plan_windows();
       send_first_chunks();
+      ++first_round_sorts;
     }
   }
   while (!splitters.settled()) splitters.round();
@@ -905,7 +919,9 @@ void exchange_and_merge(const k::SortEngine& engine, std::vector<Place>& places,
   check_cuts(cuts, places, ranks);
   // Bounds from the first round hold surely: cuts outside them mean that the keys changed.
   // Those from the samples hold almost surely: a place whose cuts fall outside them receives
-  // its pieces one after another, after (and over) what its early copies wrote.
+  // its pieces one after another, after (and over) what its early copies wrote. (Keys that
+  // other work changes meanwhile are then caught by check_cuts alone.)
+  bool missed = false;
   for (std::size_t q = 0; q < count; ++q) {
     if (landing[q].empty()) continue;
     bool inside = true;
@@ -920,7 +936,9 @@ void exchange_and_merge(const k::SortEngine& engine, std::vector<Place>& places,
                                "while it was being sorted?");
     }
     landing[q].clear();
+    missed = true;
   }
+  if (missed) ++missed_sorts;
 
   // 3b. chunk by chunk, each place receives the rest of its pieces from other devices (after
   //     the first chunk's bulk, on the same stream) and merges them with the pieces on its own
@@ -994,11 +1012,20 @@ void exchange_and_merge(const k::SortEngine& engine, std::vector<Place>& places,
     DeviceGuard guard(place.device);
     for (std::size_t reader = 0; reader < count; ++reader) {
       if (reader == p || places[reader].n == 0) continue;
-      if (cuts[first_chunk[reader]][p] == cuts[end_of(reader)][p]) continue;
+      if (cuts[first_chunk[reader]][p] == cuts[end_of(reader)][p] && !early[reader][p]) continue;
       places[reader].merged->wait(place.stream);
     }
   }
 }
 
 }  // namespace
+
+SortPathCounts sort_path_counts() {
+  SortPathCounts counts;
+  counts.sampled = sampled_sorts.load();
+  counts.missed = missed_sorts.load();
+  counts.first_round = first_round_sorts.load();
+  return counts;
+}
+
 }  // namespace csj

@@ -13,4 +13,13 @@ namespace csj {
 // Returns after the splitters are known; the rest is queued on the places' streams.
 void sort(const ShardedArray& in, ShardedArray& out, bool descending);
 
+// How the multi-place sorts of this process bounded their cuts before the splitter search
+// ended (for tests and probes): from samples of the keys (`sampled`; `missed` counts those
+// where some place's exact cuts fell outside the sampled bounds, so that it received its
+// pieces again), or from the search's first round (`first_round`).
+struct SortPathCounts {
+  unsigned long long sampled = 0, missed = 0, first_round = 0;
+};
+SortPathCounts sort_path_counts();
+
 }  // namespace csj
