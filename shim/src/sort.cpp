@@ -418,12 +418,7 @@ class SampledCuts {
     for (std::size_t p = 0; p < sides_.size(); ++p) {
       if (!sides_[p]) continue;
       if (quiet) {
-        int previous = 0;
-        cudaGetDevice(&previous);
-        cudaSetDevice(sides_[p]->device());
-        cudaStreamSynchronize(sides_[p]->get());
-        cudaSetDevice(previous);
-        cudaGetLastError();
+        detail::synchronize_quietly(sides_[p]->device(), sides_[p]->get());
       } else {
         DeviceGuard guard(sides_[p]->device());
         check(cudaStreamSynchronize(sides_[p]->get()), "cudaStreamSynchronize (sort samples)");
@@ -737,7 +732,6 @@ void sort(const ShardedArray& in, ShardedArray& out, bool descending) {
     Place& place = places[p];
     place.device = group.device(p);
     place.stream = reinterpret_cast<cudaStream_t>(group.stream(p));
-    place.n = in.shard_size(p);
     if (place.n == 0) continue;
     place.shard = reinterpret_cast<unsigned char*>(out.shard_pointer(p));
     DeviceGuard guard(place.device);
@@ -749,7 +743,7 @@ void sort(const ShardedArray& in, ShardedArray& out, bool descending) {
                           nullptr, place.stream),
             "cub::DeviceMerge");
       // the receive buffer holds the shard's keys and room for the uncertain ends of the
-      // windows the first splitter round leaves (see exchange_and_merge)
+      // windows that bounds of the cuts leave (see exchange_and_merge)
       place.receive_keys = needs_receive ? place.n + place.n / 64 : 0;
       const std::size_t receive = aligned(static_cast<std::size_t>(place.receive_keys) * item);
       place.temp_bytes = std::max(sort_temp, aligned(place.merge_temp_bytes) + receive + (deep_merges ? keys : 0));

@@ -100,6 +100,16 @@ inline void copy_keys(void* dst, int dst_device, const void* src, int src_device
   }
 }
 
+// Waits for `stream` of `device`, ignoring errors (for destructors and unwinding).
+inline void synchronize_quietly(int device, cudaStream_t stream) noexcept {
+  int previous = 0;
+  cudaGetDevice(&previous);
+  cudaSetDevice(device);
+  cudaStreamSynchronize(stream);
+  cudaSetDevice(previous);
+  cudaGetLastError();
+}
+
 // A stream of its own on `device` for a sort's copies into a place. Streams are reused across
 // calls through a SpareList, like PinnedBuffer's (making and destroying them cost
 // ~0.01 ms of a two-place sort of 2^28 keys). Left by an exception, it waits for its copies
@@ -120,14 +130,7 @@ class CopyStream {
     check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
   }
   ~CopyStream() {
-    if (std::uncaught_exceptions() > exceptions_) {
-      int previous = 0;
-      cudaGetDevice(&previous);
-      cudaSetDevice(device_);
-      cudaStreamSynchronize(stream_);
-      cudaSetDevice(previous);
-      cudaGetLastError();
-    }
+    if (std::uncaught_exceptions() > exceptions_) synchronize_quietly(device_, stream_);
     Spares::give({stream_, device_, context_});
   }
   CopyStream(const CopyStream&) = delete;
