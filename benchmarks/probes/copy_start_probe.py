@@ -40,27 +40,46 @@ def spin(d, stream, us):
     spins[d]((1,), (1,), (np.uint64(us * 1000),), stream=stream)
 
 
+def settle():
+    """Both GPUs idle for 3 ms."""
+    for d in devices:
+        cp.cuda.Device(d).synchronize()
+    time.sleep(0.003)
+
+
+def timed_copies(stream_of, copy, before=None):
+    """On each GPU in turn: `before(d)`, then `copy(d)` between two events on stream_of(d).
+    Waits for them; returns the events and the slowest GPU's copy time (ms)."""
+    marks = {}
+    for d in devices:
+        with cp.cuda.Device(d):
+            if before:
+                before(d)
+            a, b = cp.cuda.Event(), cp.cuda.Event()
+            a.record(stream_of(d))
+            copy(d)
+            b.record(stream_of(d))
+            marks[d] = (a, b)
+    for d in devices:
+        marks[d][1].synchronize()
+    return marks, max(cp.cuda.get_elapsed_time(*marks[d]) for d in devices)
+
+
 def case(name, side=None, main=None, reps=12):
+    def hooks(d):
+        if side:
+            side(d)
+        if main:
+            main(d)
+
     times = []
     for _ in range(reps):
-        for d in devices:
-            cp.cuda.Device(d).synchronize()
-        time.sleep(0.003)
-        marks = {}
+        settle()
         for d in devices:
             with cp.cuda.Device(d):
                 spin(d, sides[d], 300)
                 spin(d, streams[d], 600)
-        for d in devices:
-            with cp.cuda.Device(d):
-                if side: side(d)
-                if main: main(d)
-                a, b = cp.cuda.Event(), cp.cuda.Event()
-                a.record(streams[d]); pull(d, streams[d]); b.record(streams[d])
-                marks[d] = (a, b)
-        for d in devices:
-            marks[d][1].synchronize()
-        times.append(max(cp.cuda.get_elapsed_time(*marks[d]) for d in devices))
+        times.append(timed_copies(lambda d: streams[d], lambda d: pull(d, streams[d]), hooks)[1])
     med = np.median(times[2:])
     print(f"{name:64s} {med:.3f} ms ({size / med / 1e6:.0f} GB/s)", flush=True)
 
@@ -121,62 +140,41 @@ def big_pull(d, stream, source, nbytes):
 def sorts_then_pulls(reps=12, nbytes=size, source=None, label=""):
     """As a two-place sort: both GPUs sort, then each pulls on a side stream that waits for both
     sorts (events), timed from the side stream's start (its wait) and from the copy's own start."""
+    def copy(d):
+        if source is None:
+            pull(d, sides[d])
+        else:
+            big_pull(d, sides[d], source(1 - d), nbytes)
+
     whole, own = [], []
     for _ in range(reps):
-        for d in devices:
-            cp.cuda.Device(d).synchronize()
-        time.sleep(0.003)
+        settle()
         done = {}
         for d in devices:
             sort(d)
             with cp.cuda.Device(d):
                 done[d] = cp.cuda.Event()
                 done[d].record(streams[d])
-        marks = {}
-        for d in devices:
-            with cp.cuda.Device(d):
-                a, b = cp.cuda.Event(), cp.cuda.Event()
-                sides[d].wait_event(done[d]); sides[d].wait_event(done[1 - d])
-                a.record(sides[d])
-                if source is None:
-                    pull(d, sides[d])
-                else:
-                    big_pull(d, sides[d], source(1 - d), nbytes)
-                b.record(sides[d])
-                marks[d] = (a, b)
-        for d in devices:
-            marks[d][1].synchronize()
-        own.append(max(cp.cuda.get_elapsed_time(*marks[d]) for d in devices))
+        marks, slowest = timed_copies(lambda d: sides[d], copy,
+                                      lambda d: (sides[d].wait_event(done[d]), sides[d].wait_event(done[1 - d])))
+        own.append(slowest)
         whole.append(max(cp.cuda.get_elapsed_time(done[d], marks[d][1]) for d in devices))
     print(f"{'2^27-key sorts on both, then a pull waiting for both' + label:64s} {np.median(own[2:]):.3f} ms "
           f"(from this GPU's sort end: {np.median(whole[2:]):.3f} ms)", flush=True)
 
 
 def idle_big(nbytes, source, label):
-    def f(d):
-        big_pull(d, streams[d], source(1 - d), nbytes)
-    # not timed by case(): that times its own 16 MB pull; here the big one is queued ahead of it
     times = []
     for _ in range(12):
-        for d in devices:
-            cp.cuda.Device(d).synchronize()
-        time.sleep(0.003)
-        marks = {}
-        for d in devices:
-            with cp.cuda.Device(d):
-                a, b = cp.cuda.Event(), cp.cuda.Event()
-                a.record(streams[d]); f(d); b.record(streams[d])
-                marks[d] = (a, b)
-        for d in devices:
-            marks[d][1].synchronize()
-        times.append(max(cp.cuda.get_elapsed_time(*marks[d]) for d in devices))
+        settle()
+        times.append(timed_copies(lambda d: streams[d], lambda d: big_pull(d, streams[d], source(1 - d), nbytes))[1])
     print(f"{'idle, then ' + label:64s} {np.median(times[2:]):.3f} ms", flush=True)
 
 
 sorts_then_pulls()
-mb84 = 21 << 22
-sorts_then_pulls(nbytes=mb84, source=lambda o: work[o], label=", 84 MB of the sorted keys")
-sorts_then_pulls(nbytes=mb84, source=lambda o: keys[o], label=", 84 MB of other keys")
-idle_big(mb84, lambda o: work[o], "84 MB pull of the sorted keys")
-idle_big(mb84, lambda o: keys[o], "84 MB pull of other keys")
+mib84 = 21 << 22
+sorts_then_pulls(nbytes=mib84, source=lambda o: work[o], label=", 84 MiB of the sorted keys")
+sorts_then_pulls(nbytes=mib84, source=lambda o: keys[o], label=", 84 MiB of other keys")
+idle_big(mib84, lambda o: work[o], "84 MiB pull of the sorted keys")
+idle_big(mib84, lambda o: keys[o], "84 MiB pull of other keys")
 case("idle engine (again)")
