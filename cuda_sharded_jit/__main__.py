@@ -43,7 +43,8 @@ def info() -> list[str]:
         problems.append(f"nvJitLink unavailable: {error}")
     cache = cache_info()
     lines.append(f"  kernel cache: {cache['directory'] or 'disabled'} "
-                 f"({cache['disk_entries']} entries, {cache['disk_bytes'] / 1e6:.1f} MB)")
+                 f"({cache['disk_entries']} entries, {cache['disk_bytes'] / 1e6:.1f} MB of at most "
+                 f"{cache['disk_max_bytes'] / 1e6:.0f} MB)")
     try:
         count = _shim.visible_device_count()
         group = _shim.PlaceGroup.by_devices(None)

@@ -14,8 +14,22 @@ SUPPORTED_DTYPES: tuple[np.dtype, ...] = tuple(
 _NAMES = ", ".join(dtype.name for dtype in SUPPORTED_DTYPES)
 
 
+def as_flag(value, argument: str) -> bool:
+    """`value` as a bool (Python's or numpy's), or TypeError naming `argument`."""
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    raise TypeError(f"{argument}: expected True or False, got {_type_name(value)}")
+
+
+def _type_name(value) -> str:
+    kind = type(value)
+    return kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
+
+
 def as_dtype(dtype, argument: str = "dtype") -> np.dtype:
     """A supported numpy dtype, or TypeError naming `argument`."""
+    if dtype is None:  # numpy reads None as float64
+        raise TypeError(f"{argument}: expected a dtype (one of {_NAMES}), got None")
     try:
         resolved = np.dtype(dtype)
     except TypeError:
@@ -144,6 +158,8 @@ def check_record(dtype: np.dtype, argument: str) -> np.dtype:
 
 def as_array_dtype(dtype, argument: str = "dtype") -> np.dtype:
     """A dtype an array can hold: a supported scalar or a record (check_record)."""
+    if dtype is None:  # numpy reads None as float64
+        raise TypeError(f"{argument}: expected a dtype (one of {_NAMES}, or a record of them), got None")
     try:
         resolved = np.dtype(dtype)
     except TypeError:

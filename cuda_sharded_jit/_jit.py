@@ -23,9 +23,11 @@ import numpy as np
 from ._dtypes import describe_dtype, field_names, is_record, record_dtype, record_fields, same_fields
 
 _state_lock = threading.Lock()
-# numba's typing and dispatcher state are not documented thread-safe (and numba-cuda 0.30
-# declares no free-threading support): every entry point below holds this lock throughout.
-_compile_lock = threading.RLock()
+# numba's typing and dispatcher state are guarded by numba's own compiler lock (an RLock its
+# compile paths take): every entry point below holds that lock, and only that one, while it
+# enters numba. Keys, fingerprints, nvJitLink and the caches run outside it, so one slow
+# operator never holds up another thread's key work or link.
+_compile_lock = None
 _target = threading.local()
 _numba = None
 
@@ -72,28 +74,39 @@ def _load_numba():
                 pass
         errors = [getattr(module, name) for module in error_modules
                   for name in ("NumbaError", "UnsupportedBytecodeError") if hasattr(module, name)]
+        global _compile_lock
+        try:
+            from numba.cuda.core.compiler_lock import global_compiler_lock as _compile_lock
+        except ImportError:  # a numba-cuda without its own: numba's
+            from numba.core.compiler_lock import global_compiler_lock as _compile_lock
+        from . import _ufuncs
+
+        _ufuncs.install()
         _numba = (numba, types, tuple(errors))
         return _numba
 
 
 class _TargetCC:
+    """Within it, numba compiles this thread's device functions for `cc` (no GPU needed)."""
+
     def __init__(self, cc):
         self.cc = cc
 
     def __enter__(self):
-        _compile_lock.acquire()
+        self.previous = getattr(_target, "cc", None)
         _target.cc = self.cc
 
     def __exit__(self, *exc):
-        _target.cc = None
-        _compile_lock.release()
+        _target.cc = self.previous
 
 
 def _serialised(function):
-    """Runs `function` holding the compile lock (numba is entered by one thread at a time)."""
+    """Runs `function` holding numba's compiler lock (numba is entered by one thread at a
+    time; the lock is re-entrant, and numba's own compile calls take it again)."""
 
     @functools.wraps(function)
     def locked(*args, **kwargs):
+        _load_numba()
         with _compile_lock:
             return function(*args, **kwargs)
 
@@ -151,45 +164,83 @@ def _describe(dtypes) -> str:
     return "(" + ", ".join(describe_dtype(d) for d in dtypes) + ")"
 
 
-def _device_dispatcher(op):
+def _device_dispatcher(op, cc):
     """A fresh dispatcher for the operator and every device function it calls.
 
     numba freezes globals when it compiles and keeps a compiled device function per
     signature; a changed global (in the operator or in a helper it calls) must be seen, so
     each compile starts from the Python functions again. Helpers may be numba device
-    functions or other `sharded.op`s (closures or globals); they compile for the same target.
+    functions or other `sharded.op`s, reached by name, through a closure or through a module
+    (`helpers.h(x)`, also via a local alias); a numba helper keeps its own settings
+    (fastmath, opt, ...) and declared signatures. They compile for the same target.
     """
-    return _fresh_function(op.func, {})
+    return _fresh_function(op.func, {}, cc)
 
 
-def _fresh_callable(value, memo):
+# Modules whose attributes are never user helpers: shadowing them would hide them from the
+# typing templates numba keys on the module object itself (cuda.threadIdx, math.sqrt).
+_LIBRARY_MODULES = frozenset({"numba", "numba_cuda", "numpy", "math", "cmath", "operator",
+                              "builtins", "llvmlite", "cuda"})
+# the cuda.jit options a rebuilt helper keeps (its targetoptions that jit() takes back)
+_HELPER_OPTIONS = ("device", "inline", "forceinline", "link", "debug", "opt", "lineinfo", "fastmath",
+                   "lto", "extensions")
+
+
+def _fresh_value(value, attributes, memo, cc):
+    """A rebuilt stand-in for a helper (a fresh dispatcher), for a module holding helpers (a
+    shadow module whose helper attributes are rebuilt), or None when `value` needs none."""
     from .op import Op
 
     if isinstance(value, Op):
-        return _fresh_function(value.func, memo)
+        return _fresh_function(value.func, memo, cc)
     py_func = getattr(value, "py_func", None)  # a numba dispatcher
-    if py_func is not None and inspect.isfunction(py_func):
-        return _fresh_function(py_func, memo)
+    if py_func is not None and inspect.isfunction(py_func) and hasattr(value, "targetoptions"):
+        return _fresh_function(py_func, memo, cc, value)
+    if isinstance(value, types.ModuleType) and value.__name__.split(".")[0] not in _LIBRARY_MODULES:
+        return _fresh_module(value, attributes, memo, cc)
     return None
 
 
-def _fresh_function(func, memo):
+def _fresh_module(module, attributes, memo, cc):
+    if id(module) in memo:
+        return memo[id(module)]
+    memo[id(module)] = None  # a module cycle reads the original the second time round
+    replaced = {}
+    for name in attributes:
+        value = module.__dict__.get(name)
+        if value is not None:
+            fresh = _fresh_value(value, attributes, memo, cc)
+            if fresh is not None:
+                replaced[name] = fresh
+    if not replaced:
+        return None
+    shadow = types.ModuleType(module.__name__, module.__doc__)
+    shadow.__dict__.update(module.__dict__)
+    shadow.__dict__.update(replaced)
+    memo[id(module)] = shadow
+    return shadow
+
+
+def _fresh_function(func, memo, cc, declared=None):
+    """A new numba device function from `func`'s code, its helpers rebuilt first. `declared`:
+    the dispatcher `func` came from, whose options and signatures the rebuild keeps."""
     numba, _, _ = _load_numba()
     if id(func) in memo:
         return memo[id(func)] or func  # recursion: numba rejects it with its own message
     memo[id(func)] = None
-    from .op import _global_names
+    from .op import _code_names
 
+    global_names, attributes = _code_names(func.__code__)
     replaced = {}
-    for name in _global_names(func.__code__):
+    for name in global_names:
         if name in func.__globals__:
-            fresh = _fresh_callable(func.__globals__[name], memo)
+            fresh = _fresh_value(func.__globals__[name], attributes, memo, cc)
             if fresh is not None:
                 replaced[name] = fresh
     closure, changed = [], False
     for cell in func.__closure__ or ():
         try:
-            fresh = _fresh_callable(cell.cell_contents, memo)
+            fresh = _fresh_value(cell.cell_contents, attributes, memo, cc)
         except ValueError:  # empty cell
             fresh = None
         closure.append(types.CellType(fresh) if fresh is not None else cell)
@@ -203,7 +254,17 @@ def _fresh_function(func, memo):
         func_to_compile = rebuilt
     else:
         func_to_compile = func
-    dispatcher = numba.cuda.jit(device=True)(func_to_compile)
+    if declared is None:
+        dispatcher = numba.cuda.jit(device=True)(func_to_compile)
+    else:
+        options = {name: declared.targetoptions[name] for name in _HELPER_OPTIONS
+                   if name in declared.targetoptions}
+        options["device"] = True
+        if getattr(declared, "_can_compile", True):
+            dispatcher = numba.cuda.jit(**options)(func_to_compile)
+        else:  # declared signatures: compiled now, as the original was, and nothing else
+            with _TargetCC(cc):
+                dispatcher = numba.cuda.jit(list(declared.nopython_signatures), **options)(func_to_compile)
     memo[id(func)] = dispatcher
     return dispatcher
 
@@ -236,15 +297,25 @@ def _shadowed_fields_hint(arg_dtypes) -> str:
     return "".join(dict.fromkeys(hints))
 
 
-def _return_type(op, argtypes, arg_dtypes, cc):
-    _, _, numba_errors = _load_numba()
-    dispatcher = _device_dispatcher(op)
+def _return_type(op, argtypes, arg_dtypes, cc, dispatcher=None):
+    """The numba type the operator returns for `argtypes`, typed with `dispatcher` (a fresh
+    one by default; a caller that goes on to compile a wrapper passes the one it uses, so the
+    operator is typed once)."""
+    _, types, numba_errors = _load_numba()
+    if dispatcher is None:
+        dispatcher = _device_dispatcher(op, cc)
     with _TargetCC(cc):
         try:
-            return dispatcher.compile_device(tuple(argtypes)).signature.return_type
+            returned = dispatcher.compile_device(tuple(argtypes)).signature.return_type
         # numba 0.6x unifies a named tuple with a plain one by raising NotImplementedError
         except (*numba_errors, NotImplementedError) as error:
             raise _type_error(op, arg_dtypes, error) from None
+    if returned == types.none:  # numba's type for a function that never returns a value
+        raise TypeError(f"operator {op.name} returns no value for argument types {_describe(arg_dtypes)}: "
+                        f"every path through it returns None, raises an exception or ends without "
+                        f"`return`; "
+                        f"it must return a number (or a tuple of numbers)")
+    return returned
 
 
 @_serialised
@@ -394,7 +465,7 @@ def compile_transform(op, arg_kinds, out_dtype, cc, max_scalars: int) -> bytes:
     arg_kinds: per operator argument, ("array", dtype) or ("scalar", dtype), in call order.
     """
     _, types, _ = _load_numba()
-    dispatcher = _device_dispatcher(op)
+    dispatcher = _device_dispatcher(op, cc)
     array_params, scalar_params, call_args = [], [], []
     signature = []
     for kind, dtype in arg_kinds:
@@ -420,7 +491,7 @@ def compile_transform(op, arg_kinds, out_dtype, cc, max_scalars: int) -> bytes:
         f"    out[0] = _cast(_op({', '.join(call_args)}))\n"
     )
     arg_dtypes = [dtype for _, dtype in arg_kinds]
-    returned = _return_type(op, [value_type(d) for d in arg_dtypes], arg_dtypes, cc)
+    returned = _return_type(op, [value_type(d) for d in arg_dtypes], arg_dtypes, cc, dispatcher)
     _check_returns(op, returned, out_dtype, arg_dtypes, "out")
     namespace = {"_op": dispatcher, "_cast": getattr(np, np.dtype(out_dtype).name)}
     return _compile_wrapper(source, op.name, "csj_transform_op", namespace, signature, cc, op,
@@ -433,7 +504,8 @@ def compile_transform_indexed(op, arg_kinds, out_dtype, cc, max_scalars: int, wi
     (records), addressed from their global bases; `with_index` passes the operator each
     element's global index after the other arguments."""
     _, types, _ = _load_numba()
-    namespace = dict(_record_namespace(), _op=_device_dispatcher(op))
+    dispatcher = _device_dispatcher(op, cc)
+    namespace = dict(_record_namespace(), _op=dispatcher)
     arrays, scalars, call_args, scalar_types = [], [], [], []
     for kind, dtype in arg_kinds:
         if kind == "array":
@@ -448,7 +520,7 @@ def compile_transform_indexed(op, arg_kinds, out_dtype, cc, max_scalars: int, wi
     if with_index:
         call_args.append("index")
     arg_dtypes = [dtype for _, dtype in arg_kinds] + ([np.dtype(np.int64)] if with_index else [])
-    returned = _return_type(op, [value_type(d) for d in arg_dtypes], arg_dtypes, cc)
+    returned = _return_type(op, [value_type(d) for d in arg_dtypes], arg_dtypes, cc, dispatcher)
     _check_returns(op, returned, out_dtype, arg_dtypes, "the result")
     unused = [f"unused{k}" for k in range(max_scalars - len(scalars))]
     params = ", ".join(arrays + ["out"] + scalars + unused + ["index"])
@@ -502,9 +574,10 @@ def _compile_record_reduction(op, map_spec, in_dtype, acc_dtype, cc, input_by_ba
     a pointer to the element."""
     _, types, _ = _load_numba()
     acc_type = value_type(acc_dtype)
-    returned = _return_type(op, [acc_type, acc_type], [acc_dtype, acc_dtype], cc)
+    dispatcher = _device_dispatcher(op, cc)
+    returned = _return_type(op, [acc_type, acc_type], [acc_dtype, acc_dtype], cc, dispatcher)
     _check_returns(op, returned, acc_dtype, [acc_dtype, acc_dtype], "the accumulator")
-    namespace = dict(_record_namespace(), _op=_device_dispatcher(op))
+    namespace = dict(_record_namespace(), _op=dispatcher)
     op_source = (f"def csj_op(a, b, out):\n"
                  f"    r = _op({_read_source(acc_dtype, 'a', '_acc_', namespace)}, "
                  f"{_read_source(acc_dtype, 'b', '_acc_', namespace)})\n"
@@ -523,7 +596,7 @@ def _compile_record_reduction(op, map_spec, in_dtype, acc_dtype, cc, input_by_ba
                             f"from each element by a map operator (transform_reduce)")
         body = "    r = x\n"
     else:
-        namespace["_map"] = _device_dispatcher(map_op)
+        namespace["_map"] = _device_dispatcher(map_op, cc)
         body = f"    r = {_MAP_CALLS[kind]}\n"
     map_source = (f"def csj_map(value, index, out):\n    x = {read}\n{body}"
                   + _write_source(acc_dtype, "out", "r", "_out_", namespace))
@@ -548,9 +621,11 @@ def compile_reduction(op, map_spec, in_dtype, acc_dtype, cc, input_by_base: bool
     acc_type = types.CPointer(numba_type(acc_dtype))
     in_type = types.CPointer(numba_type(in_dtype))
     cast = getattr(np, np.dtype(acc_dtype).name)
+    dispatcher = _device_dispatcher(op, cc)
+    _return_type(op, [numba_type(acc_dtype)] * 2, [acc_dtype, acc_dtype], cc, dispatcher)  # returns a value
     op_source = "def csj_op(a, b, out):\n    out[0] = _cast(_op(a[0], b[0]))\n"
     op_ir = _compile_wrapper(op_source, op.name, "csj_op",
-                             {"_op": _device_dispatcher(op), "_cast": cast},
+                             {"_op": dispatcher, "_cast": cast},
                              (acc_type, acc_type, acc_type), cc, op, [acc_dtype, acc_dtype])
     kind, map_op = map_spec
     body = {
@@ -562,7 +637,7 @@ def compile_reduction(op, map_spec, in_dtype, acc_dtype, cc, input_by_base: bool
     map_source = f"def csj_map(value, index, out):\n    out[0] = {body}\n"
     namespace = {"_cast": cast}
     if map_op is not None:
-        namespace["_map"] = _device_dispatcher(map_op)
+        namespace["_map"] = _device_dispatcher(map_op, cc)
     map_ir = _compile_wrapper(map_source, (map_op or op).name, "csj_map", namespace,
                               (in_type, types.int64, acc_type), cc, map_op or op, [in_dtype])
     return op_ir, map_ir

@@ -146,8 +146,44 @@ def kernels_digest() -> str:
 
 
 @functools.lru_cache(maxsize=None)
-def toolchain_fingerprint() -> str:
-    """Everything outside the operator that changes generated code (part of disk keys)."""
+def toolchain_archs() -> tuple[int, ...]:
+    """The SASS architectures (as 90, 100, ...) the toolchain compiles for, from NVRTC (the
+    same CUDA release as NVVM and nvJitLink); empty when NVRTC cannot be asked."""
+    try:
+        from cuda.bindings import nvrtc
+
+        status, archs = nvrtc.nvrtcGetSupportedArchs()
+        return tuple(sorted(int(arch) for arch in archs)) if status == nvrtc.nvrtcResult.NVRTC_SUCCESS else ()
+    except Exception:  # noqa: BLE001 - no NVRTC: linking reports what is missing
+        return ()
+
+
+@functools.lru_cache(maxsize=None)
+def package_digest() -> str:
+    """Digest of this package's Python sources: they generate the operator wrappers and the
+    keys, and the version string does not change with them."""
+    digest = hashlib.sha256()
+    root = Path(__file__).parent
+    for path in sorted(root.rglob("*.py")):
+        digest.update(path.relative_to(root).as_posix().encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+def numba_settings() -> dict:
+    """The numba settings that reach code generation: every NUMBA_* environment variable
+    (NUMBA_OPT, NUMBA_BOUNDSCHECK, NUMBA_CUDA_DEBUGINFO, ...; all are kept, so none can be
+    missed) and a .numba_config.yaml in the working directory, which numba also reads."""
+    settings = {name: value for name, value in sorted(os.environ.items()) if name.startswith("NUMBA_")}
+    try:
+        settings[".numba_config.yaml"] = hashlib.sha256(Path(".numba_config.yaml").read_bytes()).hexdigest()
+    except OSError:
+        pass
+    return settings
+
+
+@functools.lru_cache(maxsize=None)
+def _toolchain_versions() -> str:
     linker = _package_version("nvidia-nvjitlink")
     if linker is None:  # a toolkit's nvJitLink: ask the library itself
         try:
@@ -163,8 +199,18 @@ def toolchain_fingerprint() -> str:
         "nvjitlink": linker,
         "shim": _package_version("cuda-sharded-jit"),
         "kernels": kernels_digest(),
+        "package": package_digest(),
     }
     return json.dumps(parts, sort_keys=True)
+
+
+def toolchain_fingerprint() -> str:
+    """Everything outside the operator that changes generated code (part of disk keys):
+    the versions of the compilers and linkers, the shipped kernels, this package's sources,
+    and numba's settings. The settings are read at every disk lookup: numba takes them when
+    it is imported, which may come after this process's first lookup (a later change of the
+    environment then only costs a miss)."""
+    return _toolchain_versions() + json.dumps(numba_settings(), sort_keys=True)
 
 
 def check_version_skew() -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 import subprocess
 import time
 import warnings
@@ -17,7 +18,8 @@ from pathlib import Path
 import numpy as np
 
 from . import _cache, _link, _shim
-from ._dtypes import as_array_dtype, as_dtype, describe_dtype, dtype_from_key, dtype_key, is_record, same_fields
+from ._dtypes import (as_array_dtype, as_dtype, as_flag, describe_dtype, dtype_from_key, dtype_key, is_record,
+                      same_fields)
 from .op import Op, as_op, disk_cacheable
 
 ALGORITHMS = ("transform", "reduce", "scan")
@@ -87,11 +89,22 @@ def disassemble(cubin: bytes) -> str:
     return result.stdout
 
 
+_ARCH = re.compile(r"sm_([1-9][0-9]{1,2})", re.ASCII)
+
+
 def _arch_cc(arch: str) -> tuple[int, int]:
-    if not (isinstance(arch, str) and arch.startswith("sm_") and arch[3:].isdigit() and len(arch) >= 5):
+    """(major, minor) of a SASS architecture name ("sm_90" -> (9, 0)); ValueError for a
+    name that is no architecture or one the toolchain cannot build for."""
+    match = _ARCH.fullmatch(arch) if isinstance(arch, str) else None
+    if match is None:
         raise ValueError(f"arch: expected a SASS architecture like 'sm_90', got {arch!r}")
-    digits = arch[3:]
-    return int(digits[:-1]), int(digits[-1])
+    number = int(match.group(1))
+    known = _link.toolchain_archs()
+    if known and number not in known:
+        raise ValueError(f"arch: {arch} is not an architecture this toolchain builds for "
+                         f"(it knows {', '.join(f'sm_{value}' for value in known)})")
+    _link.check_arch(arch)
+    return number // 10, number % 10
 
 
 @functools.lru_cache(maxsize=1024)  # asked on every transform call
@@ -168,15 +181,14 @@ def _build_kernel(op: Op, key: tuple, map_spec) -> CompiledKernel:
 
 
 def _dump(op: Op, module: str, arch: str, ltoirs, cubin: bytes) -> None:
+    """`CUDA_SHARDED_JIT_DUMP=dir`: the operator's LTO-IR and the linked cubin, as files a
+    user inspects (written without following links or replacing files; failures warn)."""
     directory = os.environ.get(ENV_DUMP)
     if not directory:
         return
-    path = Path(directory)
-    path.mkdir(parents=True, exist_ok=True)
     stem = f"{op.name.replace('<', '').replace('>', '')}.{module}.{arch}"
-    for index, ltoir in enumerate(ltoirs):
-        (path / f"{stem}{'' if index == 0 else f'.{index}'}.ltoir").write_bytes(ltoir)
-    (path / f"{stem}.cubin").write_bytes(cubin)
+    files = [(f"{stem}{'' if index == 0 else f'.{index}'}.ltoir", ltoir) for index, ltoir in enumerate(ltoirs)]
+    _cache.write_dump(directory, files + [(f"{stem}.cubin", cubin)])
 
 
 # key: (algorithm, operator identity, map identity, arg kinds, out request, arch)
@@ -202,48 +214,106 @@ def _map_identity(map_spec) -> tuple:
     return (kind, None if map_op is None else map_op.identity())
 
 
+def _module_for(op: Op, algorithm: str, arg_kinds: tuple, out_dtype: np.dtype, map_spec) -> str:
+    """The kernel module a call links, given its result (or accumulator) dtype."""
+    if algorithm == "transform":
+        return _transform_module(arg_kinds, out_dtype, map_spec)
+    return _reduction_module(op, algorithm, map_spec, arg_kinds[0][1], out_dtype)[0]
+
+
+def _known_out_dtype(algorithm: str, arg_kinds: tuple, out_request, map_spec) -> np.dtype | None:
+    """The result dtype a call gets without typing the operator, where the call fixes it."""
+    if out_request is not None:
+        return out_request
+    if algorithm != "transform" and map_spec[0] == "value":
+        return arg_kinds[0][1]
+    if map_spec[0] == "predicate":
+        return np.dtype(np.int64)
+    return None
+
+
+def _stored_kernel(op: Op, key: tuple, map_spec, digest: str, header: dict, body: bytes,
+                   seconds: float) -> CompiledKernel:
+    """The kernel a disk entry holds, once its header agrees with what this call computes;
+    ValueError (a corrupt entry) otherwise. The entry is authenticated (see _cache): this
+    guards against entries of another build or a bug, and keeps a header from sizing an
+    output smaller than the kernel writes."""
+    algorithm, _, _, arg_kinds, out_request, arch = key
+    if not isinstance(header, dict):
+        raise ValueError("the header is not an object")
+    if header.get("algorithm") != algorithm or header.get("arch") != arch:
+        raise ValueError(f"it holds a {header.get('algorithm')!r} kernel for {header.get('arch')!r}")
+    if not isinstance(header.get("out_dtype"), str):
+        raise ValueError("out_dtype is missing")
+    out_dtype = as_array_dtype(dtype_from_key(header["out_dtype"]), "out_dtype")
+    expected = _known_out_dtype(algorithm, arg_kinds, out_request, map_spec)
+    if expected is not None and out_dtype != expected:
+        raise ValueError(f"out_dtype {out_dtype} differs from this call's {expected}")
+    module = _module_for(op, algorithm, arg_kinds, out_dtype, map_spec)
+    if header.get("module") != module:
+        raise ValueError(f"module {header.get('module')!r} differs from this call's {module!r}")
+    sizes = [header.get("cubin_size"), header.get("ltoir_size")]
+    if not all(type(size) is int and size >= 0 for size in sizes) or sum(sizes) > len(body):
+        raise ValueError(f"sizes {sizes} do not fit the {len(body)}-byte body")
+    cubin_end, ltoir_end = sizes[0], sizes[0] + sizes[1]
+    map_ltoir = body[ltoir_end:]
+    if body[:4] != b"\x7fELF" or not sizes[1] or bool(map_ltoir) != (algorithm != "transform"):
+        raise ValueError("the body is not a cubin with its operator LTO-IR")
+    return CompiledKernel(algorithm, op.name, arg_kinds, out_dtype, arch, module, body[:cubin_end],
+                          body[cubin_end:ltoir_end], digest, True, seconds, map_ltoir)
+
+
 def _lookup(op: Op, key: tuple, map_spec=VALUE_MAP) -> CompiledKernel:
-    """The kernel for a full key (memory, then disk, then compile)."""
-    algorithm, _, _, arg_kinds, _, arch = key
+    """The kernel for a full key: memory, then disk, then a compile. `cache_hit` is False
+    only for the call that compiled it (a thread that waited for that build gets a hit)."""
 
     def build() -> CompiledKernel:
+        started = time.perf_counter()
         digest = _cache.disk_key(repr(key) + _link.toolchain_fingerprint())
         # values known only to this process (arbitrary objects) keep the kernel in memory
         on_disk = disk_cacheable(key)
-        started = time.perf_counter()
         stored = _cache.read_entry(digest) if on_disk else None
         if stored is not None:
-            header, body = stored
             try:
-                cubin_end = header["cubin_size"]
-                ltoir_end = cubin_end + header["ltoir_size"]
-                return CompiledKernel(algorithm, op.name, arg_kinds, dtype_from_key(header["out_dtype"]),
-                                      arch, header["module"], body[:cubin_end],
-                                      body[cubin_end:ltoir_end], digest, True,
-                                      time.perf_counter() - started, body[ltoir_end:])
+                return _stored_kernel(op, key, map_spec, digest, *stored, time.perf_counter() - started)
             except (KeyError, TypeError, ValueError) as error:
-                warnings.warn(f"kernel cache entry {digest} has a bad header ({error!r}); "
-                              f"recompiling and replacing it", _cache.CacheWarning, stacklevel=3)
+                warnings.warn(f"kernel cache entry {digest} has a bad header ({error}); "
+                              f"recompiling and replacing it", _cache.CacheWarning, stacklevel=4)
         kernel = replace(_build(op, key, map_spec), cache_key=digest)
         if on_disk:
-            _cache.write_entry(digest, {"algorithm": algorithm, "op": op.name, "arch": arch,
+            _cache.write_entry(digest, {"algorithm": kernel.algorithm, "op": op.name, "arch": kernel.arch,
                                         "module": kernel.module, "out_dtype": dtype_key(kernel.out_dtype),
                                         "cubin_size": len(kernel.cubin),
                                         "ltoir_size": len(kernel.ltoir)},
                                kernel.cubin + kernel.ltoir + kernel.map_ltoir)
         return kernel
 
-    return _kernels.get_or_build(key, build)
+    kernel, built_here = _kernels.get_or_build_reporting(key, build)
+    return kernel if built_here else replace(kernel, cache_hit=True)
+
+
+def _positions(scalars, count: int) -> set[int]:
+    """The argument positions `scalars` names (a tuple or list of ints)."""
+    if not isinstance(scalars, (tuple, list)):
+        raise TypeError(f"scalars: expected a tuple of argument positions, got {type(scalars).__name__}")
+    positions = set()
+    for index, position in enumerate(scalars):
+        if isinstance(position, bool) or not isinstance(position, (int, np.integer)):
+            raise TypeError(f"scalars[{index}]: expected an int position, got {type(position).__name__}")
+        if not 0 <= position < count:
+            raise ValueError(f"scalars: position {position} is not an argument position "
+                             f"(dtypes has {count} entries)")
+        positions.add(int(position))
+    return positions
 
 
 def _normalise_kinds(dtypes, scalars) -> tuple:
     if isinstance(dtypes, (str, np.dtype, type)):
         dtypes = (dtypes,)
+    elif not isinstance(dtypes, (tuple, list)):
+        raise TypeError(f"dtypes: expected a dtype or a tuple of dtypes, got {type(dtypes).__name__}")
     dtypes = tuple(dtypes)
-    scalar_positions = set(scalars)
-    for position in scalar_positions:
-        if not 0 <= position < len(dtypes):
-            raise ValueError(f"scalars: position {position} is not an argument position")
+    scalar_positions = _positions(scalars, len(dtypes))
     return tuple(("scalar", as_dtype(dtype, f"dtypes[{position}]")) if position in scalar_positions
                  else ("array", as_array_dtype(dtype, f"dtypes[{position}]"))
                  for position, dtype in enumerate(dtypes))
@@ -270,18 +340,25 @@ def compile(op, algorithm: str, dtypes, arch: str | None = None, *, scalars=(), 
     >>> "CALL" in k.sass()                                               # doctest: +SKIP
     False
     """
+    started = time.perf_counter()
     if algorithm not in ALGORITHMS:
         raise ValueError(f"algorithm: expected one of {', '.join(ALGORITHMS)}, got {algorithm!r}")
     op = as_op(op)
     arg_kinds = _normalise_kinds(dtypes, scalars)
     map_spec = VALUE_MAP
-    if not isinstance(with_index, bool):
-        raise TypeError(f"with_index: expected a bool, got {type(with_index).__name__}")
+    with_index = as_flag(with_index, "with_index")
     if algorithm == "transform":
         if map_op is not None:
             raise ValueError("map_op: only reductions and scans take a map")
-        if not any(kind == "array" for kind, _ in arg_kinds):
+        arrays = sum(kind == "array" for kind, _ in arg_kinds)
+        if not arrays:
             raise ValueError("dtypes: a transform needs at least one array argument")
+        if arrays > _shim.MAX_TRANSFORM_INPUTS:
+            raise ValueError(f"dtypes: a transform takes at most {_shim.MAX_TRANSFORM_INPUTS} arrays, "
+                             f"got {arrays}")
+        if len(arg_kinds) - arrays > _shim.MAX_TRANSFORM_SCALARS:
+            raise ValueError(f"scalars: a transform takes at most {_shim.MAX_TRANSFORM_SCALARS} runtime "
+                             f"scalars, got {len(arg_kinds) - arrays}")
         op.check_arity(len(arg_kinds) + with_index,
                        f"dtypes ({len(arg_kinds)} entries{' and the index' if with_index else ''})")
         if with_index:
@@ -297,16 +374,25 @@ def compile(op, algorithm: str, dtypes, arch: str | None = None, *, scalars=(), 
         elif with_index:
             raise ValueError("with_index: needs a map_op (it receives each element's global index)")
     if arch is None:
-        from .places import PlaceGroup
-
-        arch = PlaceGroup.by_devices([0]).archs[0]
+        arch = _device_arch()
     _arch_cc(arch)
     out_request = None if out_dtype is None else as_array_dtype(out_dtype, "out_dtype")
     key = (algorithm, op.identity(), _map_identity(map_spec), arg_kinds, out_request, arch)
     cached = _kernels.get(key)
     if cached is not None:
-        return replace(cached, cache_hit=True)
+        return replace(cached, cache_hit=True, compile_seconds=time.perf_counter() - started)
     return _lookup(op, key, map_spec)
+
+
+def _device_arch() -> str:
+    """Device 0's architecture, for `compile(..., arch=None)`."""
+    from .places import PlaceGroup
+
+    try:
+        return PlaceGroup.by_devices([0]).archs[0]
+    except RuntimeError as error:
+        raise RuntimeError(f"arch: no GPU to take the architecture from ({error}); pass "
+                           f"arch='sm_90' (the target's) to compile without one") from None
 
 
 def kernel_libraries(op: Op, algorithm: str, arg_kinds: tuple, out_request, archs: tuple,
@@ -353,15 +439,19 @@ def clear_cache(memory: bool = True, disk: bool = True) -> int:
 
 
 def cache_info() -> dict:
-    """Where the disk cache is, how many entries and bytes it holds, and the memory entries.
+    """Where the disk cache is, how many entries and bytes it holds and may hold, and the
+    memory cache's entries and bound.
 
     >>> sharded.cache_info()["disk_entries"]                               # doctest: +SKIP
     12
     """
-    entries = _cache.disk_entries()
+    directory = _cache.cache_dir()
+    entries, size = _cache.disk_usage()
     return {
-        "directory": str(_cache.cache_dir()) if _cache.cache_dir() else None,
-        "disk_entries": len(entries),
-        "disk_bytes": sum(path.stat().st_size for path in entries if path.exists()),
+        "directory": str(directory) if directory else None,
+        "disk_entries": entries,
+        "disk_bytes": size,
+        "disk_max_bytes": _cache.max_disk_bytes() if directory else 0,
         "memory_entries": len(_kernels),
+        "memory_max_entries": _kernels.max_entries,
     }

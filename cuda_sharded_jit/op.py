@@ -1,9 +1,17 @@
 """`sharded.op`: a Python function marked as a device operator, and its identity.
 
 Nothing compiles here. The identity (what the compile caches key on) has a static part,
-computed once (bytecode, constants with their types, defaults, nested code), and a dynamic
-part re-read at every call (closure cell values and referenced globals), so that changing a
-captured value or a global changes the result on the next call.
+computed once per code object (bytecode, constants with their types, nested code), and a
+dynamic part re-read at every call (defaults, closure cell values, referenced globals and
+what is read through the modules among them), so that changing a captured value or a
+global changes the kernel on the next call.
+
+What a kernel bakes in must be described soundly, in a form that means the same in another
+process (the disk cache): numbers by their exact bits and type, tuples with their class
+and field names, modules by every attribute the code could read from them (also through a
+local alias), functions and numba device functions by their code, values and settings.
+A value we cannot describe (an arbitrary object, a list, a large array) is refused with a
+TypeError that says what to pass instead: guessing would serve a stale kernel.
 """
 
 from __future__ import annotations
@@ -15,13 +23,36 @@ import functools
 import hashlib
 import inspect
 import types
+import weakref
 
 import numpy as np
 
-_SIMPLE = (type(None), bool, int, complex, str, bytes)
-# Marks a value we cannot describe across processes: the kernel is cached in memory only.
+# Marks a value we can describe in this process only (a numba object whose repr carries its
+# address): the kernel is cached in memory only.
 VOLATILE = "volatile"
 
+# Captured numpy arrays are baked into the kernel as constants (numba freezes them), so
+# their contents are part of the key; larger tables are refused.
+MAX_CAPTURED_ARRAY_BYTES = 1 << 20
+
+# Functions of these packages are keyed by name: their code is versioned with the
+# toolchain (the disk key holds the versions), and walking it on every call would be slow.
+_LIBRARY_ROOTS = frozenset({"numpy", "math", "cmath", "operator", "numba", "numba_cuda", "llvmlite",
+                            "builtins"})
+_EXACT_SIMPLE = (type(None), bool, int, complex, str, bytes)
+_NOT_GENERATOR = inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR
+_MISSING = object()
+
+
+class _Refused(Exception):
+    """A value an operator reads that no key can describe; `path` names where it was read."""
+
+    def __init__(self, path: str, value, reason: str, hint: str):
+        super().__init__(path)
+        self.path, self.value, self.reason, self.hint = path, value, reason, hint
+
+
+# ---- the static part ----------------------------------------------------------------------
 
 def _code_digest(code: types.CodeType, digest) -> None:
     digest.update(code.co_code)
@@ -39,40 +70,6 @@ def _code_digest(code: types.CodeType, digest) -> None:
             digest.update(repr((type(constant).__qualname__, constant)).encode())
 
 
-def _fingerprint(value, seen: frozenset = frozenset()):
-    """A hashable, process-independent description of a value an operator may read."""
-    if isinstance(value, float) and not isinstance(value, np.generic):
-        return ("float", value.hex())  # tells -0.0 from 0.0 and keeps NaN equal to itself
-    if isinstance(value, _SIMPLE) and not isinstance(value, enum.Enum):
-        return (type(value).__qualname__, value)
-    if isinstance(value, np.generic):
-        return ("np", value.dtype.str, value.tobytes())
-    if isinstance(value, np.ndarray):
-        return ("ndarray", value.dtype.str, value.shape,
-                hashlib.sha256(np.ascontiguousarray(value).tobytes()).hexdigest())
-    if isinstance(value, np.dtype):
-        return ("dtype", value.str)
-    if isinstance(value, enum.Enum):
-        return ("enum", type(value).__module__, type(value).__qualname__, value.name,
-                _fingerprint(value.value, seen))
-    if isinstance(value, tuple):
-        return ("tuple",) + tuple(_fingerprint(item, seen) for item in value)
-    if isinstance(value, types.ModuleType):
-        return ("module", value.__name__)
-    if isinstance(value, Op):
-        value = value.func
-    py_func = getattr(value, "py_func", None)  # numba dispatchers (device helpers)
-    if py_func is not None and inspect.isfunction(py_func):
-        return ("dispatcher", _function_fingerprint(py_func, seen))
-    if inspect.isfunction(value):
-        return ("function", _function_fingerprint(value, seen))
-    if isinstance(value, (types.BuiltinFunctionType, type)):
-        return ("builtin", getattr(value, "__module__", None), value.__qualname__)
-    if isinstance(value, np.ufunc):
-        return ("ufunc", value.__name__)
-    return ("object", type(value).__module__, type(value).__qualname__, (VOLATILE, id(value)))
-
-
 @functools.lru_cache(maxsize=4096)
 def _code_static_digest(code: types.CodeType) -> str:
     digest = hashlib.sha256()
@@ -80,79 +77,245 @@ def _code_static_digest(code: types.CodeType) -> str:
     return digest.hexdigest()
 
 
-_NO_DEFAULTS = _fingerprint(())
+_ATTRIBUTE_READS = {"LOAD_ATTR", "LOAD_METHOD", "LOAD_SUPER_ATTR"}
+
+
+@functools.lru_cache(maxsize=4096)
+def _code_names(code: types.CodeType) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(globals the code loads, attribute names it could read from a module), nested code
+    included. Attribute names are every name read with `.` anywhere in the code and every
+    string constant that could be one (`getattr(m, "X")`): a module bound to a local alias
+    (`m = cfg; m.SCALE`) is read through names that follow no global load."""
+    loaded, attributes = [], []
+    for instruction in dis.get_instructions(code):
+        if instruction.opname == "LOAD_GLOBAL":
+            loaded.append(instruction.argval)
+        elif instruction.opname in _ATTRIBUTE_READS:
+            attributes.append(instruction.argval)
+    for constant in code.co_consts:
+        if isinstance(constant, types.CodeType):
+            nested_globals, nested_attributes = _code_names(constant)
+            loaded.extend(nested_globals)
+            attributes.extend(nested_attributes)
+        elif isinstance(constant, str) and constant.isidentifier():
+            attributes.append(constant)
+    return tuple(dict.fromkeys(loaded)), tuple(sorted(set(attributes)))
+
+
+def _global_names(code: types.CodeType) -> tuple[str, ...]:
+    return _code_names(code)[0]
+
+
+def _attribute_names(code: types.CodeType) -> tuple[str, ...]:
+    return _code_names(code)[1]
+
+
+# ---- values -------------------------------------------------------------------------------
+
+def _fingerprint(value, attributes: tuple[str, ...], seen: frozenset, path: str):
+    """A hashable, process-independent description of a value an operator reads (`path`
+    names it in errors; `attributes` are the names the reading code could take from a
+    module). Raises _Refused for a value no description can stand for."""
+    kind = type(value)
+    if kind is float:
+        return ("float", value.hex())  # tells -0.0 from 0.0 and keeps NaN equal to itself
+    if kind in _EXACT_SIMPLE:
+        return (kind.__name__, value)
+    if isinstance(value, np.generic):
+        if isinstance(value, np.void):  # a record scalar
+            return ("np", value.dtype.descr.__repr__(), value.tobytes())
+        return ("np", value.dtype.str, value.tobytes())
+    if isinstance(value, enum.Enum):
+        return ("enum", _class_fingerprint(kind, seen, path), value.name)
+    if isinstance(value, tuple):
+        items = tuple(_fingerprint(item, attributes, seen, f"{path}[{index}]")
+                      for index, item in enumerate(value))
+        if kind is tuple:
+            return ("tuple",) + items
+        # a named tuple's class and field order give its fields their meaning (PT.x)
+        return ("tuple of", kind.__module__, kind.__qualname__, getattr(kind, "_fields", None)) + items
+    if isinstance(value, np.ndarray):
+        return _array_fingerprint(value, path)
+    if isinstance(value, np.dtype):
+        return ("dtype", repr(value.descr) if value.names is not None else value.str)
+    if isinstance(value, types.ModuleType):
+        return _module_fingerprint(value, attributes, seen, path)
+    if isinstance(value, Op):
+        value = value.func
+    py_func = getattr(value, "py_func", None)  # numba dispatchers (device helpers)
+    if py_func is not None and inspect.isfunction(py_func) and hasattr(value, "targetoptions"):
+        return ("dispatcher", _dispatcher_settings(value), _function_fingerprint(py_func, seen))
+    if inspect.isfunction(value):
+        if _library_function(value):
+            return ("library function", value.__module__, value.__qualname__)
+        return ("function", _function_fingerprint(value, seen))
+    if isinstance(value, type):
+        return _class_fingerprint(value, seen, path)
+    if isinstance(value, types.BuiltinFunctionType):
+        return ("builtin", getattr(value, "__module__", None), value.__qualname__)
+    if isinstance(value, np.ufunc):
+        return ("ufunc", value.__name__)
+    if isinstance(value, (int, float, complex, str, bytes)):  # a subclass: its class, its value
+        base = next(base for base in (int, float, complex, str, bytes) if isinstance(value, base))
+        return ("subclass", kind.__module__, kind.__qualname__, _fingerprint(base(value), (), seen, path))
+    if kind.__module__.split(".")[0] in ("numba", "numba_cuda"):
+        # numba types (numba.float32) and other numba objects numba itself types
+        text = repr(value)
+        return ("numba", kind.__module__, kind.__qualname__, (VOLATILE, id(value)) if " at 0x" in text else text)
+    raise _Refused(path, value, *_refusal(value))
+
+
+def _refusal(value) -> tuple[str, str]:
+    """(what the value is, what to pass instead) for an error message."""
+    if isinstance(value, (list, dict, set, bytearray)):
+        return (f"a {type(value).__name__}, which can change after the kernel is built",
+                "use a tuple (kernels bake in what operators read)")
+    return (f"a {type(value).__module__}.{type(value).__qualname__} object, which the kernel's "
+            f"cache key cannot describe",
+            "pass the numbers it holds as scalar arguments (transform(op, a, value)) or bind "
+            "them as defaults (def op(x, scale=settings.scale))")
+
+
+_array_digests: dict[int, tuple] = {}
+
+
+def _array_fingerprint(array: np.ndarray, path: str):
+    """An array's dtype, shape and contents: hashed once per array object (numba bakes a
+    captured array in when it compiles, so it is a constant of the kernel: assign a new array
+    to change it). Arrays over MAX_CAPTURED_ARRAY_BYTES are refused."""
+    if array.nbytes > MAX_CAPTURED_ARRAY_BYTES or array.dtype.hasobject:
+        what = (f"a numpy array of {array.nbytes} bytes" if not array.dtype.hasobject
+                else "a numpy array of Python objects")
+        raise _Refused(path, array, f"{what}; kernels bake captured arrays in, up to "
+                       f"{MAX_CAPTURED_ARRAY_BYTES} bytes of numbers",
+                       "pass a smaller table, or the values the operator needs as scalar arguments")
+    found = _array_digests.get(id(array))
+    if found is not None and found[0]() is array:
+        return found[1]
+    contents = hashlib.sha256(np.ascontiguousarray(array).tobytes()).hexdigest()
+    layout = repr(array.dtype.descr) if array.dtype.names is not None else array.dtype.str
+    description = ("ndarray", layout, array.shape, contents)
+    key = id(array)
+    try:
+        reference = weakref.ref(array, lambda _, key=key: _array_digests.pop(key, None))
+    except TypeError:
+        return description
+    _array_digests[key] = (reference, description)
+    return description
+
+
+_library_modules: dict[tuple, tuple] = {}
+
+
+def _module_fingerprint(module: types.ModuleType, attributes, seen: frozenset, path: str):
+    """A module by name and by every attribute the code could read from it. An attribute
+    that cannot be described is kept in memory only (it is probably not what the code
+    reads: numba would not compile a read of it anyway)."""
+    if id(module) in seen:
+        return ("module", module.__name__, "recursive")
+    library = module.__name__.split(".")[0] in _LIBRARY_ROOTS
+    if library:  # versioned with the toolchain, never patched by users: described once
+        found = _library_modules.get((id(module), attributes))
+        if found is not None:
+            return found
+    seen = seen | {id(module)}
+    namespace = module.__dict__
+    parts = []
+    for name in attributes:
+        value = namespace.get(name, _MISSING)
+        if value is _MISSING:
+            if "__getattr__" not in namespace:
+                continue
+            try:
+                value = getattr(module, name)
+            except Exception:  # noqa: BLE001 - an attribute the module does not have
+                continue
+        try:
+            parts.append((name, _fingerprint(value, attributes, seen, f"{path}.{name}")))
+        except _Refused:
+            parts.append((name, (VOLATILE, id(value))))
+    description = ("module", module.__name__, tuple(parts))
+    if library and len(_library_modules) < 4096:
+        _library_modules[(id(module), attributes)] = description
+    return description
+
+
+def _class_fingerprint(cls: type, seen: frozenset, path: str):
+    """Named tuple classes by their fields, enums by their members, other classes by name."""
+    fields = getattr(cls, "_fields", None)
+    if issubclass(cls, tuple) and fields is not None:
+        return ("tuple class", cls.__module__, cls.__qualname__, tuple(fields))
+    if issubclass(cls, enum.Enum):
+        members = tuple((member.name, _fingerprint(member.value, (), seen, f"{path}.{member.name}"))
+                        for member in cls)
+        return ("enum class", cls.__module__, cls.__qualname__, members)
+    return ("class", cls.__module__, cls.__qualname__)
+
+
+def _library_function(func) -> bool:
+    module = getattr(func, "__module__", None) or ""
+    return module.split(".")[0] in _LIBRARY_ROOTS
+
+
+_settings_memo: dict[int, tuple] = {}
+
+
+def _dispatcher_settings(dispatcher) -> tuple:
+    """A numba device function's options (fastmath, opt, ...) and, when it was declared with
+    signatures (`cuda.jit("float32(float32)", device=True)`), those: both change its code."""
+    found = _settings_memo.get(id(dispatcher))
+    if found is not None and found[0]() is dispatcher:
+        return found[1]
+    options = tuple(sorted((name, repr(option)) for name, option in dispatcher.targetoptions.items()))
+    declared = (tuple(str(signature) for signature in dispatcher.nopython_signatures)
+                if not getattr(dispatcher, "_can_compile", True) else None)
+    settings = (options, declared)
+    key = id(dispatcher)
+    try:
+        reference = weakref.ref(dispatcher, lambda _, key=key: _settings_memo.pop(key, None))
+    except TypeError:
+        return settings
+    _settings_memo[key] = (reference, settings)
+    return settings
+
+
+# ---- functions ----------------------------------------------------------------------------
+
+_NO_DEFAULTS = ("tuple",)
 
 
 def _static_digest(func: types.FunctionType) -> tuple:
     defaults = func.__defaults__  # every call pays this: no defaults, no fingerprint to build
-    return (_code_static_digest(func.__code__), _fingerprint(defaults) if defaults else _NO_DEFAULTS)
+    if not defaults:
+        return (_code_static_digest(func.__code__), _NO_DEFAULTS)
+    names = func.__code__.co_varnames[func.__code__.co_argcount - len(defaults):]
+    return (_code_static_digest(func.__code__),
+            ("tuple",) + tuple(_fingerprint(value, (), frozenset(), f"the default of {name}")
+                               for name, value in zip(names, defaults)))
 
 
-_LOAD_ATTRIBUTE = {"LOAD_ATTR", "LOAD_METHOD"}
-
-
-@functools.lru_cache(maxsize=4096)
-def _chains(code: types.CodeType, opname: str) -> tuple[tuple[str, ...], ...]:
-    """Every `name.attr.attr` chain the code (and nested code) starts from a variable loaded
-    with `opname` (LOAD_GLOBAL: globals, LOAD_DEREF: captured cells)."""
-    chains, current = [], None
-    for instruction in dis.get_instructions(code):
-        if instruction.opname == opname:
-            current = [instruction.argval]
-            chains.append(current)
-        elif instruction.opname in _LOAD_ATTRIBUTE and current is not None:
-            current.append(instruction.argval)
-        else:
-            current = None
-    for constant in code.co_consts:
-        if isinstance(constant, types.CodeType):
-            chains.extend(_chains(constant, opname))
-    return tuple(dict.fromkeys(tuple(chain) for chain in chains))
-
-
-def _global_chains(code: types.CodeType) -> tuple[tuple[str, ...], ...]:
-    return _chains(code, "LOAD_GLOBAL")
-
-
-def _global_names(code: types.CodeType) -> tuple[str, ...]:
-    names = list(code.co_names)
-    for constant in code.co_consts:
-        if isinstance(constant, types.CodeType):
-            names.extend(_global_names(constant))
-    return tuple(dict.fromkeys(names))
-
-
-def _resolve(value, chain: tuple[str, ...]):
-    """The value a chain reads from its root: through modules, down to the first non-module."""
-    for attribute in chain[1:]:
-        if not isinstance(value, types.ModuleType):
-            break
-        value = getattr(value, attribute, None)
-    return value
-
-
-def _dynamic_values(func: types.FunctionType, seen: frozenset):
+def _dynamic_values(func: types.FunctionType, seen: frozenset) -> tuple:
     seen = seen | {id(func)}
-    values = []
     code = func.__code__
+    global_names, attributes = _code_names(code)
+    values = []
     for name, cell in zip(code.co_freevars, func.__closure__ or ()):
         try:
             contents = cell.cell_contents
         except ValueError:  # empty cell
-            values.append(("empty",))
+            values.append((name, ("empty",)))
             continue
-        if isinstance(contents, types.ModuleType):  # what is read through it, not its name
-            for chain in _chains(code, "LOAD_DEREF"):
-                if chain[0] == name:
-                    values.append((chain, _fingerprint(_resolve(contents, chain), seen)))
-        values.append(("recursive",) if id(contents) in seen else _fingerprint(contents, seen))
+        values.append((name, ("recursive",) if id(contents) in seen
+                       else _fingerprint(contents, attributes, seen, name)))
     namespace = func.__globals__
-    for chain in _global_chains(code):
-        if chain[0] in namespace:
-            value = _resolve(namespace[chain[0]], chain)
-            values.append((chain, ("recursive",) if id(value) in seen else _fingerprint(value, seen)))
-        elif not hasattr(builtins, chain[0]):
-            values.append((chain, ("missing",)))
+    for name in global_names:
+        value = namespace.get(name, _MISSING)
+        if value is _MISSING:
+            if not hasattr(builtins, name):
+                values.append((name, ("missing",)))
+            continue
+        values.append((name, ("recursive",) if id(value) in seen
+                       else _fingerprint(value, attributes, seen, name)))
     return tuple(values)
 
 
@@ -188,19 +351,14 @@ class Op:
     def __init__(self, func):
         if isinstance(func, Op):
             func = func.func
-        if not inspect.isfunction(func):
-            raise TypeError(
-                f"op: expected a Python function (def or lambda), got {type(func).__name__}"
-            )
+        _check_function(func, "op")
         self.func = func
         self.name = getattr(func, "__qualname__", func.__name__)
-        code = func.__code__
-        # Code that names no global and captures nothing has no dynamic part; anything else
-        # is re-read at every call (a global may be defined after decoration).
-        self._has_dynamic = bool(func.__closure__) or bool(_global_names(code))
-        if code.co_flags & (inspect.CO_VARARGS | inspect.CO_VARKEYWORDS) or code.co_kwonlyargcount:
-            raise TypeError(f"op: {self.name} must take plain positional parameters")
-        self._nparams = code.co_argcount
+        # Code that names no global and captures nothing has no dynamic part beyond its
+        # defaults; anything else is re-read at every call (a global may be defined after
+        # decoration).
+        self._has_dynamic = bool(func.__closure__) or bool(_global_names(func.__code__))
+        self._nparams = func.__code__.co_argcount
 
     def __call__(self, *args):
         return self.func(*args)
@@ -219,12 +377,32 @@ class Op:
             )
 
     def identity(self) -> tuple:
-        """(static digest, dynamic values): equal identities compile to the same code."""
+        """(static digest, dynamic values): equal identities compile to the same code.
+
+        TypeError when the operator reads a value no identity can describe."""
         func = self.func
-        return (_static_digest(func), _dynamic_values(func, frozenset()) if self._has_dynamic else ())
+        try:
+            return (_static_digest(func), _dynamic_values(func, frozenset()) if self._has_dynamic else ())
+        except _Refused as refused:
+            raise TypeError(f"operator {self.name} reads {refused.path}: {refused.reason}; "
+                            f"{refused.hint}") from None
 
     def __repr__(self) -> str:
         return f"<sharded.op {self.name}>"
+
+
+def _check_function(func, argument: str) -> None:
+    """TypeError naming `argument` unless `func` is a plain Python function an operator can be."""
+    if not inspect.isfunction(func):
+        raise TypeError(f"{argument}: expected a Python function (def or lambda), got {type(func).__name__}")
+    code, name = func.__code__, getattr(func, "__qualname__", func.__name__)
+    if code.co_flags & _NOT_GENERATOR:
+        kind = ("an async function" if code.co_flags & (inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR)
+                else "a generator function")
+        raise TypeError(f"{argument}: {name} is {kind}; an operator returns one value per call "
+                        f"(use return, not yield or async)")
+    if code.co_flags & (inspect.CO_VARARGS | inspect.CO_VARKEYWORDS) or code.co_kwonlyargcount:
+        raise TypeError(f"{argument}: {name} must take plain positional parameters")
 
 
 def op(func=None):
@@ -246,8 +424,6 @@ def as_op(func, argument: str = "op") -> Op:
     if isinstance(func, Op):
         return func
     if callable(func):
-        try:
-            return Op(func)
-        except TypeError as error:
-            raise TypeError(f"{argument}: {error}") from None
+        _check_function(func, argument)
+        return Op(func)
     raise TypeError(f"{argument}: expected an operator (function), got {type(func).__name__}")

@@ -4,6 +4,7 @@ None of these needs a GPU."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -210,6 +211,8 @@ def test_clear_cache_and_cache_info(fresh_cache):
     info = sharded.cache_info()
     assert info["directory"] == str(fresh_cache)
     assert info["disk_entries"] == 1 and info["memory_entries"] == 1 and info["disk_bytes"] > 0
+    assert info["disk_bytes"] == sum(path.stat().st_size for path in fresh_cache.glob("*.kernel"))
+    assert info["disk_max_bytes"] == 1 << 30 and info["memory_max_entries"] == 1024  # the defaults
     assert sharded.clear_cache() == 1
     assert sharded.cache_info()["disk_entries"] == 0 and sharded.cache_info()["memory_entries"] == 0
 
@@ -358,31 +361,51 @@ def test_negative_zero_is_not_zero():
     assert _key(lambda x: x + 0.0) != _key(lambda x: x + -0.0)
 
 
-def test_values_known_only_to_this_process_stay_out_of_the_disk_cache(fresh_cache):
+def test_values_no_key_can_describe_are_refused_before_anything_is_cached(fresh_cache):
     class Settings:
         pass
 
     settings = Settings()
     op = sharded.op(lambda x: x if settings is not None else x)
-    from cuda_sharded_jit.op import disk_cacheable
-
-    assert not disk_cacheable(op.identity())
-    with pytest.raises(TypeError):  # numba cannot type the object either: nothing is written
+    with pytest.raises(TypeError, match=r"reads settings: a .*Settings object"):
+        op.identity()
+    with pytest.raises(TypeError, match=r"reads settings"):
         sharded.compile(op, "transform", (np.float32,), arch=ARCH)
     assert not list(fresh_cache.glob("*.kernel"))
 
 
 def test_bad_header_is_recompiled(fresh_cache):
-    import json
-    import struct
-
     op = sharded.op(lambda x: x * 6)
     kernel = sharded.compile(op, "transform", (np.int32,), arch=ARCH)
-    header = {"body_size": 1, "body_sha256": __import__("hashlib").sha256(b"x").hexdigest()}
-    encoded = json.dumps(header).encode()
-    (fresh_cache / f"{kernel.cache_key}.kernel").write_bytes(
-        _cache._MAGIC + struct.pack("<Q", len(encoded)) + encoded + b"x")
+    # an authentic entry (signed by this cache) whose header describes no kernel
+    _cache.write_entry(kernel.cache_key, {}, b"x")
+    assert _cache.read_entry(kernel.cache_key) == ({"body_size": 1}, b"x")
     sharded.clear_cache(memory=True, disk=False)
     with pytest.warns(sharded.CacheWarning, match="bad header"):
         again = sharded.compile(op, "transform", (np.int32,), arch=ARCH)
     assert again.cubin == kernel.cubin
+
+
+@pytest.mark.parametrize("field, value, reason", [
+    ("out_dtype", "float32", "out_dtype float32 differs from this call's float64"),  # a smaller output
+    ("out_dtype", "object", "out_dtype"),
+    ("module", "transform_o4_i8", "module 'transform_o4_i8' differs"),
+    ("algorithm", "reduce", "holds a 'reduce' kernel"),
+    ("arch", "sm_120", "for 'sm_120'"),
+    ("cubin_size", 10 ** 9, "do not fit"),
+    ("cubin_size", True, "do not fit"),
+    ("ltoir_size", -1, "do not fit"),
+])
+def test_header_that_disagrees_with_the_call_is_recompiled(fresh_cache, field, value, reason):
+    """An authenticated entry whose header says something this call does not compute (an
+    entry of another build, or a bug) is corrupt: warned about, recompiled and replaced."""
+    op = sharded.op(lambda x: x * 0.5 + 2.0)
+    kernel = sharded.compile(op, "transform", (np.float64,), arch=ARCH, out_dtype=np.float64)
+    header, body = _cache.read_entry(kernel.cache_key)
+    _cache.write_entry(kernel.cache_key, dict(header, **{field: value}), body)
+    sharded.clear_cache(memory=True, disk=False)
+    with pytest.warns(sharded.CacheWarning, match=f"bad header.*{re.escape(reason)}"):
+        again = sharded.compile(op, "transform", (np.float64,), arch=ARCH, out_dtype=np.float64)
+    assert not again.cache_hit and again.cubin == kernel.cubin and again.out_dtype == np.float64
+    sharded.clear_cache(memory=True, disk=False)
+    assert sharded.compile(op, "transform", (np.float64,), arch=ARCH, out_dtype=np.float64).cache_hit

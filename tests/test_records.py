@@ -217,7 +217,7 @@ def test_tuple_values_errors_before_anything_runs(shim_untouched):
         sharded.exclusive_scan(stand_in_array(group, dtype=AFFINE), compose, (1, 0.5))
     with pytest.raises(ValueError, match="init: an exclusive scan needs an initial value"):
         sharded.transform_exclusive_scan(numbers, lambda x: (x, x), first_min, None)
-    with pytest.raises(TypeError, match="with_index: expected a bool"):
+    with pytest.raises(TypeError, match="with_index: expected True or False"):
         sharded.transform(lambda x, i: x, numbers, with_index=1)
     with pytest.raises(TypeError, match="takes 1 argument, but transform \\(with the index\\) passes 2"):
         sharded.transform(lambda x: x, numbers, with_index=True)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import _shim
-from .._dtypes import as_dtype, describe_dtype, exact_cast, is_record, is_weak_scalar, record_fields
+from .._dtypes import as_dtype, as_flag, describe_dtype, exact_cast, is_record, is_weak_scalar, record_fields
 from ..array import ShardedArray, check_array, check_numbers, check_out
 from ..compiler import kernel_libraries
 from ..op import Op, as_op
@@ -78,8 +78,7 @@ def _init_request(init) -> np.dtype | None:
 def _map_operator(map_op, with_index, what: str) -> Op:
     """map_op as an Op taking (x) or, with `with_index`, (x, global_index); TypeError before
     any compile otherwise."""
-    if not isinstance(with_index, bool):
-        raise TypeError(f"with_index: expected a bool, got {type(with_index).__name__}")
+    with_index = as_flag(with_index, "with_index")
     map_op = as_op(map_op, "map_op")
     map_op.check_arity(2 if with_index else 1, f"{what}'s map" + (" (value, index)" if with_index else ""))
     return map_op

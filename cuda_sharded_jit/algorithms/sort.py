@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from .. import _shim
+from .._dtypes import as_flag
 from ..array import ShardedArray, check_array, check_numbers
 
 
@@ -22,8 +23,7 @@ def sort(a: ShardedArray, descending: bool = False, out: ShardedArray | None = N
     array([1, 2, 3], dtype=int32)
     """
     check_numbers(a, "sort")
-    if not isinstance(descending, bool):
-        raise TypeError(f"descending: expected a bool, got {type(descending).__name__}")
+    descending = as_flag(descending, "descending")
     if out is None:
         out = a
     else:

@@ -7,7 +7,7 @@ import struct
 import numpy as np
 
 from .. import _shim
-from .._dtypes import as_dtype, describe_dtype, exact_cast, is_record, is_scalar, scalar_dtype
+from .._dtypes import as_dtype, as_flag, describe_dtype, exact_cast, is_record, is_scalar, scalar_dtype
 from ..array import ShardedArray, check_out
 from ..compiler import INDEX_MAP, VALUE_MAP, is_indexed_transform, kernel_libraries
 from ..op import as_op
@@ -61,8 +61,8 @@ def prepare(op, args, out: ShardedArray | None, with_index: bool = False, reques
     dtype, libraries, indexed), for `run`. Algorithms that chain a transform with another
     kernel compile both before either writes. `request`: the result dtype wanted when
     `out` is None (None: the operator's return type)."""
-    if not isinstance(with_index, bool):
-        raise TypeError(f"with_index: expected a bool, got {type(with_index).__name__}")
+    if with_index is not False and with_index is not True:
+        with_index = as_flag(with_index, "with_index")
     op = as_op(op)
     op.check_arity(len(args) + with_index, "transform" + (" (with the index)" if with_index else ""))
     arrays, scalars, scalar_dtypes, kinds = [], [], [], []
