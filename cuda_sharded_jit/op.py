@@ -34,6 +34,9 @@ VOLATILE = "volatile"
 # Captured numpy arrays are baked into the kernel as constants (numba freezes them), so
 # their contents are part of the key; larger tables are refused.
 MAX_CAPTURED_ARRAY_BYTES = 1 << 20
+# Captured tuples are unrolled into the code: numba and nvJitLink take time that grows with
+# the square of their length (256 items 0.9 s, 1024 items 7.5 s, 8000 items 395 s measured).
+MAX_CAPTURED_TUPLE_ITEMS = 256
 
 # Functions of these packages are keyed by name: their code is versioned with the
 # toolchain (the disk key holds the versions), and walking it on every call would be slow.
@@ -128,6 +131,11 @@ def _fingerprint(value, attributes: tuple[str, ...], seen: frozenset, path: str)
     if isinstance(value, enum.Enum):
         return ("enum", _class_fingerprint(kind, seen, path), value.name)
     if isinstance(value, tuple):
+        if len(value) > MAX_CAPTURED_TUPLE_ITEMS:
+            raise _Refused(path, value, f"a tuple of {len(value)} items; kernels unroll captured tuples "
+                           f"(8000 items took minutes to link), up to {MAX_CAPTURED_TUPLE_ITEMS}",
+                           "pass a numpy array instead (baked in as a table, up to "
+                           f"{MAX_CAPTURED_ARRAY_BYTES} bytes)")
         items = tuple(_fingerprint(item, attributes, seen, f"{path}[{index}]")
                       for index, item in enumerate(value))
         if kind is tuple:

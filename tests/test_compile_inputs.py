@@ -217,4 +217,4 @@ def test_keys_and_links_run_outside_the_compile_lock(fresh_cache, monkeypatch):
         slow.join(120)
 
 
-_BIG = tuple(float(index) for index in range(8000))
+_BIG = tuple(float(index) for index in range(256))
