@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import operator
 import weakref
 from collections.abc import Sequence
@@ -108,6 +109,55 @@ def _interface_dtype(interface: dict, requested: np.dtype | None, argument: str)
     if requested is not None and requested != found:
         raise TypeError(f"{argument}: holds {describe_dtype(found)}, not dtype {describe_dtype(requested)}")
     return found
+
+
+_INT64_MAX = (1 << 63) - 1
+
+
+def _interface_extent(interface: dict, itemsize: int, argument: str) -> tuple[tuple[int, ...], int]:
+    """A buffer's shape and element count, in exact integers: a product that wraps around
+    (np.prod's int64 does, silently) would adopt a few elements of a buffer described as
+    exabytes, or a negative size."""
+    shape = tuple(interface["shape"])
+    for extent in shape:
+        if isinstance(extent, (bool, np.bool_)) or not isinstance(extent, (int, np.integer)):
+            raise TypeError(f"{argument}: shape {shape} holds {type(extent).__name__} "
+                            f"{extent!r}, expected ints")
+    shape = tuple(int(extent) for extent in shape)
+    if any(extent < 0 for extent in shape):
+        raise ValueError(f"{argument}: shape {shape} has a negative extent")
+    count = math.prod(shape)  # 1 for a 0-d buffer
+    if count > _INT64_MAX:
+        raise ValueError(f"{argument}: shape {shape} has more elements than fit in 64 bits")
+    if count * itemsize > _INT64_MAX:
+        raise ValueError(f"{argument}: shape {shape} of {itemsize}-byte elements spans more bytes "
+                         f"than fit in 64 bits")
+    return shape, count
+
+
+def _interface_stream(interface: dict, argument: str) -> int:
+    """The stream a buffer's producer ordered its work on, as the shim takes it (0: none).
+
+    CAI v3: absent or None asks for no synchronisation, 1 is the legacy default stream, 2 the
+    per-thread default stream, any other integer a cudaStream_t; 0 is disallowed, as it could
+    mean either default stream. CuPy writes 1 for its default stream, numba None, torch
+    (version 2) no stream. A 0 is refused rather than guessed at: waiting on the wrong default
+    stream, or on none, would race the producer's work."""
+    stream = interface.get("stream")
+    if stream is None:
+        return 0
+    if isinstance(stream, (bool, np.bool_)) or not isinstance(stream, (int, np.integer)):
+        raise TypeError(f"{argument}: stream must be an int (a cudaStream_t, 1 or 2) or None, "
+                        f"got {type(stream).__name__}")
+    stream = int(stream)
+    if stream == 0:
+        raise ValueError(f"{argument}: stream 0 is disallowed by the CUDA Array Interface (v3), "
+                         f"being ambiguous between the default streams: use 1 (legacy), "
+                         f"2 (per-thread), a cudaStream_t, or None for no synchronisation")
+    if not 0 < stream < 1 << 64:
+        raise ValueError(f"{argument}: stream {stream} is not a CUDA stream handle "
+                         f"(expected a positive integer below 2**64)")
+    return stream
 
 
 def _release_contiguous(impl) -> None:
@@ -299,6 +349,12 @@ class ShardedArray:
         Records: an interface's typestr (`|V16`) does not name fields, so pass `dtype` (the
         record; its itemsize must match) unless the interface carries a `descr`.
 
+        Each buffer must lie whole inside one allocation of its place's device (its pointer
+        and all `shape` elements after it). Its interface's `stream` is waited for before our
+        work on the place: None (or none given) for no synchronisation, 1 or 2 for the legacy
+        or per-thread default stream, else a live stream of the place's device; 0, which CAI
+        v3 disallows, is refused. Nothing is adopted or queued unless every buffer passes.
+
         >>> a = ShardedArray.adopt(g, [cupy.zeros(5, cupy.float32)])      # doctest: +SKIP
         """
         group = _check_group(group)
@@ -313,8 +369,8 @@ class ShardedArray:
                 raise TypeError(
                     f"buffers[{index}]: {type(buffer).__name__} has no __cuda_array_interface__"
                 )
-            shape = tuple(interface["shape"])
             itemsize = np.dtype(interface["typestr"]).itemsize
+            shape, count = _interface_extent(interface, itemsize, f"buffers[{index}]")
             buffer_dtype = _interface_dtype(interface, requested, f"buffers[{index}]")
             strides = interface.get("strides")
             if strides is not None:
@@ -322,7 +378,7 @@ class ShardedArray:
                 for extent in reversed(shape):
                     expected.append(step)
                     step *= extent
-                if tuple(reversed(expected)) != tuple(strides) and int(np.prod(shape)) > 1:
+                if tuple(reversed(expected)) != tuple(strides) and count > 1:
                     raise ValueError(f"buffers[{index}]: not C-contiguous (strides {tuple(strides)})")
             if interface.get("mask") is not None:
                 raise ValueError(f"buffers[{index}]: masked arrays are not supported")
@@ -332,14 +388,13 @@ class ShardedArray:
                 raise TypeError(f"buffers[{index}]: dtype {describe_dtype(buffer_dtype)} differs from "
                                 f"buffers[0]'s {describe_dtype(dtype)}")
             pointers.append(int(interface["data"][0]))
-            sizes.append(int(np.prod(shape)) if shape else 1)
-            streams.append(interface.get("stream") or 0)
+            sizes.append(count)
+            streams.append(_interface_stream(interface, f"buffers[{index}]"))
         if dtype is None:  # no buffers to name one (an empty group cannot be made)
             dtype = requested
-        impl = _shim.ShardedArray.adopt(group._impl, pointers, sizes, *_shim_dtype(dtype))
-        # Our streams start after whatever the producers queued on theirs (CAI v3 contract).
-        for place, stream in enumerate(streams):
-            group._impl.wait_for_stream(place, int(stream))
+        # The shim checks every buffer's memory and stream before it adopts anything, then
+        # makes our streams start after whatever the producers queued on theirs (CAI v3).
+        impl = _shim.ShardedArray.adopt(group._impl, pointers, sizes, *_shim_dtype(dtype), streams)
         array = cls(impl, group, dtype)
         # The buffers live as long as the array, and are let go only after the work queued
         # on them has run (their owner may reuse the memory at once).

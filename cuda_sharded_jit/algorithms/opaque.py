@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import os
 
 import numpy as np
 
@@ -58,11 +59,56 @@ def count(a: ShardedArray, value) -> int:
 
 _MAX_BINS = (1 << 31) - 2  # num_bins + 1 edges fit the kernel's int
 
+# Below this much host memory the question costs more than the answer tells (reading
+# /proc/meminfo takes tens of microseconds): numpy's own MemoryError does as well.
+_CHECKED_HOST_BYTES = 64 << 20
+
+
+def _available_host_bytes() -> int | None:
+    """Host memory that can be allocated without swapping: MemAvailable (Linux, which counts
+    reclaimable page cache), else sysconf's free pages; None where neither is known."""
+    try:
+        with open("/proc/meminfo", "rb") as meminfo:
+            for line in meminfo:
+                if line.startswith(b"MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, OSError, ValueError):
+        return None
+
+
+def _memory_amount(count: int) -> str:
+    """'16.0 GiB', '512.0 MiB': as the shim writes amounts in its messages."""
+    return f"{count / (1 << 30):.1f} GiB" if count >= 1 << 30 else f"{count / (1 << 20):.1f} MiB"
+
+
+def _check_host_memory(a: ShardedArray, num_bins: int, bin_dtype: np.dtype) -> None:
+    """MemoryError naming num_bins when the host memory the call takes at its peak is not
+    available: the edges, with np.linspace's float64 working copy while it makes float32 ones,
+    then the edges with the counts and the shim's one buffer for adding each further place's."""
+    edges = (num_bins + 1) * bin_dtype.itemsize
+    working = (num_bins + 1) * 8 if bin_dtype.itemsize != 8 else 0
+    counts = num_bins * 8
+    staging = counts if sum(1 for size in a.shard_sizes if size) > 1 else 0
+    need = edges + max(working, counts + staging)
+    if need < _CHECKED_HOST_BYTES:
+        return
+    available = _available_host_bytes()
+    if available is not None and need > available:
+        raise MemoryError(f"num_bins: {num_bins} bins need {_memory_amount(need)} of host memory; "
+                          f"{_memory_amount(available)} is available")
+
 
 def histogram_even(a: ShardedArray, num_bins: int, lower: float, upper: float) -> np.ndarray:
     """Counts in `num_bins` equal bins over [lower, upper], as
     `np.histogram(x, bins=num_bins, range=(lower, upper))`: values outside ignored, NaN
     ignored, the last bin closed. Returns an int64 numpy array.
+
+    Memory grows with `num_bins` (edges and counts, on the host and on every place): a
+    num_bins that does not fit is a MemoryError that says so, before anything is allocated.
 
     >>> sharded.histogram_even(a, num_bins=64, lower=0.0, upper=1.0)        # doctest: +SKIP
     """
@@ -80,11 +126,18 @@ def histogram_even(a: ShardedArray, num_bins: int, lower: float, upper: float) -
         raise ValueError(f"lower, upper: the range must be finite, got ({lower}, {upper})")
     if lower >= upper:
         raise ValueError(f"lower, upper: expected lower < upper, got ({lower}, {upper})")
+    num_bins = int(num_bins)
     # numpy's edges: linspace in the bin dtype (float32 data keeps float32, others float64)
-    bin_dtype = np.float32 if a.dtype == np.float32 else np.float64
+    bin_dtype = np.dtype(np.float32 if a.dtype == np.float32 else np.float64)
+    # Memory first, host then devices, before any is taken: a huge num_bins is a clear
+    # MemoryError, not gigabytes allocated and then a failure (or the OOM killer).
+    _check_host_memory(a, num_bins, bin_dtype)
+    _shim.check_histogram_memory(a._impl, num_bins)
     edges = np.linspace(lower, upper, num_bins + 1, endpoint=True, dtype=bin_dtype)
-    counts = _shim.histogram_even(a._impl, int(num_bins), edges.tobytes())
-    return np.asarray(counts, dtype=np.int64)
+    counts = np.empty(num_bins, dtype=np.int64)
+    _shim.histogram_even(a._impl, num_bins, edges.ctypes.data, edges.nbytes,
+                         counts.ctypes.data, counts.nbytes)
+    return counts
 
 
 __all__ = ["fill", "sequence", "count", "histogram_even"]

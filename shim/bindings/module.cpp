@@ -8,6 +8,7 @@
 #include <nanobind/stl/vector.h>
 
 #include "csj/dtype.hpp"
+#include "csj/errors.hpp"
 #include "csj/place_group.hpp"
 #include "csj/reduce.hpp"
 #include "csj/sharded_array.hpp"
@@ -34,6 +35,15 @@ std::string to_string(const nb::bytes& data) { return std::string(data.c_str(), 
 
 NB_MODULE(_shim, m) {
   m.doc() = "C++ shim of cuda_sharded_jit: places, sharded containers, kernel launches.";
+
+  // A MemoryError that says what did not fit (nanobind raises a std::bad_alloc bare).
+  nb::register_exception_translator([](const std::exception_ptr& thrown, void*) {
+    try {
+      std::rethrow_exception(thrown);
+    } catch (const csj::OutOfMemory& error) {
+      PyErr_SetString(PyExc_MemoryError, error.what());
+    }
+  });
 
   m.def("visible_device_count", &csj::visible_device_count,
         nb::call_guard<nb::gil_scoped_release>());
@@ -73,12 +83,15 @@ NB_MODULE(_shim, m) {
       .def_static(
           "adopt",
           [](std::shared_ptr<csj::PlaceGroup> group, const std::vector<std::uintptr_t>& pointers,
-             std::vector<std::int64_t> sizes, const std::string& dtype, std::size_t itemsize) {
+             std::vector<std::int64_t> sizes, const std::string& dtype, std::size_t itemsize,
+             const std::vector<std::uintptr_t>& streams) {
             const csj::DType type = csj::dtype_from_name(dtype);
             nb::gil_scoped_release release;
-            return csj::ShardedArray::adopt(std::move(group), pointers, std::move(sizes), type, itemsize);
+            return csj::ShardedArray::adopt(std::move(group), pointers, std::move(sizes), type, itemsize,
+                                            streams);
           },
-          "group"_a, "pointers"_a, "sizes"_a, "dtype"_a, "itemsize"_a = 0)
+          "group"_a, "pointers"_a, "sizes"_a, "dtype"_a, "itemsize"_a = 0,
+          "streams"_a = std::vector<std::uintptr_t>{})
       .def_prop_ro("group", &csj::ShardedArray::group)
       .def_prop_ro("dtype", [](const csj::ShardedArray& a) { return csj::dtype_name(a.dtype()); })
       .def_prop_ro("itemsize", &csj::ShardedArray::itemsize)
@@ -139,14 +152,19 @@ NB_MODULE(_shim, m) {
         return csj::count(in, bytes);
       },
       "a"_a, "value"_a);
+  // Host buffers travel as (address, bytes), as in copy_from_host: the edges and counts of a
+  // histogram of 2^31 bins are gigabytes, and copies of them (bytes, a list) as many again.
   m.def(
       "histogram_even",
-      [](const csj::ShardedArray& in, int num_bins, const nb::bytes& edges) {
-        std::string bytes = to_string(edges);
-        nb::gil_scoped_release release;
-        return csj::histogram_even(in, num_bins, bytes);
+      [](const csj::ShardedArray& in, int num_bins, std::uintptr_t edges, std::size_t edge_bytes,
+         std::uintptr_t counts, std::size_t count_bytes) {
+        csj::histogram_even(in, num_bins, reinterpret_cast<const void*>(edges), edge_bytes,
+                            reinterpret_cast<long long*>(counts), count_bytes);
       },
-      "a"_a, "num_bins"_a, "edges"_a);
+      "a"_a, "num_bins"_a, "edges"_a, "edge_bytes"_a, "counts"_a, "count_bytes"_a,
+      nb::call_guard<nb::gil_scoped_release>());
+  m.def("check_histogram_memory", &csj::check_histogram_memory, "a"_a, "num_bins"_a,
+        nb::call_guard<nb::gil_scoped_release>());
   m.def("sort", &csj::sort, "a"_a, "out"_a, "descending"_a, nb::call_guard<nb::gil_scoped_release>());
   m.def("_sort_path_counts", [] {
     const csj::SortPathCounts counts = csj::sort_path_counts();

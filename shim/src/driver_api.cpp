@@ -43,6 +43,13 @@ DriverApi load_all() {
   load(api.cuOccupancyMaxActiveBlocksPerMultiprocessor, "cuOccupancyMaxActiveBlocksPerMultiprocessor");
   load(api.cuCtxGetCurrent, "cuCtxGetCurrent");
   load(api.cuCtxGetId, "cuCtxGetId");
+  load(api.cuCtxPushCurrent, "cuCtxPushCurrent");
+  load(api.cuCtxPopCurrent, "cuCtxPopCurrent");
+  load(api.cuCtxGetDevice, "cuCtxGetDevice");
+  load(api.cuDeviceGet, "cuDeviceGet");
+  load(api.cuDevicePrimaryCtxGetState, "cuDevicePrimaryCtxGetState");
+  load(api.cuStreamGetCtx, "cuStreamGetCtx");
+  load(api.cuPointerGetAttributes, "cuPointerGetAttributes");
   return api;
 }
 

@@ -25,6 +25,13 @@ struct DriverApi {
   decltype(&::cuOccupancyMaxActiveBlocksPerMultiprocessor) cuOccupancyMaxActiveBlocksPerMultiprocessor = nullptr;
   decltype(&::cuCtxGetCurrent) cuCtxGetCurrent = nullptr;
   decltype(&::cuCtxGetId) cuCtxGetId = nullptr;
+  decltype(&::cuCtxPushCurrent) cuCtxPushCurrent = nullptr;
+  decltype(&::cuCtxPopCurrent) cuCtxPopCurrent = nullptr;
+  decltype(&::cuCtxGetDevice) cuCtxGetDevice = nullptr;
+  decltype(&::cuDeviceGet) cuDeviceGet = nullptr;
+  decltype(&::cuDevicePrimaryCtxGetState) cuDevicePrimaryCtxGetState = nullptr;
+  decltype(&::cuStreamGetCtx) cuStreamGetCtx = nullptr;
+  decltype(&::cuPointerGetAttributes) cuPointerGetAttributes = nullptr;
 };
 
 // Loaded once, thread-safely.

@@ -1,35 +1,111 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <stdexcept>
 #include <vector>
 
 #include "../kernels/builtin_kernels.hpp"
+#include "csj/errors.hpp"
 #include "csj/reduce.hpp"
 #include "cuda_check.hpp"
+#include "format.hpp"
 #include "launch.hpp"
 
 namespace csj {
+namespace {
 
-std::vector<long long> histogram_even(const ShardedArray& in, int num_bins, const std::string& edges) {
-  namespace k = kernels;
-  using detail::check;
+using detail::check;
+
+// One place's device scratch: the edges (padded to 16 bytes), then its counts.
+struct ScratchLayout {
+  std::size_t edge_size;   // bytes per edge: float32 edges for float32 data, float64 otherwise
+  std::size_t edge_bytes;  // padded
+  std::size_t count_bytes;
+  std::size_t total() const { return edge_bytes + count_bytes; }
+};
+
+ScratchLayout scratch_layout(const ShardedArray& in, int num_bins) {
+  ScratchLayout layout{};
+  layout.edge_size = in.dtype() == DType::float32 ? 4 : 8;
+  layout.edge_bytes = ((static_cast<std::size_t>(num_bins) + 1) * layout.edge_size + 15) / 16 * 16;
+  layout.count_bytes = static_cast<std::size_t>(num_bins) * sizeof(unsigned long long);
+  return layout;
+}
+
+// Below this much scratch on a device the question costs more than the answer tells: a
+// stream-ordered allocation that fails is a MemoryError all the same, only a bare one.
+constexpr std::uint64_t kCheckedScratch = std::uint64_t{64} << 20;
+
+// check_histogram_memory without the lease (the caller holds one).
+void check_memory(const ShardedArray& in, int num_bins, const ScratchLayout& layout) {
+  const PlaceGroup& group = *in.group();
+  const std::uint64_t per_place = layout.total();
+  for (int device : group.unique_devices()) {
+    // every place's scratch is held at once (all kernels are queued before any count is read)
+    std::uint64_t places = 0;
+    std::size_t first = 0;
+    for (std::size_t place = group.size(); place-- > 0;) {
+      if (group.device(place) != device || in.shard_size(place) == 0) continue;
+      ++places;
+      first = place;
+    }
+    const std::uint64_t need = per_place * places;
+    if (places == 0 || need < kCheckedScratch) continue;
+    detail::DeviceGuard guard(device);
+    std::size_t free = 0, total = 0;
+    check(cudaMemGetInfo(&free, &total), "cudaMemGetInfo");
+    // The pool serves from what it keeps cached before it asks the driver for more: that
+    // counts as free too, or a second large histogram would be refused the memory the
+    // first one left in the pool.
+    const auto pool = reinterpret_cast<cudaMemPool_t>(group.memory_pool(first));
+    std::uint64_t reserved = 0, used = 0;
+    check(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReservedMemCurrent, &reserved),
+          "cudaMemPoolGetAttribute");
+    check(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemCurrent, &used), "cudaMemPoolGetAttribute");
+    const std::uint64_t available = free + (reserved > used ? reserved - used : 0);
+    if (need <= available) continue;
+    const std::string name = "device " + std::to_string(device);
+    throw OutOfMemory("num_bins: " + std::to_string(num_bins) + " bins need " +
+                      detail::memory_amount(per_place) + " of device memory per place" +
+                      (places > 1 ? ", " + detail::memory_amount(need) + " on " + name + " (" +
+                                        std::to_string(places) + " places)"
+                                  : std::string()) +
+                      "; " + name + " has " + detail::memory_amount(available) + " free");
+  }
+}
+
+}  // namespace
+
+void check_histogram_memory(const ShardedArray& in, int num_bins) {
   in.check_scalar("a", "histogram_even");
   if (num_bins <= 0) throw std::invalid_argument("num_bins: expected a positive number of bins");
-  const std::size_t edge_size = in.dtype() == DType::float32 ? 4 : 8;
-  if (edges.size() != (static_cast<std::size_t>(num_bins) + 1) * edge_size) {
+  const ArrayLeases leases({{&in, "a"}});
+  check_memory(in, num_bins, scratch_layout(in, num_bins));
+}
+
+void histogram_even(const ShardedArray& in, int num_bins, const void* edges, std::size_t edge_bytes,
+                    long long* counts, std::size_t count_bytes) {
+  namespace k = kernels;
+  in.check_scalar("a", "histogram_even");
+  if (num_bins <= 0) throw std::invalid_argument("num_bins: expected a positive number of bins");
+  const ScratchLayout layout = scratch_layout(in, num_bins);
+  if (edge_bytes != (static_cast<std::size_t>(num_bins) + 1) * layout.edge_size) {
     throw std::invalid_argument("edges: expected num_bins + 1 edges of the bin dtype");
   }
+  if (count_bytes != static_cast<std::size_t>(num_bins) * sizeof(long long)) {
+    throw std::invalid_argument("counts: expected room for num_bins int64 counts");
+  }
   const ArrayLeases leases({{&in, "a"}});
+  check_memory(in, num_bins, layout);
   const PlaceGroup& group = *in.group();
   const auto kernel = detail::KernelHandle::builtin(k::builtin_histogram_kernel(static_cast<int>(in.dtype())));
-  const std::size_t count_bytes = static_cast<std::size_t>(num_bins) * sizeof(unsigned long long);
-  const std::size_t edge_bytes = (edges.size() + 15) / 16 * 16;
+  const std::size_t padded_edges = layout.edge_bytes;
   // Shared memory: the edges, then per-warp sub-histograms when they fit (warps then never
   // contend for a counter), else one per block, else counts go straight to global memory.
   const std::size_t bins_bytes = static_cast<std::size_t>(num_bins) * sizeof(unsigned int);
-  const bool edges_in_shared = edge_bytes <= static_cast<std::size_t>(k::kHistogramSharedBytes);
-  const std::size_t room = edges_in_shared ? k::kHistogramSharedBytes - edge_bytes : k::kHistogramSharedBytes;
+  const bool edges_in_shared = padded_edges <= static_cast<std::size_t>(k::kHistogramSharedBytes);
+  const std::size_t room = edges_in_shared ? k::kHistogramSharedBytes - padded_edges : k::kHistogramSharedBytes;
   int copies = 0;
   std::size_t counter_bytes = 0;
   if (bins_bytes * k::kHistogramWarps <= room) {
@@ -37,12 +113,14 @@ std::vector<long long> histogram_even(const ShardedArray& in, int num_bins, cons
   } else if (bins_bytes <= room) {
     copies = 1, counter_bytes = bins_bytes;
   }
-  const int bins_offset = edges_in_shared ? static_cast<int>(edge_bytes) : 0;
+  const int bins_offset = edges_in_shared ? static_cast<int>(padded_edges) : 0;
   const auto shared = static_cast<unsigned>(bins_offset + counter_bytes);
 
-  std::vector<std::vector<unsigned long long>> partial(group.size());
+  // The first place's counts land in `counts` itself, each further place's in one host buffer
+  // and are added from there: host memory for two sets of counts, whatever the group's size.
+  std::vector<unsigned long long> staging;
   std::vector<detail::StreamScratch> scratches(group.size());
-  const detail::SyncOnUnwind settle(group);  // no copy into `partial` outlives it
+  const detail::SyncOnUnwind settle(group);  // no copy into `counts` or `staging` outlives it
   // every place's kernel first: the copies into pageable memory below make the host wait
   for (std::size_t place = 0; place < group.size(); ++place) {
     const long long n = in.shard_size(place);
@@ -53,16 +131,16 @@ std::vector<long long> histogram_even(const ShardedArray& in, int num_bins, cons
     // each place's scratch is used on its own stream only: a stream-ordered free is safe
     // whenever a step throws
     detail::StreamScratch& scratch = scratches[place];
-    scratch = detail::StreamScratch(edge_bytes + count_bytes, stream,
+    scratch = detail::StreamScratch(layout.total(), stream,
                                     reinterpret_cast<cudaMemPool_t>(group.memory_pool(place)));
     unsigned char* base = scratch.bytes();
-    check(cudaMemcpyAsync(base, edges.data(), edges.size(), cudaMemcpyHostToDevice, stream), "cudaMemcpyAsync (edges)");
-    check(cudaMemsetAsync(base + edge_bytes, 0, count_bytes, stream), "cudaMemsetAsync");
+    check(cudaMemcpyAsync(base, edges, edge_bytes, cudaMemcpyHostToDevice, stream), "cudaMemcpyAsync (edges)");
+    check(cudaMemsetAsync(base + padded_edges, 0, layout.count_bytes, stream), "cudaMemsetAsync");
     k::HistogramParams params{};
     params.in = reinterpret_cast<const void*>(in.shard_pointer(place));
     params.n = n;
     params.edges = base;
-    params.counts = reinterpret_cast<unsigned long long*>(base + edge_bytes);
+    params.counts = reinterpret_cast<unsigned long long*>(base + padded_edges);
     params.num_bins = num_bins;
     params.edges_in_shared = edges_in_shared ? 1 : 0;
     params.copies = copies;
@@ -71,22 +149,25 @@ std::vector<long long> histogram_even(const ShardedArray& in, int num_bins, cons
     const auto grid = static_cast<unsigned>(std::min<long long>(blocks, static_cast<long long>(sms) * 8));
     detail::launch(kernel, grid, k::kHistogramBlock, stream, params, "launching histogram", shared);
   }
+  bool first = true;
   for (std::size_t place = 0; place < group.size(); ++place) {
     if (!scratches[place]) continue;
     const auto stream = reinterpret_cast<cudaStream_t>(group.stream(place));
     detail::DeviceGuard guard(group.device(place));
-    partial[place].resize(num_bins);
-    check(cudaMemcpyAsync(partial[place].data(), scratches[place].bytes() + edge_bytes, count_bytes,
+    if (!first && staging.empty()) staging.resize(num_bins);
+    // unsigned long long and long long counts share their bits (no bin reaches 2^63)
+    void* into = first ? static_cast<void*>(counts) : static_cast<void*>(staging.data());
+    check(cudaMemcpyAsync(into, scratches[place].bytes() + padded_edges, layout.count_bytes,
                           cudaMemcpyDeviceToHost, stream),
           "cudaMemcpyAsync (counts)");
     scratches[place].free();
+    check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+    if (!first) {
+      for (std::size_t bin = 0; bin < staging.size(); ++bin) counts[bin] += static_cast<long long>(staging[bin]);
+    }
+    first = false;
   }
-  group.sync();
-  std::vector<long long> counts(num_bins, 0);
-  for (const auto& place_counts : partial) {
-    for (std::size_t bin = 0; bin < place_counts.size(); ++bin) counts[bin] += static_cast<long long>(place_counts[bin]);
-  }
-  return counts;
+  if (first) std::fill(counts, counts + num_bins, 0LL);  // every shard empty
 }
 
 }  // namespace csj

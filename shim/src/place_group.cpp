@@ -14,6 +14,8 @@
 #include <utility>
 
 #include "cuda_check.hpp"
+#include "driver_api.hpp"
+#include "format.hpp"
 
 namespace csj {
 namespace {
@@ -333,10 +335,53 @@ std::pair<int, int> PlaceGroup::compute_capability(std::size_t place) const {
   return {major, minor};
 }
 
+void PlaceGroup::check_foreign_stream(std::size_t place, std::uintptr_t foreign_stream,
+                                      const std::string& what) const {
+  const int id = device(place);
+  if (foreign_stream <= 2) return;  // none, or a default stream: whichever device is current
+  const std::string refused = what + ": stream " + detail::hex_address(foreign_stream) +
+                              " is not a live CUDA stream of device " + std::to_string(id);
+  // Nothing is ever mapped in the lowest 64 KiB of a process (Linux's mmap_min_addr, Windows'
+  // null region), nor at or above 2^57 (user space ends at 2^56 with x86-64's 5-level paging,
+  // lower elsewhere), so no stream object lives there: refused before the driver sees it. A
+  // -1 written as unsigned is the likeliest of such values.
+  if (foreign_stream < 0x10000 || foreign_stream >= (std::uintptr_t{1} << 57)) {
+    throw std::invalid_argument(refused);
+  }
+  check_alive();
+  // The driver takes a stream handle on trust: a destroyed stream or an arbitrary value makes
+  // this call (and any other that takes the handle) crash the process, so those cannot be
+  // told apart here. What it does tell safely is which context a live stream belongs to: a
+  // stream of another device, or of another context of this one, would fail the event we
+  // record on it (events belong to the primary context) or wait for the wrong work.
+  CUcontext owner = nullptr;
+  if (detail::driver().cuStreamGetCtx(reinterpret_cast<CUstream>(foreign_stream), &owner) != CUDA_SUCCESS ||
+      !owner) {
+    throw std::invalid_argument(refused);
+  }
+  const auto unique = std::find(unique_devices_.begin(), unique_devices_.end(), id);
+  const auto ours = reinterpret_cast<CUcontext>(contexts_[unique - unique_devices_.begin()].first);
+  if (owner == ours) return;
+  CUdevice owner_device = -1;
+  if (detail::driver().cuCtxPushCurrent(owner) == CUDA_SUCCESS) {
+    if (detail::driver().cuCtxGetDevice(&owner_device) != CUDA_SUCCESS) owner_device = -1;
+    CUcontext popped = nullptr;
+    detail::driver().cuCtxPopCurrent(&popped);
+  }
+  if (owner_device == id) {
+    throw std::invalid_argument(refused + " in the context the group uses (its primary context): "
+                                "it belongs to another context of that device");
+  }
+  throw std::invalid_argument(refused + (owner_device >= 0 ? " (it is a stream of device " +
+                                                                 std::to_string(owner_device) + ")"
+                                                           : std::string()));
+}
+
 void PlaceGroup::wait_for_stream(std::size_t place, std::uintptr_t foreign_stream) const {
   const int id = device(place);
   if (foreign_stream == 0 || foreign_stream == streams_[place]) return;
   check_alive();
+  check_foreign_stream(place, foreign_stream, "stream");
   detail::DeviceGuard guard(id);
   // CAI streams: 1 is the legacy default stream, 2 the per-thread default stream.
   cudaStream_t producer = foreign_stream == 1   ? cudaStreamLegacy

@@ -34,12 +34,14 @@ std::vector<KernelSet> linked_sets(const std::vector<const KernelLibrary*>& libr
                                 "), got " + std::to_string(libraries.size()));
   }
   std::vector<KernelSet> sets;
-  for (const KernelLibrary* library : libraries) {
+  for (std::size_t place = 0; place < libraries.size(); ++place) {
+    const KernelLibrary* library = libraries[place];
     if (!library) throw std::invalid_argument("libraries: None");
+    const int device = group.device(place);
     KernelSet set;
-    set.reduce = KernelHandle::linked(library->kernel("csj_reduce"));
-    set.fold = KernelHandle::linked(library->kernel("csj_fold"));
-    if (with_scan) set.scan = KernelHandle::linked(library->kernel("csj_scan"));
+    set.reduce = KernelHandle::linked(library->kernel("csj_reduce", device));
+    set.fold = KernelHandle::linked(library->kernel("csj_fold", device));
+    if (with_scan) set.scan = KernelHandle::linked(library->kernel("csj_scan", device));
     sets.push_back(set);
   }
   return sets;

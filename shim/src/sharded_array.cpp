@@ -10,6 +10,7 @@
 
 #include "cuda_check.hpp"
 #include "driver_api.hpp"
+#include "format.hpp"
 
 namespace csj {
 namespace {
@@ -45,6 +46,58 @@ void validate_sizes(const std::vector<std::int64_t>& sizes, std::size_t places, 
 
 std::size_t round_up(std::size_t value, std::size_t granule) {
   return (value + granule - 1) / granule * granule;
+}
+
+// std::invalid_argument naming `what` unless all `bytes` from `pointer` are memory the driver
+// allocated, not just the first: a __cuda_array_interface__ that claims more elements than
+// its producer allocated would have kernels read and write past the allocation, into other
+// buffers (small cudaMalloc allocations lie back to back) or off the mapped pages.
+void check_extent(std::uintptr_t pointer, std::uint64_t bytes, const std::string& what) {
+  const detail::DriverApi& api = driver();
+  const auto address = static_cast<CUdeviceptr>(pointer);
+  // The allocation holding the pointer: a cudaMalloc / pool / managed allocation's own bytes,
+  // or for CUDA VMM the whole reserved range (cuMemAddressReserve), mapped or not.
+  CUdeviceptr start = 0;
+  std::size_t size = 0;
+  CUpointer_attribute range_attributes[] = {CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
+                                            CU_POINTER_ATTRIBUTE_RANGE_SIZE};
+  void* range_values[] = {&start, &size};
+  if (api.cuPointerGetAttributes(2, range_attributes, range_values, address) != CUDA_SUCCESS ||
+      start == 0 || address < start || address - start > size) {
+    throw std::invalid_argument(what + ": the driver knows no allocation holding " +
+                                detail::hex_address(pointer));
+  }
+  const std::uint64_t offset = address - start;
+  if (bytes > size - offset) {
+    throw std::invalid_argument(what + ": its " + std::to_string(bytes) +
+                                " bytes run past the end of the allocation at " +
+                                detail::hex_address(start) + " (" + std::to_string(size) + " bytes)" +
+                                (offset ? ", starting " + std::to_string(offset) + " bytes into it"
+                                        : std::string()));
+  }
+  // Within a VMM range only the mapped chunks are memory (the range of a growing pool, e.g.
+  // torch's expandable segments, is mostly unmapped): walk the mappings to the end. For other
+  // allocations the first mapping (the driver's page holding them) covers them already.
+  CUpointer_attribute mapping_attributes[] = {CU_POINTER_ATTRIBUTE_MAPPING_BASE_ADDR,
+                                              CU_POINTER_ATTRIBUTE_MAPPING_SIZE};
+  const CUdeviceptr end = address + bytes;
+  CUdeviceptr at = address;
+  while (at < end) {
+    void* base = nullptr;
+    std::size_t mapped = 0;
+    void* mapping_values[] = {&base, &mapped};
+    const CUresult found = api.cuPointerGetAttributes(2, mapping_attributes, mapping_values, at);
+    if (found != CUDA_SUCCESS || base == nullptr || mapped == 0) {
+      if (at == address) return;  // a driver that does not report mappings: the range must do
+      throw std::invalid_argument(what + ": its " + std::to_string(bytes) +
+                                  " bytes run past the mapped memory of the range at " +
+                                  detail::hex_address(start) + ": nothing is mapped at " +
+                                  detail::hex_address(static_cast<std::uintptr_t>(at)));
+    }
+    const CUdeviceptr next = reinterpret_cast<CUdeviceptr>(base) + mapped;
+    if (next <= at) return;  // not a mapping that holds `at`: nothing more to learn
+    at = next;
+  }
 }
 
 }  // namespace
@@ -179,11 +232,16 @@ std::shared_ptr<ShardedArray> ShardedArray::allocate_contiguous(std::shared_ptr<
 std::shared_ptr<ShardedArray> ShardedArray::adopt(std::shared_ptr<PlaceGroup> group,
                                                   const std::vector<std::uintptr_t>& pointers,
                                                   std::vector<std::int64_t> sizes, DType dtype,
-                                                  std::size_t record_size) {
+                                                  std::size_t record_size,
+                                                  const std::vector<std::uintptr_t>& streams) {
   if (group && pointers.size() != group->size()) {
     throw std::invalid_argument("buffers: expected one buffer per place (" +
                                 std::to_string(group->size()) + "), got " +
                                 std::to_string(pointers.size()));
+  }
+  if (!streams.empty() && streams.size() != pointers.size()) {
+    throw std::invalid_argument("streams: expected one per buffer (" + std::to_string(pointers.size()) +
+                                "), got " + std::to_string(streams.size()));
   }
   std::shared_ptr<ShardedArray> array(
       new ShardedArray(std::move(group), std::move(sizes), dtype, record_size, Storage::adopted));
@@ -193,33 +251,42 @@ std::shared_ptr<ShardedArray> ShardedArray::adopt(std::shared_ptr<PlaceGroup> gr
   for (std::size_t shard = 0; shard < pointers.size(); ++shard) {
     if (array->shard_sizes_[shard] == 0) continue;
     const std::uintptr_t pointer = pointers[shard];
+    const std::string what = "buffers[" + std::to_string(shard) + "]";
     if (pointer == 0) {
-      throw std::invalid_argument("buffers[" + std::to_string(shard) + "]: null data pointer");
+      throw std::invalid_argument(what + ": null data pointer");
     }
     if (pointer % alignment != 0) {
-      throw std::invalid_argument("buffers[" + std::to_string(shard) + "]: data pointer is not aligned to " +
+      throw std::invalid_argument(what + ": data pointer is not aligned to " +
                                   std::to_string(alignment) + " bytes");
     }
     cudaPointerAttributes attributes{};
     cudaError_t status = cudaPointerGetAttributes(&attributes, reinterpret_cast<void*>(pointer));
     if (status != cudaSuccess) {
       cudaGetLastError();
-      throw std::invalid_argument("buffers[" + std::to_string(shard) +
-                                  "]: not a CUDA device pointer");
+      throw std::invalid_argument(what + ": not a CUDA device pointer");
     }
     const int expected = array->group_->device(shard);
     if (attributes.type != cudaMemoryTypeDevice && attributes.type != cudaMemoryTypeManaged) {
-      throw std::invalid_argument("buffers[" + std::to_string(shard) +
-                                  "]: host memory, expected memory of device " +
+      throw std::invalid_argument(what + ": host memory, expected memory of device " +
                                   std::to_string(expected));
     }
     if (attributes.type == cudaMemoryTypeDevice && attributes.device != expected) {
-      throw std::invalid_argument("buffers[" + std::to_string(shard) + "]: lives on device " +
-                                  std::to_string(attributes.device) + ", expected device " +
-                                  std::to_string(expected) + " (place " + std::to_string(shard) +
-                                  ")");
+      throw std::invalid_argument(what + ": lives on device " + std::to_string(attributes.device) +
+                                  ", expected device " + std::to_string(expected) + " (place " +
+                                  std::to_string(shard) + ")");
     }
+    // validate_sizes keeps size * itemsize below 2^63
+    check_extent(pointer, static_cast<std::uint64_t>(array->shard_sizes_[shard]) * element, what);
     array->shard_pointers_[shard] = pointer;
+  }
+  // Every stream is checked before any is waited for: a refused buffer leaves nothing queued.
+  for (std::size_t place = 0; place < streams.size(); ++place) {
+    array->group_->check_foreign_stream(place, streams[place],
+                                        "buffers[" + std::to_string(place) + "]");
+  }
+  // Our streams start after whatever the producers queued on theirs (CAI v3 contract).
+  for (std::size_t place = 0; place < streams.size(); ++place) {
+    array->group_->wait_for_stream(place, streams[place]);
   }
   return array;
 }

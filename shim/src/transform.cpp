@@ -3,6 +3,7 @@
 #include <cuda.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstring>
 #include <stdexcept>
 
@@ -89,14 +90,65 @@ KernelLibrary::KernelLibrary(const std::string& cubin, const std::vector<std::st
   }
 }
 
-KernelLibrary::~KernelLibrary() {
-  if (library_) detail::driver().cuLibraryUnload(static_cast<CUlibrary>(library_));
+namespace {
+
+// Blocks until the work queued on each device of `devices` (KernelLibrary::launched_on_'s
+// bits) has run. A device whose primary context is not active was reset since, and the
+// work went with its context; asking the runtime about that device would make a new
+// context, so it is left alone. Never throws: destructors call it.
+void synchronize_devices(std::uint64_t devices) noexcept {
+  if (devices == 0) return;
+  try {
+    const detail::DriverApi& api = detail::driver();
+    int count = 0;
+    if (cudaGetDeviceCount(&count) != cudaSuccess) count = 0;
+    int previous = -1;
+    if (cudaGetDevice(&previous) != cudaSuccess) previous = -1;
+    int current = previous;
+    for (int device = 0; device < count; ++device) {
+      if (!(devices & (std::uint64_t{1} << std::min(device, 63)))) continue;
+      CUdevice handle = 0;
+      unsigned int flags = 0;
+      int active = 0;
+      if (api.cuDeviceGet(&handle, device) != CUDA_SUCCESS ||
+          api.cuDevicePrimaryCtxGetState(handle, &flags, &active) != CUDA_SUCCESS || !active) {
+        continue;
+      }
+      if (cudaSetDevice(device) != cudaSuccess) continue;
+      current = device;
+      cudaDeviceSynchronize();  // a failed context answers at once; nothing is left to wait for
+    }
+    if (current != previous && previous >= 0) cudaSetDevice(previous);
+  } catch (...) {  // no driver: nothing was launched
+  }
+  cudaGetLastError();
 }
 
-void* KernelLibrary::kernel(const std::string& name) const {
+}  // namespace
+
+KernelLibrary::~KernelLibrary() {
+  if (!library_) return;
+  // The compile caches evict libraries while the process runs (least recently used first),
+  // and a launch returns once its kernel is queued: kernels of this library may still be
+  // waiting or running on a place's stream. Unloading must not race them, and the driver's
+  // documentation promises no wait (driver 580 was seen to wait, for queued kernels too; an
+  // older or newer one need not), so the devices the library launched on are drained first.
+  // Their whole device, not the streams (the library does not know them): an eviction is
+  // rare, a launch is not, and this way the launch pays one bit for it.
+  synchronize_devices(launched_on_.load(std::memory_order_acquire));
+  detail::driver().cuLibraryUnload(static_cast<CUlibrary>(library_));
+}
+
+void* KernelLibrary::kernel(const std::string& name, int device) const {
   auto found = kernels_.find(name);
   if (found == kernels_.end()) {
     throw std::invalid_argument("library: has no entry point '" + name + "'");
+  }
+  // A load first, so the launch path writes the shared word only on a device's first launch.
+  // Relaxed suffices: whoever destroys the library has synchronised with every user of it.
+  const std::uint64_t bit = std::uint64_t{1} << std::min(std::max(device, 0), 63);
+  if (!(launched_on_.load(std::memory_order_relaxed) & bit)) {
+    launched_on_.fetch_or(bit, std::memory_order_relaxed);
   }
   return found->second;
 }
@@ -158,10 +210,10 @@ void transform(const std::vector<const KernelLibrary*>& libraries, const ArrayLi
     if (out.is_record()) throw std::invalid_argument("out: records need an indexed transform");
   }
   std::vector<detail::KernelHandle> kernels;
-  for (const KernelLibrary* library : libraries) {
-    if (!library) throw std::invalid_argument("libraries: None");
-    kernels.push_back(detail::KernelHandle::linked(
-        library->kernel(indexed ? "csj_transform_indexed" : "csj_transform")));
+  for (std::size_t place = 0; place < libraries.size(); ++place) {
+    if (!libraries[place]) throw std::invalid_argument("libraries: None");
+    kernels.push_back(detail::KernelHandle::linked(libraries[place]->kernel(
+        indexed ? "csj_transform_indexed" : "csj_transform", out.group()->device(place))));
   }
   for_each_place(inputs, out, scalars,
                  [&](TransformParams& params, unsigned grid, std::size_t place, std::uintptr_t stream) {
@@ -206,8 +258,8 @@ void adjacent_difference(const std::vector<const KernelLibrary*>& difference,
     const auto stream = reinterpret_cast<cudaStream_t>(group.stream(place));
     const auto* data = reinterpret_cast<const unsigned char*>(in.shard_pointer(place));
     auto* result = reinterpret_cast<unsigned char*>(out.shard_pointer(place));
-    const auto diff_kernel = detail::KernelHandle::linked(difference[place]->kernel("csj_transform"));
-    const auto first_kernel = detail::KernelHandle::linked(first[place]->kernel("csj_transform"));
+    const auto diff_kernel = detail::KernelHandle::linked(difference[place]->kernel("csj_transform", device));
+    const auto first_kernel = detail::KernelHandle::linked(first[place]->kernel("csj_transform", device));
     auto run = [&](const detail::KernelHandle& kernel, const void* a, const void* b, void* to,
                    long long count) {
       TransformParams params{};

@@ -37,8 +37,14 @@ class PlaceGroup {
   bool can_access_peer(int from, int to) const;
   // (major, minor) compute capability of the place's device.
   std::pair<int, int> compute_capability(std::size_t place) const;
+  // std::invalid_argument naming `what` unless the place's stream can be made to wait for
+  // `foreign_stream` (the `stream` of a __cuda_array_interface__ we consume): 0 (no stream),
+  // 1 or 2 (the legacy and per-thread default streams), or a live stream of the place's
+  // device in the context the group uses (the device's primary context). Queues nothing.
+  void check_foreign_stream(std::size_t place, std::uintptr_t foreign_stream,
+                            const std::string& what) const;
   // Makes the place's stream wait for work already queued on a foreign stream of its device
-  // (the `stream` of a __cuda_array_interface__ we consume). 0 means no stream: nothing to do.
+  // (checked first, as check_foreign_stream names "stream"). 0 means no stream: nothing to do.
   void wait_for_stream(std::size_t place, std::uintptr_t foreign_stream) const;
   // Blocks until every place's stream has drained (call with the GIL released).
   void sync() const;

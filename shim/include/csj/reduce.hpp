@@ -2,6 +2,7 @@
 // (deterministic; operators need be associative, not commutative). CUDA-free header.
 #pragma once
 
+#include <cstddef>
 #include <string>
 #include <vector>
 
@@ -28,9 +29,16 @@ ReduceResult reduce_builtin(BuiltinReduction op, const ShardedArray& in, const s
 // Number of elements equal to `value` (the dtype's bytes); built in, no JIT.
 long long count(const ShardedArray& in, const std::string& value);
 
-// numpy's histogram with num_bins equal bins: `edges` holds num_bins + 1 edges as numpy
-// computes them (float32 values for float32 input, float64 otherwise). Counts per bin.
-std::vector<long long> histogram_even(const ShardedArray& in, int num_bins, const std::string& edges);
+// numpy's histogram with num_bins equal bins: `edges` (`edge_bytes` of host memory) holds
+// num_bins + 1 edges as numpy computes them (float32 values for float32 input, float64
+// otherwise). Writes the count of each bin to `counts` (`count_bytes` of host memory, room
+// for num_bins). Checks check_histogram_memory first.
+void histogram_even(const ShardedArray& in, int num_bins, const void* edges, std::size_t edge_bytes,
+                    long long* counts, std::size_t count_bytes);
+// csj::OutOfMemory naming num_bins unless every device of the group has the memory that
+// histogram_even's scratch takes there (edges and counts for each of its places with a
+// non-empty shard), counting what the group's pool keeps cached as free. Allocates nothing.
+void check_histogram_memory(const ShardedArray& in, int num_bins);
 
 // Reduce-then-scan across places: per-shard totals, their prefix in shard order, then each
 // shard scanned seeded with its prefix. `out` may be `in`. An exclusive scan needs `init`.

@@ -31,11 +31,15 @@ class ShardedArray {
   static std::shared_ptr<ShardedArray> allocate_contiguous(std::shared_ptr<PlaceGroup> group,
                                                            std::vector<std::int64_t> sizes,
                                                            DType dtype, std::size_t record_size = 0);
-  // Zero-copy over device buffers the caller owns, one per place; never freed here.
+  // Zero-copy over device buffers the caller owns, one per place; never freed here. Each
+  // buffer must lie whole inside memory of its place's device (pointer, alignment, extent).
+  // `streams` (empty, or one per buffer: 0 for none, as check_foreign_stream takes them) are
+  // the producers' streams: all are checked, then each place's stream waits for its own.
   static std::shared_ptr<ShardedArray> adopt(std::shared_ptr<PlaceGroup> group,
                                              const std::vector<std::uintptr_t>& pointers,
                                              std::vector<std::int64_t> sizes, DType dtype,
-                                             std::size_t record_size = 0);
+                                             std::size_t record_size = 0,
+                                             const std::vector<std::uintptr_t>& streams = {});
 
   ShardedArray(const ShardedArray&) = delete;
   ShardedArray& operator=(const ShardedArray&) = delete;

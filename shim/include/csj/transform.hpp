@@ -3,6 +3,7 @@
 // CUDA-free header.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -21,13 +22,18 @@ class KernelLibrary {
   KernelLibrary(const std::string& cubin, const std::vector<std::string>& entries);
   KernelLibrary(const KernelLibrary&) = delete;
   KernelLibrary& operator=(const KernelLibrary&) = delete;
+  // Waits for the devices the library launched on (see launched_on_), then unloads it.
   ~KernelLibrary();
-  // The CUkernel of a resolved entry point, as an opaque handle (immutable: thread-safe).
-  void* kernel(const std::string& name) const;
+  // The CUkernel of a resolved entry point, as an opaque handle, for a launch on `device`
+  // (noted for the destructor). Thread-safe.
+  void* kernel(const std::string& name, int device) const;
 
  private:
   void* library_ = nullptr;
   std::unordered_map<std::string, void*> kernels_;
+  // Bit d: a kernel of the library was handed out for a launch on device d (bit 63: on
+  // device 63 or any above it). Only ever gains bits.
+  mutable std::atomic<std::uint64_t> launched_on_{0};
 };
 
 // fill (out = value) and sequence (out = start + step * global index) take no input array.
