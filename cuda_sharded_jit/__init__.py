@@ -38,10 +38,13 @@ from .places import PlaceGroup
 
 __version__ = "0.1.0"
 
+# sharded.sum / min / max are public, but not exported by `from cuda_sharded_jit import *`,
+# which would shadow the builtins of the same names.
+
 __all__ = [
     "PlaceGroup", "ShardedArray", "ShardView", "SUPPORTED_DTYPES",
     "op", "Op", "compile", "CompiledKernel", "transform", "ops",
-    "reduce", "sum", "min", "max", "transform_reduce", "count_if", "argmin", "argmax",
+    "reduce", "transform_reduce", "count_if", "argmin", "argmax",
     "inclusive_scan", "exclusive_scan", "transform_inclusive_scan", "transform_exclusive_scan",
     "adjacent_difference",
     "fill", "sequence", "count", "histogram_even", "sort",

@@ -1,5 +1,16 @@
 """Descriptor operators: precompiled into the shim (no JIT), same kernels as user operators.
 
+| operator | computes |
+| --- | --- |
+| `ops.negate` | `out = -x` |
+| `ops.add` | `out = x + y` |
+| `ops.mul` | `out = x * y` |
+| `ops.scale(a)` | `out = a * x` |
+| `ops.add_scalar(c)` | `out = x + c` |
+| `ops.axpy(a)` | `out = a * x + y` |
+
+All arrays of one number dtype (records are refused); the scalar must fit that dtype.
+
 >>> sharded.transform(sharded.ops.axpy(2.0), x, y, out=y)   # y = 2 x + y   # doctest: +SKIP
 """
 

@@ -40,17 +40,35 @@ def _members(cls):
             yield name, "method", value
 
 
+# Public, but left out of __all__ (a star import would shadow the builtins): listed after reduce.
+_NOT_STAR_EXPORTED = ("sum", "min", "max")
+# Classes the library makes (by_devices, allocate, compile, ...): no constructor to show.
+_MADE_BY_THE_LIBRARY = {"PlaceGroup", "ShardedArray", "ShardView", "CompiledKernel"}
+# Members the algorithms use that are no part of the API.
+_INTERNAL = {"Op.check_arity", "Op.identity"}
+
+
+def _names(sharded) -> list[str]:
+    names = list(sharded.__all__)
+    at = names.index("reduce") + 1
+    return names[:at] + list(_NOT_STAR_EXPORTED) + names[at:]
+
+
 def render() -> str:
     import cuda_sharded_jit as sharded
 
     lines = ["# API reference", "",
              "Generated from the docstrings by `python docs/make_reference.py`; "
              "`import cuda_sharded_jit as sharded`.", ""]
-    for name in sharded.__all__:
+    for name in _names(sharded):
         obj = getattr(sharded, name)
         if inspect.isclass(obj):
-            lines += [f"## `sharded.{name}`", "", f"class `{name}{_signature(obj)}`", "", _doc(obj), ""]
+            made = name in _MADE_BY_THE_LIBRARY
+            lines += [f"## `sharded.{name}`", "", f"class `{name}{'' if made else _signature(obj)}`", "",
+                      _doc(obj), ""]
             for member, kind, function in _members(obj):
+                if f"{name}.{member}" in _INTERNAL:
+                    continue
                 head = f"`{name}.{member}`" if kind == "property" else f"`{name}.{member}{_signature(function)}`"
                 lines += [f"### {head}", "", _doc(function), ""]
         elif callable(obj):

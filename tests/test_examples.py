@@ -26,7 +26,9 @@ def test_gpu_example(name):
 def test_inspect_operator_runs_without_a_gpu():
     result = _run("inspect_operator.py")
     assert result.returncode == 0, result.stderr
-    assert "inlined (no CALL in SASS): True" in result.stdout
+    assert "inlined: yes" in result.stdout
+    fused = [line for line in result.stdout.splitlines() if "FFMA R" in line]
+    assert len(fused) == 4  # alpha * x + y on the four elements of a vectorised load
 
 
 def test_gpu_examples_explain_a_missing_gpu():

@@ -1,5 +1,6 @@
 """CPU tests: the package imports anywhere, without numba and without a GPU."""
 
+import builtins
 import subprocess
 import sys
 
@@ -83,11 +84,24 @@ def test_descriptor_repr():
 
 def test_info_runs_without_a_gpu(tmp_path):
     result = subprocess.run([sys.executable, "-m", "cuda_sharded_jit", "info"], capture_output=True,
-                            text=True, check=True, cwd=tmp_path)
+                            text=True, cwd=tmp_path)
     assert "cuda_sharded_jit" in result.stdout and "numba-cuda:" in result.stdout
+    for line in ("  Python: " + sys.version.split()[0], "  NVRTC: ", "  driver: ", "  CompiledKernel.sass(): "):
+        assert line in result.stdout
     assert result.stdout.strip().splitlines()[-1].startswith("verdict: ")
-    if DEVICE_COUNT == 0:
-        assert "no GPU usable" in result.stdout
+    if DEVICE_COUNT == 0:  # compiles, but nothing can run: a non-zero exit
+        assert "nothing can run here" in result.stdout and "no GPU usable" in result.stdout
+        assert result.returncode == 1
+    else:
+        assert result.returncode == 0, result.stdout
+
+
+def test_star_import_does_not_shadow_builtins():
+    namespace = {}
+    exec("from cuda_sharded_jit import *", namespace)  # noqa: S102 - what a user's star import does
+    assert "sum" not in namespace and "min" not in namespace and "max" not in namespace
+    assert "transform" in namespace and "PlaceGroup" in namespace
+    assert sharded.sum is not builtins.sum  # still public under the package's name
 
 
 def test_scalars_that_do_not_fit_are_value_errors():
