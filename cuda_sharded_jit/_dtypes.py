@@ -1,9 +1,13 @@
-"""The element types arrays and operators use, and how Python values map onto them."""
+"""The element types arrays and operators use, and how Python values map onto them.
+
+This module is the gate: it validates dtypes (as_dtype, as_array_dtype, check_record) and
+builds records (record_dtype). What follows from an accepted dtype's layout (its numba
+type, how wrappers read and write it, packing, descriptions, cache-header text) lives in
+_layout, one class per layout.
+"""
 
 from __future__ import annotations
 
-import json
-import keyword
 import numbers
 
 import numpy as np
@@ -109,18 +113,6 @@ def is_record(dtype) -> bool:
     return dtype.names is not None
 
 
-def same_fields(first: np.dtype, second: np.dtype) -> bool:
-    """Whether two records hold the same field dtypes in the same order (names aside): one
-    is the other's layout, so a value of one is stored as the other field by field."""
-    return (is_record(first) and is_record(second) and first.itemsize == second.itemsize
-            and [field for _, field in record_fields(first)] == [field for _, field in record_fields(second)])
-
-
-def record_fields(dtype: np.dtype) -> list[tuple[int, np.dtype]]:
-    """(byte offset, dtype) of each field of a record, in order."""
-    return [(dtype.fields[name][1], dtype.fields[name][0]) for name in dtype.names]
-
-
 def check_record(dtype: np.dtype, argument: str) -> np.dtype:
     """`dtype` itself when it is a record arrays can hold, else TypeError naming `argument`.
 
@@ -168,47 +160,3 @@ def as_array_dtype(dtype, argument: str = "dtype") -> np.dtype:
     if is_record(resolved):
         return check_record(resolved, argument)
     return as_dtype(resolved, argument)
-
-
-def describe_dtype(dtype: np.dtype) -> str:
-    """A dtype's name, or a record's fields: "(x: float32, y: float64)"."""
-    dtype = np.dtype(dtype)
-    if not is_record(dtype):
-        return dtype.name
-    return "(" + ", ".join(f"{name}: {dtype.fields[name][0].name}" for name in dtype.names) + ")"
-
-
-def has_default_names(dtype: np.dtype) -> bool:
-    """Whether a record's fields are numpy's default names f0, f1, ... (tuple accumulators)."""
-    return list(dtype.names) == [f"f{index}" for index in range(len(dtype.names))]
-
-
-def field_names(dtype: np.dtype) -> tuple[str, ...] | None:
-    """The names operators may use for a record's fields (r.x), or None for plain tuples: a
-    record with numpy's default names, or a name that is no Python identifier, a keyword or
-    starts with "_" (which a named tuple cannot take)."""
-    names = dtype.names
-    if has_default_names(dtype):
-        return None
-    if all(name.isidentifier() and not keyword.iskeyword(name) and not name.startswith("_")
-           for name in names):
-        return names
-    return None
-
-
-def dtype_key(dtype: np.dtype) -> str:
-    """A text form of a dtype or record that `dtype_from_key` reads back (cache headers)."""
-    dtype = np.dtype(dtype)
-    if is_record(dtype):
-        if has_default_names(dtype):
-            return "(" + ",".join(field.name for _, field in record_fields(dtype)) + ")"
-        return "record:" + json.dumps([[name, dtype.fields[name][0].name] for name in dtype.names])
-    return dtype.name
-
-
-def dtype_from_key(key: str) -> np.dtype:
-    if key.startswith("("):
-        return record_dtype(key[1:-1].split(","))
-    if key.startswith("record:"):
-        return np.dtype([(name, field) for name, field in json.loads(key[len("record:"):])], align=True)
-    return np.dtype(key)

@@ -4,14 +4,14 @@ The wrappers follow the pointer convention the shim's kernels call:
     void <abi_name>(const T0* in0, ..., Tout* out, const S0* scalar0, ...)
 so values of any layout can cross. Records (numpy structured dtypes) reach operators as
 tuples — named tuples when their fields have names (`p.x` or `p[0]`) — and the wrappers
-read and write them field by field; wrappers of the indexed modules also address their
-elements themselves (global base + global index * itemsize). numba is imported here, at the
-first compile, never at package import.
+read and write them field by field; how a value of each layout is typed, read and written
+is the layout's (_layout); wrappers of the indexed modules also address their elements
+themselves (global base + global index * itemsize). numba is imported here, at the first
+compile, never at package import.
 """
 
 from __future__ import annotations
 
-import collections
 import functools
 import importlib
 import inspect
@@ -20,7 +20,8 @@ import types
 
 import numpy as np
 
-from ._dtypes import describe_dtype, field_names, is_record, record_dtype, record_fields, same_fields
+from ._dtypes import record_dtype
+from ._layout import describe_dtype, layout_of
 
 _state_lock = threading.Lock()
 # numba's typing and dispatcher state are guarded by numba's own compiler lock (an RLock its
@@ -124,32 +125,9 @@ def numba_type(dtype: np.dtype):
     return getattr(types, _NUMPY_OF[np.dtype(dtype).name])
 
 
-_record_classes: dict[tuple[str, ...], type] = {}
-
-
-def record_class(dtype: np.dtype):
-    """The named tuple a record with named fields reaches operators as (None: a plain tuple)."""
-    names = field_names(np.dtype(dtype))
-    if names is None:
-        return None
-    with _state_lock:
-        found = _record_classes.get(names)
-        if found is None:
-            found = _record_classes[names] = collections.namedtuple("Record", names)
-        return found
-
-
 def value_type(dtype: np.dtype):
     """The numba type of one value of `dtype` as an operator receives it."""
-    numba, types, _ = _load_numba()
-    dtype = np.dtype(dtype)
-    if not is_record(dtype):
-        return numba_type(dtype)
-    fields = [field for _, field in record_fields(dtype)]
-    cls = record_class(dtype)
-    if cls is None:
-        return types.Tuple([numba_type(field) for field in fields])
-    return numba.typeof(cls(*[field.type(0) for field in fields]))
+    return layout_of(dtype).value_type()
 
 
 # numba return types we can store, mapped to the array dtype they become.
@@ -289,8 +267,7 @@ _TUPLE_METHODS = ("index",)
 def _shadowed_fields_hint(arg_dtypes) -> str:
     hints = []
     for dtype in arg_dtypes:
-        names = field_names(np.dtype(dtype)) if is_record(dtype) else None
-        for position, name in enumerate(names or ()):
+        for position, name in enumerate(layout_of(dtype).field_names or ()):
             if name in _TUPLE_METHODS:
                 hints.append(f"\n(field {name!r} of {describe_dtype(dtype)}: numba reads p.{name} as "
                              f"the tuple method; write p[{position}])")
@@ -410,52 +387,13 @@ def _record_namespace() -> dict:
     return {"_load": load_field, "_store": store_field, "_at": element_at}
 
 
-def _read_source(dtype: np.dtype, pointer: str, prefix: str, namespace: dict) -> str:
-    """An expression reading the value of `dtype` at `pointer` (a void pointer): a number,
-    or a record as a (named) tuple."""
-    dtype = np.dtype(dtype)
-    if not is_record(dtype):
-        namespace[f"{prefix}t"] = numba_type(dtype)
-        return f"_load({pointer}, 0, {prefix}t)"
-    items = []
-    for index, (offset, field) in enumerate(record_fields(dtype)):
-        namespace[f"{prefix}t{index}"] = numba_type(field)
-        items.append(f"_load({pointer}, {offset}, {prefix}t{index})")
-    cls = record_class(dtype)
-    if cls is None:
-        return "(" + ", ".join(items) + ",)"
-    namespace[f"{prefix}R"] = cls
-    return f"{prefix}R(" + ", ".join(items) + ")"
-
-
-def _write_source(dtype: np.dtype, pointer: str, value: str, prefix: str, namespace: dict) -> str:
-    """Statements storing `value` (a number, or a tuple for a record) at `pointer`, each part
-    cast to its field's type."""
-    dtype = np.dtype(dtype)
-    if not is_record(dtype):
-        namespace[f"{prefix}c"] = numba_type(dtype)
-        return f"    _store({pointer}, 0, {prefix}c({value}))\n"
-    lines = []
-    for index, (offset, field) in enumerate(record_fields(dtype)):
-        namespace[f"{prefix}c{index}"] = numba_type(field)
-        lines.append(f"    _store({pointer}, {offset}, {prefix}c{index}({value}[{index}]))\n")
-    return "".join(lines)
-
-
 def _check_returns(op, returned, out_dtype, arg_dtypes, where: str) -> None:
     """TypeError unless `returned` (a numba type) can be stored as `out_dtype`: a tuple of as
     many numbers for a record, a number otherwise."""
-    out_dtype = np.dtype(out_dtype)
-    if is_record(out_dtype):
-        count = len(out_dtype.names)
-        if not (_is_tuple(returned) and len(returned) == count):
-            raise TypeError(f"operator {op.name} returns {returned} for argument types "
-                            f"{_describe(arg_dtypes)}; {where} holds records of {count} fields "
-                            f"{describe_dtype(out_dtype)}, so it must return a tuple of {count} numbers")
-    elif _is_tuple(returned):
+    mismatch = layout_of(out_dtype).return_mismatch(returned, where)
+    if mismatch is not None:
         raise TypeError(f"operator {op.name} returns {returned} for argument types "
-                        f"{_describe(arg_dtypes)}, but {where} holds numbers ({out_dtype}); return "
-                        f"a number, or leave out= out to get a record array")
+                        f"{_describe(arg_dtypes)}{mismatch}")
 
 
 @_serialised
@@ -511,7 +449,8 @@ def compile_transform_indexed(op, arg_kinds, out_dtype, cc, max_scalars: int, wi
         if kind == "array":
             name = f"in{len(arrays)}"
             arrays.append(name)
-            call_args.append(_read_source(dtype, f"_at({name}, index, {dtype.itemsize})", f"_in{len(arrays)}_", namespace))
+            call_args.append(layout_of(dtype).read_source(f"_at({name}, index, {dtype.itemsize})",
+                                                          f"_in{len(arrays)}_", namespace))
         else:
             name = f"s{len(scalars)}"
             scalars.append(name)
@@ -524,10 +463,11 @@ def compile_transform_indexed(op, arg_kinds, out_dtype, cc, max_scalars: int, wi
     _check_returns(op, returned, out_dtype, arg_dtypes, "the result")
     unused = [f"unused{k}" for k in range(max_scalars - len(scalars))]
     params = ", ".join(arrays + ["out"] + scalars + unused + ["index"])
+    out_layout = layout_of(out_dtype)
     source = (f"def csj_transform_indexed_op({params}):\n"
               f"    r = _op({', '.join(call_args)})\n"
-              f"    target = _at(out, index, {np.dtype(out_dtype).itemsize})\n"
-              + _write_source(out_dtype, "target", "r", "_out_", namespace))
+              f"    target = _at(out, index, {out_layout.itemsize})\n"
+              + out_layout.write_source("target", "r", "_out_", namespace))
     signature = ([types.voidptr] * (len(arrays) + 1) + scalar_types + [types.voidptr] * len(unused)
                  + [types.int64])
     return _compile_wrapper(source, op.name, "csj_transform_indexed_op", namespace, signature, cc, op,
@@ -566,40 +506,41 @@ def infer_map_dtype(map_spec, in_dtype, cc) -> np.dtype:
 _MAP_CALLS = {"call": "_map(x)", "call_index": "_map(x, index)", "predicate": "1 if _map(x) else 0"}
 
 
-def _compile_record_reduction(op, map_spec, in_dtype, acc_dtype, cc, input_by_base: bool) -> tuple[bytes, bytes]:
+def _compile_record_reduction(op, map_spec, in_layout, acc_layout, cc, input_by_base: bool) -> tuple[bytes, bytes]:
     """compile_reduction where the accumulator or the input is a record: the wrappers read
     values field by field into (named) tuples, call the operator and store each field of
     what it returns. `input_by_base`: csj_map receives the input's global base and finds the
     element at base + index * itemsize (reduce_jit.cu's CSJ_INPUT_BY_BASE modules); otherwise
     a pointer to the element."""
     _, types, _ = _load_numba()
-    acc_type = value_type(acc_dtype)
+    in_dtype, acc_dtype = in_layout.dtype, acc_layout.dtype
+    acc_type = acc_layout.value_type()
     dispatcher = _device_dispatcher(op, cc)
     returned = _return_type(op, [acc_type, acc_type], [acc_dtype, acc_dtype], cc, dispatcher)
     _check_returns(op, returned, acc_dtype, [acc_dtype, acc_dtype], "the accumulator")
     namespace = dict(_record_namespace(), _op=dispatcher)
     op_source = (f"def csj_op(a, b, out):\n"
-                 f"    r = _op({_read_source(acc_dtype, 'a', '_acc_', namespace)}, "
-                 f"{_read_source(acc_dtype, 'b', '_acc_', namespace)})\n"
-                 + _write_source(acc_dtype, "out", "r", "_out_", namespace))
+                 f"    r = _op({acc_layout.read_source('a', '_acc_', namespace)}, "
+                 f"{acc_layout.read_source('b', '_acc_', namespace)})\n"
+                 + acc_layout.write_source("out", "r", "_out_", namespace))
     op_ir = _compile_wrapper(op_source, op.name, "csj_op", namespace,
                              (types.voidptr, types.voidptr, types.voidptr), cc, op, [acc_dtype, acc_dtype])
 
     kind, map_op = map_spec
     namespace = _record_namespace()
-    element = f"_at(value, index, {in_dtype.itemsize})" if input_by_base else "value"
-    read = _read_source(in_dtype, element, "_in_", namespace)
+    element = f"_at(value, index, {in_layout.itemsize})" if input_by_base else "value"
+    read = in_layout.read_source(element, "_in_", namespace)
     if kind == "value":
-        if (is_record(in_dtype) or is_record(acc_dtype)) and not same_fields(in_dtype, acc_dtype):
-            raise TypeError(f"operator {op.name}: elements of {describe_dtype(in_dtype)} cannot "
-                            f"accumulate as {describe_dtype(acc_dtype)}; a tuple accumulator is built "
+        if not in_layout.casts_to(acc_layout):
+            raise TypeError(f"operator {op.name}: elements of {in_layout.description} cannot "
+                            f"accumulate as {acc_layout.description}; a tuple accumulator is built "
                             f"from each element by a map operator (transform_reduce)")
         body = "    r = x\n"
     else:
         namespace["_map"] = _device_dispatcher(map_op, cc)
         body = f"    r = {_MAP_CALLS[kind]}\n"
     map_source = (f"def csj_map(value, index, out):\n    x = {read}\n{body}"
-                  + _write_source(acc_dtype, "out", "r", "_out_", namespace))
+                  + acc_layout.write_source("out", "r", "_out_", namespace))
     map_ir = _compile_wrapper(map_source, (map_op or op).name, "csj_map", namespace,
                               (types.voidptr, types.int64, types.voidptr), cc, map_op or op, [in_dtype])
     return op_ir, map_ir
@@ -614,9 +555,9 @@ def compile_reduction(op, map_spec, in_dtype, acc_dtype, cc, input_by_base: bool
     ("call_index", op) applies map(value, global_index); ("predicate", op) gives 1 where
     op(value) is true, else 0. `input_by_base`: see _compile_record_reduction.
     """
-    if is_record(acc_dtype) or is_record(in_dtype) or input_by_base:
-        return _compile_record_reduction(op, map_spec, np.dtype(in_dtype), np.dtype(acc_dtype), cc,
-                                         input_by_base)
+    in_layout, acc_layout = layout_of(in_dtype), layout_of(acc_dtype)
+    if acc_layout.is_record or in_layout.is_record or input_by_base:  # typed pointers carry numbers only
+        return _compile_record_reduction(op, map_spec, in_layout, acc_layout, cc, input_by_base)
     _, types, _ = _load_numba()
     acc_type = types.CPointer(numba_type(acc_dtype))
     in_type = types.CPointer(numba_type(in_dtype))

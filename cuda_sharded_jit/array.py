@@ -11,7 +11,8 @@ import numpy as np
 from numpy.lib.format import descr_to_dtype
 
 from . import _shim
-from ._dtypes import as_array_dtype, check_record, describe_dtype, is_record
+from ._dtypes import as_array_dtype, check_record, is_record
+from ._layout import describe_dtype, layout_of
 from .places import PlaceGroup
 
 
@@ -26,9 +27,10 @@ def check_numbers(array: "ShardedArray", algorithm: str, argument: str = "a") ->
     """TypeError naming `argument` when the array holds records, which `algorithm` (a
     built-in kernel that knows only numbers) cannot take."""
     check_array(array, argument)
-    if is_record(array.dtype):
+    layout = layout_of(array.dtype)
+    if layout.is_record:
         raise TypeError(f"{argument}: {algorithm} takes arrays of numbers, not records "
-                        f"{describe_dtype(array.dtype)}")
+                        f"{layout.description}")
     return array
 
 
@@ -69,13 +71,8 @@ def _shard_sizes(group: PlaceGroup, n_or_sizes, argument: str = "n") -> list[int
     )
 
 
-def _shim_dtype(dtype: np.dtype) -> tuple[str, int]:
-    """The shim's (dtype name, itemsize): records travel as "record" and their size."""
-    return ("record", dtype.itemsize) if is_record(dtype) else (dtype.name, 0)
-
-
 def _allocate(group: PlaceGroup, sizes: list[int], dtype: np.dtype, contiguous: bool):
-    name, itemsize = _shim_dtype(dtype)
+    name, itemsize = layout_of(dtype).shim_dtype
     return _shim.ShardedArray.allocate(group._impl, sizes, name, contiguous, itemsize)
 
 
@@ -198,21 +195,20 @@ class ShardView:
         dtype = array.dtype
         size = impl.shard_sizes[place]
         pointer = impl.shard_pointer(place)
+        if field_name is None:  # typestr, and a record's descr
+            element, data, strides = layout_of(dtype).interface_entries(), pointer, None
+        else:
+            field, offset = dtype.fields[field_name][:2]
+            element, strides = {"typestr": field.str}, (dtype.itemsize,)
+            data = pointer + offset if size else pointer
         interface = {
             "shape": (size,),
-            "typestr": dtype.str,
-            "data": (pointer, False),
-            "strides": None,
+            **element,
+            "data": (data, False),
+            "strides": strides,
             "version": 3,
             "stream": array.group.stream(place),
         }
-        if field_name is not None:
-            field, offset = dtype.fields[field_name][:2]
-            interface["typestr"] = field.str
-            interface["strides"] = (dtype.itemsize,)
-            interface["data"] = (pointer + offset if size else pointer, False)
-        elif is_record(dtype):
-            interface["descr"] = dtype.descr
         self.__cuda_array_interface__ = interface
 
     def field(self, name: str) -> ShardView:
@@ -222,7 +218,7 @@ class ShardView:
         >>> xs = cupy.asarray(points.shard(0).field("x"))                   # doctest: +SKIP
         """
         dtype = self.array.dtype
-        if not is_record(dtype) or self.field_name is not None:
+        if not layout_of(dtype).is_record or self.field_name is not None:
             raise TypeError(f"name: field views are views of a record shard; this one holds {self.dtype}")
         if name not in dtype.names:
             raise ValueError(f"name: no field {name!r} (fields: {', '.join(dtype.names)})")
@@ -394,7 +390,7 @@ class ShardedArray:
             dtype = requested
         # The shim checks every buffer's memory and stream before it adopts anything, then
         # makes our streams start after whatever the producers queued on theirs (CAI v3).
-        impl = _shim.ShardedArray.adopt(group._impl, pointers, sizes, *_shim_dtype(dtype), streams)
+        impl = _shim.ShardedArray.adopt(group._impl, pointers, sizes, *layout_of(dtype).shim_dtype, streams)
         array = cls(impl, group, dtype)
         # The buffers live as long as the array, and are let go only after the work queued
         # on them has run (their owner may reuse the memory at once).
@@ -488,6 +484,4 @@ class ShardedArray:
         return self._impl.is_freed
 
     def __repr__(self) -> str:
-        if is_record(self._dtype):
-            return self._impl.describe(f"record{describe_dtype(self._dtype)}")
-        return self._impl.describe()
+        return self._impl.describe(layout_of(self._dtype).repr_label)

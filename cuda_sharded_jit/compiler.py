@@ -18,8 +18,8 @@ from pathlib import Path
 import numpy as np
 
 from . import _cache, _link, _shim
-from ._dtypes import (as_array_dtype, as_dtype, as_flag, describe_dtype, dtype_from_key, dtype_key, is_record,
-                      same_fields)
+from ._dtypes import as_array_dtype, as_dtype, as_flag
+from ._layout import dtype_from_key, layout_of
 from .op import Op, as_op, disk_cacheable
 
 ALGORITHMS = ("transform", "reduce", "scan")
@@ -111,8 +111,8 @@ def _arch_cc(arch: str) -> tuple[int, int]:
 def is_indexed_transform(arg_kinds, out_dtype, map_spec) -> bool:
     """Whether a transform runs the indexed module (records in or out, or the element's index
     wanted) rather than the vectorised one for 4- and 8-byte numbers."""
-    return (map_spec == INDEX_MAP or is_record(out_dtype)
-            or any(kind == "array" and is_record(dtype) for kind, dtype in arg_kinds))
+    return (map_spec == INDEX_MAP or layout_of(out_dtype).is_record
+            or any(kind == "array" and layout_of(dtype).is_record for kind, dtype in arg_kinds))
 
 
 def _transform_module(arg_kinds, out_dtype, map_spec) -> str:
@@ -125,17 +125,19 @@ def _transform_module(arg_kinds, out_dtype, map_spec) -> str:
 
 def _reduction_module(op: Op, algorithm: str, map_spec, in_dtype: np.dtype, acc: np.dtype) -> tuple[str, bool]:
     """(LTO module, whether its map addresses the input from the global base)."""
-    if not is_record(in_dtype):
+    in_layout = layout_of(in_dtype)
+    if not in_layout.is_record:
         return f"{algorithm}_a{acc.itemsize}_i{in_dtype.itemsize}", False
     if algorithm == "reduce":  # one module per accumulator for records of any size
         return f"reduce_a{acc.itemsize}_irec", True
     # a scan of records runs over the records themselves, into their own layout
     if map_spec[0] != "value":
-        raise TypeError(f"map_op: a scan of records ({describe_dtype(in_dtype)}) takes no map; "
+        raise TypeError(f"map_op: a scan of records ({in_layout.description}) takes no map; "
                         f"transform_inclusive_scan / transform_exclusive_scan map it first")
-    if not same_fields(in_dtype, acc):
-        raise TypeError(f"operator {op.name}: a scan of records of {describe_dtype(in_dtype)} "
-                        f"accumulates and writes that layout, not {describe_dtype(acc)}")
+    acc_layout = layout_of(acc)
+    if not in_layout.casts_to(acc_layout):
+        raise TypeError(f"operator {op.name}: a scan of records of {in_layout.description} "
+                        f"accumulates and writes that layout, not {acc_layout.description}")
     return f"scan_a{acc.itemsize}_i{in_dtype.itemsize}", False
 
 
@@ -282,7 +284,7 @@ def _lookup(op: Op, key: tuple, map_spec=VALUE_MAP) -> CompiledKernel:
         kernel = replace(_build(op, key, map_spec), cache_key=digest)
         if on_disk:
             _cache.write_entry(digest, {"algorithm": kernel.algorithm, "op": op.name, "arch": kernel.arch,
-                                        "module": kernel.module, "out_dtype": dtype_key(kernel.out_dtype),
+                                        "module": kernel.module, "out_dtype": layout_of(kernel.out_dtype).key,
                                         "cubin_size": len(kernel.cubin),
                                         "ltoir_size": len(kernel.ltoir)},
                                kernel.cubin + kernel.ltoir + kernel.map_ltoir)

@@ -94,7 +94,7 @@ def test_record_dtypes_accepted_and_refused():
 
 
 def test_named_records_round_trip_through_cache_keys():
-    from cuda_sharded_jit._dtypes import dtype_from_key, dtype_key
+    from cuda_sharded_jit._layout import dtype_from_key, dtype_key
 
     for dtype in (POINT, MIXED, WIDE):
         assert dtype_from_key(dtype_key(dtype)) == dtype
@@ -102,11 +102,11 @@ def test_named_records_round_trip_through_cache_keys():
 
 
 def test_records_reach_operators_as_named_tuples_when_named():
-    from cuda_sharded_jit._jit import record_class
+    from cuda_sharded_jit._layout import layout_of
 
-    assert record_class(POINT)._fields == ("x", "y")
-    assert record_class(np.dtype("f4,f8", align=True)) is None        # f0, f1: plain tuples
-    assert record_class(np.dtype([("class", np.float32)])) is None  # not an identifier to use
+    assert layout_of(POINT).record_class._fields == ("x", "y")
+    assert layout_of(np.dtype("f4,f8", align=True)).record_class is None        # f0, f1: plain tuples
+    assert layout_of(np.dtype([("class", np.float32)])).record_class is None  # not an identifier to use
 
 
 def test_record_transforms_compile_to_sass_without_calls():

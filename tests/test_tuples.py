@@ -83,7 +83,8 @@ def test_tuple_reduction_errors():
 
 
 def test_records_round_trip_through_cache_keys():
-    from cuda_sharded_jit._dtypes import dtype_from_key, dtype_key, record_dtype
+    from cuda_sharded_jit._dtypes import record_dtype
+    from cuda_sharded_jit._layout import dtype_from_key, dtype_key
 
     record = record_dtype([np.float32, np.int64, np.float64])
     assert dtype_from_key(dtype_key(record)) == record
@@ -92,21 +93,23 @@ def test_records_round_trip_through_cache_keys():
 
 def test_tuple_init_packs_and_results_unpack_as_numpy_scalars():
     from cuda_sharded_jit._dtypes import record_dtype
-    from cuda_sharded_jit.algorithms.reduce import _pack, _result
+    from cuda_sharded_jit._layout import layout_of
+    from cuda_sharded_jit.algorithms.reduce import _result
 
     record = record_dtype([np.float32, np.int64])
     expected = np.zeros((), record)
     expected["f0"], expected["f1"] = np.inf, -1
-    assert _pack((np.inf, -1), record) == expected.tobytes() and len(expected.tobytes()) == 16
-    value = _result(True, expected.tobytes(), record, None, "transform_reduce")
+    layout = layout_of(record)
+    assert layout.pack_init((np.inf, -1)) == expected.tobytes() and len(expected.tobytes()) == 16
+    value = _result(True, expected.tobytes(), layout, None, "transform_reduce")
     assert value == (np.float32(np.inf), np.int64(-1))
     assert [type(item) for item in value] == [np.float32, np.int64]
     with pytest.raises(ValueError, match=r"init\[1\]"):
-        _pack((0.0, 2.5), record)  # a fraction cannot become the int64 field
+        layout.pack_init((0.0, 2.5))  # a fraction cannot become the int64 field
     with pytest.raises(TypeError, match="tuple of 2"):
-        _pack((0.0,), record)
+        layout.pack_init((0.0,))
     with pytest.raises(TypeError, match="transform_reduce"):
-        _pack((0.0, 1.0), np.dtype(np.float64))
+        layout_of(np.float64).pack_init((0.0, 1.0))
 
 
 # ---- GPU ----

@@ -10,7 +10,8 @@ from __future__ import annotations
 import numpy as np
 
 from .. import _shim
-from .._dtypes import as_dtype, as_flag, describe_dtype, exact_cast, is_record, is_weak_scalar, record_fields
+from .._dtypes import as_dtype, as_flag, is_weak_scalar
+from .._layout import Layout, layout_of
 from ..array import ShardedArray, check_array, check_numbers, check_out
 from ..compiler import kernel_libraries
 from ..op import Op, as_op
@@ -36,35 +37,17 @@ _ADD = _PYTHON_OPS["sum"]
 
 
 
-def _accumulator(dtype: np.dtype, init) -> np.dtype:
+def _accumulator(dtype: np.dtype, layout: Layout, init) -> np.dtype:
     """The input dtype, or init's when it is an explicitly typed (numpy) value and wider.
 
     Python scalars are weak, as in numpy: `reduce(float32_array, op, init=0.0)` stays
     float32; `init=np.float64(0)` accumulates in float64. Records accumulate as themselves
     (init: a tuple).
     """
-    init_dtype = None if is_record(dtype) else _init_request(init)
+    init_dtype = None if layout.is_record else _init_request(init)
     if init_dtype is None:
         return dtype
     return init_dtype if np.promote_types(dtype, init_dtype) == init_dtype else dtype
-
-
-def _pack(value, dtype: np.dtype) -> bytes:
-    if value is None:
-        return b""
-    if is_record(dtype):
-        fields = record_fields(dtype)
-        if not isinstance(value, tuple) or len(value) != len(fields):
-            raise TypeError(f"init: the accumulator is a tuple of {len(fields)} "
-                            f"({', '.join(field.name for _, field in fields)}); got {value!r}")
-        record = np.zeros((), dtype)
-        for index, (item, name) in enumerate(zip(value, dtype.names)):
-            record[name] = exact_cast(item, dtype.fields[name][0], f"init[{index}]")
-        return record.tobytes()
-    if isinstance(value, tuple):
-        raise TypeError(f"init: a tuple, but the accumulator is a single {dtype}; a tuple "
-                        f"accumulator comes from a map that returns tuples (transform_reduce)")
-    return exact_cast(value, dtype, "init").tobytes()
 
 
 def _init_request(init) -> np.dtype | None:
@@ -84,31 +67,29 @@ def _map_operator(map_op, with_index, what: str) -> Op:
     return map_op
 
 
-def _operator(op, arity: int, what: str, records: np.dtype | None = None):
+def _operator(op, arity: int, what: str, values: Layout | None = None):
     """A built-in name or an Op; TypeError before any compile for a wrong arity, or for a
-    built-in name when the values are `records` (it combines numbers)."""
+    built-in name when the `values` are records (it combines numbers)."""
     if isinstance(op, str):
         if op not in _BUILTIN:
             raise ValueError(f"op: expected an operator or one of {', '.join(_BUILTIN)}, got {op!r}")
-        if records is not None:
+        if values is not None and values.is_record:
             raise TypeError(f"op: {op!r} combines numbers, but a holds records "
-                            f"{describe_dtype(records)}; pass an operator that combines two tuples")
+                            f"{values.description}; pass an operator that combines two tuples")
         return op
     op = as_op(op)
     op.check_arity(arity, what)
     return op
 
 
-def _result(valid: bool, raw: bytes, dtype: np.dtype, op, what: str):
+def _result(valid: bool, raw: bytes, layout: Layout, op, what: str):
+    """The folded value (a numpy scalar, or a tuple of them), or an empty array's answer."""
     if not valid:
         if op == "sum":
-            return dtype.type(0)
+            return layout.dtype.type(0)
         raise ValueError(f"{what}: the array is empty and no init was given, and the operator "
                          f"has no known identity; pass init=")
-    value = np.frombuffer(raw, dtype=dtype)[0]
-    if is_record(dtype):  # a tuple of numpy scalars
-        return tuple(dtype.fields[name][0].type(value[name]) for name in dtype.names)
-    return value
+    return layout.unpack(raw)
 
 
 def reduce(a: ShardedArray, op="sum", init=None):
@@ -125,20 +106,22 @@ def reduce(a: ShardedArray, op="sum", init=None):
     (np.float32(12.5), np.float32(-3.0))
     """
     check_array(a)
-    op = _operator(op, 2, "reduce", a.dtype if is_record(a.dtype) else None)
-    if isinstance(init, tuple) and not is_record(a.dtype):
+    values = layout_of(a.dtype)
+    op = _operator(op, 2, "reduce", values)
+    if isinstance(init, tuple) and not values.is_record:
         raise TypeError("init: a tuple accumulator is built from each element by a map: use "
                         "sharded.transform_reduce(a, map_op, reduce_op, init)")
-    acc = _accumulator(a.dtype, init)
-    packed = _pack(init, acc)
+    acc_dtype = _accumulator(a.dtype, values, init)
+    acc = layout_of(acc_dtype)
+    packed = acc.pack_init(init)
     if isinstance(op, str):
-        if acc == a.dtype:
+        if acc_dtype == a.dtype:
             valid, raw = _shim.reduce_builtin(_BUILTIN[op], a._impl, packed)
             return _result(valid, raw, acc, op, "reduce")
         name, op = op, _PYTHON_OPS[op]
     else:
         name = None
-    _, libraries = kernel_libraries(op, "reduce", (("array", a.dtype),), acc, a.group.archs)
+    _, libraries = kernel_libraries(op, "reduce", (("array", a.dtype),), acc_dtype, a.group.archs)
     valid, raw = _shim.reduce(libraries, a._impl, acc.itemsize, packed)
     return _result(valid, raw, acc, name, "reduce")
 
@@ -190,21 +173,28 @@ def transform_reduce(a: ShardedArray, map_op, reduce_op, init, with_index: bool 
         reduce_op = _PYTHON_OPS[builtin]
     request = _init_request(init)
     try:
-        acc, libraries = kernel_libraries(reduce_op, "reduce", (("array", a.dtype),), request,
-                                          a.group.archs, ("call_index" if with_index else "call", map_op))
+        acc_dtype, libraries = kernel_libraries(reduce_op, "reduce", (("array", a.dtype),), request,
+                                                a.group.archs, ("call_index" if with_index else "call", map_op))
     except TypeError as error:
         if builtin and "tuple" in str(error):
-            raise TypeError(_tuples_error(builtin)) from error
+            raise TypeError(_tuples_error(builtin, "reduce_op")) from error
         raise
-    if builtin and is_record(acc):  # "min" / "max" would compare tuples lexicographically
-        raise TypeError(_tuples_error(builtin))
-    valid, raw = _shim.reduce(libraries, a._impl, acc.itemsize, _pack(init, acc))
+    acc = layout_of(acc_dtype)
+    _refuse_tuples(builtin, acc, "reduce_op")
+    valid, raw = _shim.reduce(libraries, a._impl, acc.itemsize, acc.pack_init(init))
     return _result(valid, raw, acc, None, "transform_reduce")
 
 
-def _tuples_error(builtin: str) -> str:
-    return (f"reduce_op: {builtin!r} combines single numbers, but the map returns tuples; "
+def _tuples_error(builtin: str, argument: str) -> str:
+    return (f"{argument}: {builtin!r} combines single numbers, but the map returns tuples; "
             f"pass an operator that combines two tuples")
+
+
+def _refuse_tuples(builtin: str | None, acc: Layout, argument: str) -> None:
+    """TypeError when a built-in operator name would combine tuple accumulators ("min" and
+    "max" would compare them lexicographically)."""
+    if builtin and acc.is_record:
+        raise TypeError(_tuples_error(builtin, argument))
 
 
 def _pair_with_index(value, index):
@@ -233,8 +223,9 @@ _FIRST_MIN, _FIRST_MAX, _PAIR = Op(_first_min), Op(_first_max), Op(_pair_with_in
 def _first_index(a: ShardedArray, better: Op, what: str) -> int:
     """The index half of the (value, index) pair `better` keeps over the whole array."""
     check_array(a)
-    if is_record(a.dtype):
-        raise TypeError(f"a: {what} compares numbers, but a holds records {describe_dtype(a.dtype)}; "
+    values = layout_of(a.dtype)
+    if values.is_record:
+        raise TypeError(f"a: {what} compares numbers, but a holds records {values.description}; "
                         f"use transform_reduce with an operator that orders them")
     if a.size == 0:
         raise ValueError(f"{what}: the array is empty")
@@ -243,7 +234,7 @@ def _first_index(a: ShardedArray, better: Op, what: str) -> int:
     acc, libraries = kernel_libraries(better, "reduce", (("array", a.dtype),), None, a.group.archs,
                                       ("call_index", _PAIR))
     _, raw = _shim.reduce(libraries, a._impl, acc.itemsize, b"")
-    offset = acc.fields[acc.names[1]][1]
+    offset = layout_of(acc).fields[1][0]
     return int.from_bytes(raw[offset:offset + 8], "little", signed=True)
 
 
@@ -282,16 +273,17 @@ def count_if(a: ShardedArray, pred) -> int:
 
 def _scan(a, op, init, out, exclusive: bool, what: str) -> ShardedArray:
     check_array(a)
-    records = a.dtype if is_record(a.dtype) else None
-    op = _operator(op, 2, what, records)
+    values = layout_of(a.dtype)
+    op = _operator(op, 2, what, values)
     if out is not None:
         check_out(out, a, "a")
         acc = out.dtype
     else:
-        acc = _accumulator(a.dtype, init)
-    if isinstance(init, tuple) and not is_record(acc):
+        acc = _accumulator(a.dtype, values, init)
+    acc_layout = layout_of(acc)
+    if isinstance(init, tuple) and not acc_layout.is_record:
         raise TypeError(f"init: a tuple, but the accumulator is a single {acc}")
-    packed = _pack(init, acc)
+    packed = acc_layout.pack_init(init)
     if isinstance(op, str):
         if acc == a.dtype:
             out = out if out is not None else ShardedArray.allocate(a.group, list(a.shard_sizes), acc)
@@ -339,19 +331,17 @@ def _transform_scan(a, map_op, scan_op, init, out, with_index, exclusive: bool, 
     if out is not None:
         check_out(out, a, "a")
     request = out.dtype if out is not None else _init_request(init)
-    tuples_error = (f"scan_op: {builtin!r} combines single numbers, but the map returns tuples; "
-                    f"pass an operator that combines two tuples")
-    if is_record(a.dtype):
+    if layout_of(a.dtype).is_record:
         # Records: the map runs as an indexed transform into `out`, which is then scanned in
-        # place; both kernels are compiled before either runs.
+        # place (a scan of records takes no map); both kernels are compiled before either runs.
         from .transform import prepare, run
 
         prepared = prepare(map_op, (a,), out, with_index, request)
         acc = prepared[2]
-        if builtin and is_record(acc):
-            raise TypeError(tuples_error)
+        acc_layout = layout_of(acc)
+        _refuse_tuples(builtin, acc_layout, "scan_op")
         _, libraries = kernel_libraries(scan_op, "scan", (("array", acc),), acc, a.group.archs)
-        packed = _pack(init, acc)
+        packed = acc_layout.pack_init(init)
         out = run(prepared, out)
         _shim.scan(libraries, out._impl, out._impl, acc.itemsize, packed, exclusive)
         return out
@@ -360,11 +350,11 @@ def _transform_scan(a, map_op, scan_op, init, out, with_index, exclusive: bool, 
                                           ("call_index" if with_index else "call", map_op))
     except TypeError as error:
         if builtin and "tuple" in str(error):
-            raise TypeError(tuples_error) from error
+            raise TypeError(_tuples_error(builtin, "scan_op")) from error
         raise
-    if builtin and is_record(acc):
-        raise TypeError(tuples_error)
-    packed = _pack(init, acc)
+    acc_layout = layout_of(acc)
+    _refuse_tuples(builtin, acc_layout, "scan_op")
+    packed = acc_layout.pack_init(init)
     if out is None:
         out = ShardedArray.allocate(a.group, list(a.shard_sizes), acc)
     _shim.scan(libraries, a._impl, out._impl, acc.itemsize, packed, exclusive)
@@ -425,8 +415,9 @@ def adjacent_difference(a: ShardedArray, out: ShardedArray | None = None, op=Non
     check_numbers(a, "adjacent_difference")
     if out is not None:
         check_out(out, a, "a")
-        if is_record(out.dtype):
-            raise TypeError(f"out: adjacent_difference writes numbers, not records {describe_dtype(out.dtype)}")
+        written = layout_of(out.dtype)
+        if written.is_record:
+            raise TypeError(f"out: adjacent_difference writes numbers, not records {written.description}")
         if out is a:
             raise ValueError("out: must not alias a (each element reads its predecessor)")
     if op is None:

@@ -7,7 +7,8 @@ import struct
 import numpy as np
 
 from .. import _shim
-from .._dtypes import as_dtype, as_flag, describe_dtype, exact_cast, is_record, is_scalar, scalar_dtype
+from .._dtypes import as_dtype, as_flag, exact_cast, is_scalar, scalar_dtype
+from .._layout import layout_of
 from ..array import ShardedArray, check_out
 from ..compiler import INDEX_MAP, VALUE_MAP, is_indexed_transform, kernel_libraries
 from ..op import as_op
@@ -120,9 +121,10 @@ def _transform_descriptor(descriptor: Descriptor, args, out):
             raise TypeError(f"args[{position}]: expected a ShardedArray, got {type(value).__name__}")
     first = args[0]
     dtype = first.dtype
-    if is_record(dtype):
+    layout = layout_of(dtype)
+    if layout.is_record:
         raise TypeError(f"args[0]: ops.{descriptor.name} works on numbers, not records "
-                        f"({describe_dtype(dtype)}); pass a Python operator")
+                        f"({layout.description}); pass a Python operator")
     for position, value in enumerate(args):
         if value.dtype != dtype:
             raise TypeError(f"args[{position}]: dtype {value.dtype} differs from args[0]'s {dtype}; "

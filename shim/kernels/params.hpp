@@ -12,6 +12,11 @@ constexpr int kScalarSlot = 8;  // bytes per runtime scalar
 
 constexpr int kMaxAccSize = 32;  // bytes: tuple accumulators of up to four 8-byte fields
 
+// The alignment the kernels need of an element of `size` bytes, which they move as words:
+// a number as itself (4 or 8 bytes), a record as 8-byte words when its size allows, else as
+// 4-byte words (Blob in transform.cuh). adopt() checks foreign buffers against it.
+constexpr int element_alignment(int size) { return size % 8 == 0 ? 8 : 4; }
+
 struct ScalarPack {
   alignas(8) unsigned char bytes[kMaxScalars * kScalarSlot];
 };

@@ -15,7 +15,7 @@ namespace csj::kernels {
 
 // Wider values (tuple accumulators: aligned records of up to four fields) as raw words.
 template <int Size>
-struct alignas(Size % 8 == 0 ? 8 : 4) Blob {
+struct alignas(element_alignment(Size)) Blob {
   unsigned int words[Size / 4];
 };
 

@@ -16,6 +16,10 @@
 #include "cuda_check.hpp"
 #include "launch.hpp"
 
+// A record array scans into its own layout, so its records must fit an accumulator.
+static_assert(csj::kernels::kMaxAccSize >= static_cast<int>(csj::kMaxRecordSize),
+              "records must fit the kernels' accumulator buffers");
+
 namespace csj {
 namespace {
 

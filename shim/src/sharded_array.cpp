@@ -8,6 +8,7 @@
 #include <numeric>
 #include <stdexcept>
 
+#include "../kernels/params.hpp"
 #include "cuda_check.hpp"
 #include "driver_api.hpp"
 #include "format.hpp"
@@ -246,8 +247,8 @@ std::shared_ptr<ShardedArray> ShardedArray::adopt(std::shared_ptr<PlaceGroup> gr
   std::shared_ptr<ShardedArray> array(
       new ShardedArray(std::move(group), std::move(sizes), dtype, record_size, Storage::adopted));
   const std::size_t element = array->itemsize_;
-  // kernels move records as 8-byte words when their size allows, else as 4-byte words
-  const std::size_t alignment = !array->is_record() ? element : element % 8 == 0 ? 8 : 4;
+  // what the kernels' word loads need (numbers and records alike; element <= 32 bytes)
+  const auto alignment = static_cast<std::size_t>(kernels::element_alignment(static_cast<int>(element)));
   for (std::size_t shard = 0; shard < pointers.size(); ++shard) {
     if (array->shard_sizes_[shard] == 0) continue;
     const std::uintptr_t pointer = pointers[shard];
