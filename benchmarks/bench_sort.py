@@ -28,6 +28,28 @@ def random_keys(cp, size: int, dtype: np.dtype, seed: int):
     return (uniform * 2.0 ** bits).astype(dtype)
 
 
+def two_place_input(cp, sharded, keys: int, devices=(0, 1), seed: int = 0):
+    """`keys` random int32 keys in a ShardedArray split evenly over `devices`, and a refill()
+    that puts the same keys back and leaves every device idle: the input of the scripts that
+    time one sort after another of the same keys. Returns (group, array, pristine, refill),
+    `pristine` holding each shard's keys on its device."""
+    group = sharded.PlaceGroup.by_devices(list(devices))
+    array = sharded.ShardedArray.allocate(group, keys, np.int32)
+    pristine = []
+    for place, device in enumerate(devices):
+        with cp.cuda.Device(device):
+            pristine.append(random_keys(cp, array.shard_sizes[place], np.dtype(np.int32), seed + place))
+
+    def refill() -> None:
+        group.sync()  # the previous sort's merges may still run on the places' streams
+        for place, device in enumerate(devices):
+            with cp.cuda.Device(device):
+                shard_view(cp, array, place)[...] = pristine[place]
+                cp.cuda.Device(device).synchronize()
+
+    return group, array, pristine, refill
+
+
 def _check(data, value) -> None:
     cp, reference = data.cp, data.context["reference"]
     if not data.is_ours:
