@@ -299,7 +299,7 @@ ADJACENT_DIFFERENCE = Case(
     note="x[i] - x[i-1]; cupy.diff / torch.diff allocate their n - 1 outputs")
 
 
-# ---- argmin (issue 6: measured only where the library has it) -----------------------------------
+# ---- argmin (measured only where the library has it) -------------------------------------------
 
 def _check_argmin(data, value) -> None:
     cp, best, offset = data.cp, None, 0

@@ -1,7 +1,7 @@
 """Sort: sharded.sort on 1, 2, 4 ... places (measured only where the library has it) vs
 cupy.sort, torch.sort and cuda.compute radix_sort of the same keys on one GPU.
 
-Sizes are the total number of keys, split evenly over the places (not per GPU): the bars
+Sizes are the total number of keys, split evenly over the places (not per GPU): the targets
 compare sorting the same 2^28 keys on one GPU and on several. Keys are random from a fixed
 seed; the reference is cupy.sort of all of them on the first GPU. A sort overwrites its input,
 so the input is refilled from a pristine copy before every call, outside the timed region

@@ -8,7 +8,7 @@ import cuda_sharded_jit as sharded
 
 from sweep import Case, Impl, assert_equal, cuda_compute
 
-# The bars' "user lambda": a Python lambda the library JIT-compiles, as a user would write it.
+# The targets' "user lambda": a Python lambda the library JIT-compiles, as a user would write it.
 USER_ADD = sharded.op(lambda a, b: a + b)
 USER_DOUBLE = sharded.op(lambda a: a + a)
 

@@ -18,7 +18,7 @@ from typing import Callable
 
 @dataclass
 class Measure:
-    """Repeated timings of one call, with the keys the report, the bars and the plots look up.
+    """Repeated timings of one call, with the keys the report, the targets and the plots look up.
 
     `seconds` holds the primary timer's repetitions (`timer`: "events" on one place, "wall"
     on several, "host" for host time per call, "process" for compile latency); `extra` may
@@ -384,3 +384,14 @@ def log2_label(count: int) -> str:
     if count > 0 and count & (count - 1) == 0:
         return f"2^{count.bit_length() - 1}"
     return str(count)
+
+
+def fmt_seconds(seconds: float) -> str:
+    """Three significant digits in s, ms or µs; "" for NaN or None."""
+    if seconds is None or math.isnan(seconds):
+        return ""
+    if seconds >= 1:
+        return f"{seconds:.3g} s"
+    if seconds >= 1e-3:
+        return f"{seconds * 1e3:.3g} ms"
+    return f"{seconds * 1e6:.3g} µs"
