@@ -81,10 +81,6 @@ class Measure:
     def as_dict(self) -> dict:
         return dict(asdict(self), median=self.median, spread=self.spread, gbps=self.gbps, rate=self.rate)
 
-    @classmethod
-    def from_dict(cls, data: dict) -> Measure:
-        names = {name for name in cls.__dataclass_fields__}
-        return cls(**{key: value for key, value in data.items() if key in names})
 
 
 # ---- timers ----------------------------------------------------------------------------------
@@ -128,11 +124,6 @@ def time_events_places(cp, streams, run, reps: int, warmup: int = 3, prepare=Non
     return times
 
 
-def time_events(cp, stream_ptr: int, device: int, run, reps: int, warmup: int = 3, prepare=None) -> list[float]:
-    """Seconds per call of `run()`, timed by CUDA events recorded on `stream_ptr`."""
-    return time_events_places(cp, [(device, stream_ptr)], run, reps, warmup, prepare)
-
-
 def time_wall(run, sync, reps: int, warmup: int = 3, prepare=None) -> list[float]:
     """Seconds per call of `run(); sync()` by the host clock (multi-place calls)."""
     for _ in range(warmup):
@@ -168,11 +159,6 @@ def host_times_per_call(run, sync, calls: int = 2000, batch: int = 100) -> list[
     return per_call
 
 
-def host_time_per_call(run, sync, calls: int = 2000, batch: int = 100) -> float:
-    """Median host seconds per enqueue (see host_times_per_call)."""
-    return statistics.median(host_times_per_call(run, sync, calls, batch))
-
-
 # ---- error isolation -------------------------------------------------------------------------
 
 def error_text(error: BaseException) -> str:
@@ -184,10 +170,14 @@ def error_text(error: BaseException) -> str:
     return f"{type(error).__name__}: {message[:300]}{where}"
 
 
+def error_row(template: Measure, error: str) -> Measure:
+    """A row with `template`'s keys, no timings and `error` (a failure, a skip)."""
+    return Measure(**{**asdict(template), "seconds": [], "extra": {}, "error": error})
+
+
 def failed(template: Measure, error: BaseException) -> Measure:
     """An error row with `template`'s keys: the suite goes on, the report lists it."""
-    row = Measure(**{**asdict(template), "seconds": [], "extra": {}})
-    row.error = error_text(error)
+    row = error_row(template, error_text(error))
     print(f"  error: {row.name}: {row.error}", file=sys.stderr, flush=True)
     return row
 
@@ -253,9 +243,7 @@ class Progress:
 
 
 def _skipped(task: Task, reason: str = "skipped: over the time budget") -> Measure:
-    row = Measure(**{**asdict(task.template), "seconds": [], "extra": {}})
-    row.error = reason
-    return row
+    return error_row(task.template, reason)
 
 
 # CUDA errors that leave the process's context unusable: every later call fails with them, so
@@ -377,6 +365,12 @@ def place_devices(places: int, devices: list[int]) -> list[int]:
     """The device of each place: one GPU per place while GPUs last, then round robin, so
     4 places on 2 GPUs are [0, 1, 0, 1]."""
     return [devices[place % len(devices)] for place in range(places)]
+
+
+def where(places: int, gpus: int) -> str:
+    """"1 GPU", "2 GPUs", or "4 places on 2 GPUs"."""
+    on = f"{gpus} GPU{'s' if gpus > 1 else ''}"
+    return on if places == gpus else f"{places} places on {on}"
 
 
 def log2_label(count: int) -> str:

@@ -10,7 +10,7 @@ import json
 import math
 from pathlib import Path
 
-from common import Measure, fmt_seconds, log2_label
+from common import Measure, fmt_seconds, log2_label, where
 from targets import TargetResult, evaluate, threshold_text
 
 # Row order of the tables and plots; anything else follows in order of appearance.
@@ -56,12 +56,6 @@ def _table(header: list, rows: list, text_columns=(0,)) -> str:
     return "\n".join(lines)
 
 
-def _where(places: int, gpus: int) -> str:
-    if places == gpus:
-        return f"{gpus} GPU{'s' if gpus > 1 else ''}"
-    return f"{places} places on {gpus} GPU{'s' if gpus > 1 else ''}"
-
-
 class _Index:
     """Measures by (algorithm, impl, dtype, places, gpus, size), size per GPU (sort: total)."""
 
@@ -105,9 +99,9 @@ def targets_table(results: list[TargetResult]) -> str:
     rows = []
     for result in results:
         target = result.target
-        where = ""
+        size = ""
         if result.elements is not None:
-            where = f" ({log2_label(result.elements)}{' keys' if target.ours.algorithm == 'sort' else '/GPU'})"
+            size = f" ({log2_label(result.elements)}{' keys' if target.ours.algorithm == 'sort' else '/GPU'})"
 
         def figure(value: float) -> str:
             if math.isnan(value):
@@ -120,7 +114,7 @@ def targets_table(results: list[TargetResult]) -> str:
 
         reference = " + ".join(ref.label for ref in target.reference)
         ratio = "" if math.isnan(result.ratio) else f"{result.ratio:.3f}"
-        rows.append([target.text + where, figure(result.ours),
+        rows.append([target.text + size, figure(result.ours),
                      f"{figure(result.reference)} ({reference})" if target.reference else "—", ratio,
                      threshold_text(target), result.status])
     return _table(["target", "ours", "reference", "ratio", "threshold", "result"], rows, (0, 2, 5))
@@ -141,7 +135,7 @@ def throughput_table(measures: list, dtype: str, size: int) -> str:
                           and m.timer in ("events", "wall"))
     configs = _configs(measures)
     header = ["algorithm", "copy (limit)", "ours", "ours built-in"] + \
-             [f"ours, {_where(places, gpus)}" for places, gpus in configs] + list(PEERS)
+             [f"ours, {where(places, gpus)}" for places, gpus in configs] + list(PEERS)
     rows = []
     for algorithm in algorithms:
         ours_impl = "copy" if algorithm == "copy" else "ours"
@@ -187,7 +181,7 @@ def sort_table(measures: list) -> str:
     lines = list(dict.fromkeys((m.dtype, m.impl, m.places, m.gpus) for m in sorts))
     lines.sort(key=lambda line: (line[0], line[1] != "ours", line[1], line[2]))
     index = _Index(sorts)
-    rows = [[dtype, impl if impl != "ours" else f"ours, {_where(places, gpus)}"] +
+    rows = [[dtype, impl if impl != "ours" else f"ours, {where(places, gpus)}"] +
             [cell(index.get("sort", impl, dtype, places, gpus, size)) for size in sizes]
             for dtype, impl, places, gpus in lines]
     return _table(["dtype", "implementation"] + [f"{log2_label(size)} keys" for size in sizes], rows, (0, 1))
@@ -207,8 +201,7 @@ def host_table(measures: list) -> str:
         rows.append(row)
     elements = hosts[0].elements_per_gpu if hosts else 0
     return _table([f"call ({elements} elements per GPU)"] +
-                  [f"{places} place{'s' if places > 1 else ''} ({gpus} GPU{'s' if gpus > 1 else ''})"
-                   for places, gpus in configs], rows)
+                  [where(places, gpus) for places, gpus in configs], rows)
 
 
 def compile_table(measures: list) -> str:
@@ -279,11 +272,6 @@ def to_json(measures: list, env: dict, options: dict, results: list[TargetResult
     return json.dumps(_finite({"environment": env, "options": options,
                                "targets": [result.as_dict() for result in results],
                                "measures": [m.as_dict() for m in measures]}), indent=1)
-
-
-def load_measures(path: Path) -> list[Measure]:
-    """The measures of a results.json (to redraw plots or tables from a past run)."""
-    return [Measure.from_dict(row) for row in json.loads(Path(path).read_text())["measures"]]
 
 
 # ---- plots -------------------------------------------------------------------------------------
@@ -363,7 +351,7 @@ def plot(measures: list, out: Path) -> list[Path]:
                 impl, places, gpus = line
                 points = sorted((m.elements, m.rate / 1e9) for m in sorts
                                 if (m.dtype, m.impl, m.places, m.gpus) == (dtype, impl, places, gpus))
-                label = impl if impl != "ours" else f"ours, {_where(places, gpus)}"
+                label = impl if impl != "ours" else f"ours, {where(places, gpus)}"
                 style = dict(_STYLE.get(impl, {}))
                 if impl == "ours" and places > 1:
                     style = dict(linestyle="-", linewidth=1 + places / 2)

@@ -120,8 +120,6 @@ def environment(cp, devices: list, missing_peers: dict) -> dict:
         "numpy": np.__version__,
         "cupy": cp.__version__,
         "cuda_sharded_jit": sharded.__version__,
-        "has_sort": hasattr(sharded, "sort"),
-        "has_argmin": hasattr(sharded, "argmin"),
         "command": " ".join(sys.argv),
         "missing_peers": missing_peers,
     }
