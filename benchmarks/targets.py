@@ -3,12 +3,18 @@ figures, their ratio and pass / fail. Pure Python (the CPU tests evaluate fake m
 
 Both figures of a ratio come from the same run and the same timer: CUDA events where both
 sides run on one place, host wall clock where either side spans several.
+
+    python benchmarks/targets.py           # rewrite the list of targets in docs/performance.md
+    python benchmarks/targets.py --check   # exit 1 when that list is stale (a CPU test runs it)
 """
 
 from __future__ import annotations
 
+import argparse
 import math
+import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 from common import Measure, fmt_seconds, log2_label
 
@@ -206,3 +212,50 @@ def evaluate(measures: list, targets=TARGETS) -> list[TargetResult]:
             passed = result.ratio <= target.threshold if target.metric == "time" else result.ratio >= target.threshold
         result.status = "pass" if passed else "FAIL"
     return results
+
+
+# ---- the list in docs/performance.md ---------------------------------------------------------------
+
+PERFORMANCE_DOC = Path(__file__).resolve().parent.parent / "docs" / "performance.md"
+BEGIN = "<!-- targets: written by `python benchmarks/targets.py` from benchmarks/targets.py; do not edit -->"
+END = "<!-- end of targets -->"
+TIMERS = {"events": "CUDA events", "wall": "host wall clock", "host": "host time per call",
+          "process": "host clock around the first call"}
+SIZES = {"per_gpu": f"{log2_label(TARGET_ELEMENTS)} per GPU", "total": f"{log2_label(TARGET_ELEMENTS)} keys in total",
+         "none": "—"}
+
+
+def targets_markdown(targets=TARGETS) -> str:
+    """The targets as a markdown table: text, when each passes, size and timer."""
+    rows = ["| target | passes when | size | timer |", "| --- | --- | --- | --- |"]
+    for target in targets:
+        passes = ("ours / reference " if target.reference else "ours ") + threshold_text(target)
+        rows.append(f"| {target.text} | {passes} | {SIZES[target.ours.size]} | {TIMERS[target.ours.timer]} |")
+    return "\n".join(rows)
+
+
+def _with_current_list(text: str) -> str:
+    before, found, rest = text.partition(BEGIN)
+    _, ended, after = rest.partition(END)
+    if not found or not ended:
+        raise ValueError(f"{PERFORMANCE_DOC} has no {BEGIN!r} ... {END!r} section")
+    return f"{before}{BEGIN}\n{targets_markdown()}\n{END}{after}"
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description="Write the list of targets into docs/performance.md.")
+    parser.add_argument("--check", action="store_true", help="exit 1 when the list there is stale")
+    arguments = parser.parse_args(argv)
+    text = PERFORMANCE_DOC.read_text()
+    current = _with_current_list(text)
+    if arguments.check:
+        if current != text:
+            print(f"{PERFORMANCE_DOC} is stale: run python benchmarks/targets.py", file=sys.stderr)
+            return 1
+        return 0
+    PERFORMANCE_DOC.write_text(current)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

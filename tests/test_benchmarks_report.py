@@ -345,3 +345,16 @@ def test_plots(tmp_path):
     assert {"bandwidth_float32.png", "sort.png", "scaling.png"} <= names
     for path in files:
         assert path.stat().st_size > 1000
+
+
+# ---- docs/performance.md ---------------------------------------------------------------------------
+
+def test_performance_doc_lists_every_target_as_defined():
+    assert targets.main(["--check"]) == 0, "docs/performance.md is stale: run python benchmarks/targets.py"
+    text = targets.PERFORMANCE_DOC.read_text()
+    listed = text.split(targets.BEGIN)[1].split(targets.END)[0]
+    for target in targets.TARGETS:
+        assert f"| {target.text} | " in listed, target.text
+    assert "| reduce on 2 GPUs ≤ 1.05 × one-GPU reduce time (same size per GPU) | ours / reference ≤ 1.05 | " \
+           "2^28 per GPU | host wall clock |" in listed
+    assert "| first call in a new process, warm disk cache ≤ 50 ms | ours ≤ 50 ms | — |" in listed
