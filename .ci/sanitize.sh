@@ -6,7 +6,8 @@
 # memcheck without host backtraces and fails when nanobind reports objects alive at exit: with
 # backtraces on, the sanitizer keeps the Python frames it captured (and the arrays they hold)
 # referenced, so nanobind's "leaked instances" report then says nothing about the library
-# (benchmarks/probes/leak_probe.py).
+# (2x H200, 2026-11-30: with backtraces, arrays passed to a reduction stayed alive after `del`;
+# without them, or without the sanitizer, every array went at `del`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if compgen -G ".whl/*.whl" > /dev/null; then

@@ -1,7 +1,7 @@
 """Reduction-like cases: reduce, transform_reduce, inclusive and exclusive scans, count,
-histogram_even, adjacent_difference (and argmin where the library has it), ours vs CuPy,
-torch and cuda.compute. Bytes counted: the input read, plus the output written for scans
-and differences (a scan's 2n, as the peers' figures count it)."""
+histogram_even, adjacent_difference and argmin, ours vs CuPy, torch and cuda.compute. Bytes
+counted: the input read, plus the output written for scans and differences (a scan's 2n, as
+the peers' figures count it)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import numpy as np
 import cuda_sharded_jit as sharded
 
 from sweep import (INT_RANGE, Case, Impl, NotApplicable, accumulator, assert_close, assert_equal,
-                   assert_scalar, cuda_compute)
+                   assert_scalar, cccl_impl, cuda_compute)
 from bench_transform import USER_ADD, add
 
 SQUARE = sharded.op(lambda a: a * a)
@@ -48,15 +48,10 @@ def _sum(data, squared: bool = False):
 
 def _cccl_reduce(data, source) -> Impl:
     """cuda.compute reduce_into over `source` (the input array, or an iterator over it)."""
-    cp, stream = data.cp, data.stream
-    size = int(data.x[0].size)
-    result, init = cp.empty(1, data.dtype), np.zeros(1, data.dtype)
+    result, init = data.cp.empty(1, data.dtype), np.zeros(1, data.dtype)
     build = cuda_compute().make_reduce_into(d_in=source, d_out=result, op=add, h_init=init)
-    scratch = cp.empty(build(temp_storage=None, d_in=source, d_out=result, op=add, num_items=size, h_init=init),
-                       cp.uint8)
-    return Impl(lambda: build(temp_storage=scratch, d_in=source, d_out=result, op=add, num_items=size,
-                              h_init=init, stream=stream),
-                result=lambda: result[0].item())
+    return cccl_impl(data, build, lambda: result[0].item(), d_in=source, d_out=result, op=add,
+                     num_items=int(data.x[0].size), h_init=init)
 
 
 def _torch():
@@ -135,16 +130,11 @@ def _check_scan(data, exclusive: bool) -> None:
 
 
 def _cccl_scan(data, exclusive: bool) -> Impl:
-    cp, x, out, stream = data.cp, data.x[0], data.out[0], data.stream
-    size = int(x.size)
-    cc = cuda_compute()
+    x, out, cc = data.x[0], data.out[0], cuda_compute()
     init = np.zeros(1, data.dtype) if exclusive else None
     make = cc.make_exclusive_scan if exclusive else cc.make_inclusive_scan
     build = make(d_in=x, d_out=out, op=add, init_value=init)
-    scratch = cp.empty(build(temp_storage=None, d_in=x, d_out=out, op=add, num_items=size, init_value=init),
-                       cp.uint8)
-    return Impl(lambda: build(temp_storage=scratch, d_in=x, d_out=out, op=add, num_items=size,
-                              init_value=init, stream=stream))
+    return cccl_impl(data, build, d_in=x, d_out=out, op=add, num_items=int(x.size), init_value=init)
 
 
 def _ours_scan(data, op, exclusive: bool) -> Impl:
@@ -246,17 +236,12 @@ def _cccl_histogram(data) -> Impl:
     # float32 only: CUB's integer levels bin by integer arithmetic, not numpy's edges
     if data.dtype != np.float32:
         raise NotApplicable("cuda.compute histogram_even measured on float32 only")
-    cp, x, stream = data.cp, data.x[0], data.stream
-    size = int(x.size)
-    counts = cp.zeros(HISTOGRAM_BINS, cp.int32)
-    levels = np.array([HISTOGRAM_BINS + 1], np.int32)
+    x, counts = data.x[0], data.cp.zeros(HISTOGRAM_BINS, data.cp.int32)
     lower, upper = (np.array([bound], np.float32) for bound in _histogram_range(data.dtype))
-    build = cuda_compute().make_histogram_even(d_samples=x, d_histogram=counts, h_num_output_levels=levels,
-                                               h_lower_level=lower, h_upper_level=upper, num_samples=size)
-    arguments = dict(d_samples=x, d_histogram=counts, h_num_output_levels=levels, h_lower_level=lower,
-                     h_upper_level=upper, num_samples=size)
-    scratch = cp.empty(build(temp_storage=None, **arguments), cp.uint8)
-    return Impl(lambda: build(temp_storage=scratch, stream=stream, **arguments), result=lambda: counts)
+    arguments = dict(d_samples=x, d_histogram=counts, h_num_output_levels=np.array([HISTOGRAM_BINS + 1], np.int32),
+                     h_lower_level=lower, h_upper_level=upper, num_samples=int(x.size))
+    build = cuda_compute().make_histogram_even(**arguments)
+    return cccl_impl(data, build, lambda: counts, **arguments)
 
 
 def _ours_histogram(data) -> Impl:
@@ -299,7 +284,7 @@ ADJACENT_DIFFERENCE = Case(
     note="x[i] - x[i-1]; cupy.diff / torch.diff allocate their n - 1 outputs")
 
 
-# ---- argmin (issue 6: measured only where the library has it) -----------------------------------
+# ---- argmin --------------------------------------------------------------------------------------
 
 def _check_argmin(data, value) -> None:
     cp, best, offset = data.cp, None, 0
@@ -323,6 +308,5 @@ ARGMIN = Case(
            "torch": lambda d: Impl(functools.partial(_torch().argmin, d.tensors["x"]))},
     check=_check_argmin, note="index of the first smallest element")
 
-CASES = [REDUCE, TRANSFORM_REDUCE, INCLUSIVE_SCAN, EXCLUSIVE_SCAN, HISTOGRAM_EVEN, COUNT, ADJACENT_DIFFERENCE]
-if hasattr(sharded, "argmin"):
-    CASES.append(ARGMIN)
+CASES = [REDUCE, TRANSFORM_REDUCE, INCLUSIVE_SCAN, EXCLUSIVE_SCAN, HISTOGRAM_EVEN, COUNT, ADJACENT_DIFFERENCE,
+         ARGMIN]

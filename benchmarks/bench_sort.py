@@ -1,7 +1,7 @@
-"""Sort: sharded.sort on 1, 2, 4 ... places (measured only where the library has it) vs
-cupy.sort, torch.sort and cuda.compute radix_sort of the same keys on one GPU.
+"""Sort: sharded.sort on 1, 2, 4 ... places vs cupy.sort, torch.sort and cuda.compute
+radix_sort of the same keys on one GPU.
 
-Sizes are the total number of keys, split evenly over the places (not per GPU): the bars
+Sizes are the total number of keys, split evenly over the places (not per GPU): the targets
 compare sorting the same 2^28 keys on one GPU and on several. Keys are random from a fixed
 seed; the reference is cupy.sort of all of them on the first GPU. A sort overwrites its input,
 so the input is refilled from a pristine copy before every call, outside the timed region
@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from common import Block, log2_label, place_devices
-from sweep import (Case, Data, Impl, assert_equal, copy_to_device, cuda_compute, measure_task, ours_teardown,
-                   peer_teardown, place_group, shard_view, template, use_peer_stream)
+from common import Block, log2_label, place_devices, where
+from sweep import (Case, Data, Impl, assert_equal, cccl_impl, copy_to_device, cuda_compute, measure_task,
+                   ours_teardown, peer_teardown, place_group, shard_view, template, use_peer_stream)
 
 
 def random_keys(cp, size: int, dtype: np.dtype, seed: int):
@@ -26,6 +26,28 @@ def random_keys(cp, size: int, dtype: np.dtype, seed: int):
     if dtype.kind == "i":
         return ((uniform - 0.5) * 2.0 ** bits).astype(dtype)
     return (uniform * 2.0 ** bits).astype(dtype)
+
+
+def two_place_input(cp, sharded, keys: int, devices=(0, 1), seed: int = 0):
+    """`keys` random int32 keys in a ShardedArray split evenly over `devices`, and a refill()
+    that puts the same keys back and leaves every device idle: the input of the scripts that
+    time one sort after another of the same keys. Returns (group, array, pristine, refill),
+    `pristine` holding each shard's keys on its device."""
+    group = sharded.PlaceGroup.by_devices(list(devices))
+    array = sharded.ShardedArray.allocate(group, keys, np.int32)
+    pristine = []
+    for place, device in enumerate(devices):
+        with cp.cuda.Device(device):
+            pristine.append(random_keys(cp, array.shard_sizes[place], np.dtype(np.int32), seed + place))
+
+    def refill() -> None:
+        group.sync()  # the previous sort's merges may still run on the places' streams
+        for place, device in enumerate(devices):
+            with cp.cuda.Device(device):
+                shard_view(cp, array, place)[...] = pristine[place]
+                cp.cuda.Device(device).synchronize()
+
+    return group, array, pristine, refill
 
 
 def _check(data, value) -> None:
@@ -75,13 +97,11 @@ def _torch(data) -> Impl:
 
 
 def _cccl(data) -> Impl:
-    cp, keys, out, stream = data.cp, data.context["keys"], data.out[0], data.stream
-    size = int(keys.size)
-    build = cuda_compute().make_radix_sort(d_in_keys=keys, d_out_keys=out, d_in_values=None, d_out_values=None,
-                                           order=cuda_compute().SortOrder.ASCENDING)
-    arguments = dict(d_in_keys=keys, d_out_keys=out, d_in_values=None, d_out_values=None, num_items=size)
-    scratch = cp.empty(build(temp_storage=None, **arguments), cp.uint8)
-    return Impl(lambda: build(temp_storage=scratch, stream=stream, **arguments), result=lambda: out)
+    keys, out, cc = data.context["keys"], data.out[0], cuda_compute()
+    build = cc.make_radix_sort(d_in_keys=keys, d_out_keys=out, d_in_values=None, d_out_values=None,
+                               order=cc.SortOrder.ASCENDING)
+    return cccl_impl(data, build, lambda: out, d_in_keys=keys, d_out_keys=out, d_in_values=None,
+                     d_out_values=None, num_items=int(keys.size))
 
 
 SORT = Case("sort", 0, ours={"ours": _ours}, peers={"cupy": _cupy, "torch": _torch, "cuda.compute": _cccl},
@@ -89,8 +109,8 @@ SORT = Case("sort", 0, ours={"ours": _ours}, peers={"cupy": _cupy, "torch": _tor
 
 
 def blocks(cp, sharded, options, size: int, dtypes: list, groups: dict) -> list[Block]:
-    """Per dtype: the peers on the first GPU, then ours on each place count (where the
-    library has sort), all sorting the same `size` keys."""
+    """Per dtype: the peers on the first GPU, then ours on each place count, all sorting the
+    same `size` keys."""
     device = options.devices[0]
     reps = max(5, options.reps // 2)
     result = []
@@ -137,15 +157,15 @@ def blocks(cp, sharded, options, size: int, dtypes: list, groups: dict) -> list[
         if tasks:
             dtype_blocks.append(Block(f"sort {dtype.name} {size_label} peers", tasks, peer_setup,
                                       lambda data: peer_teardown(cp, data)))
-        if hasattr(sharded, "sort"):
-            for places in options.places:
-                devices = place_devices(places, options.devices)
-                row = template(SORT, "ours", dtype, size, places, len(set(devices)), size_label)
-                dtype_blocks.append(Block(
-                    f"sort {dtype.name} {size_label} ours, {places} place{'s' if places > 1 else ''}",
-                    [measure_task(SORT, "ours", _ours, row, reps, options.warmup)],
-                    lambda devices=devices, ours_setup=ours_setup: ours_setup(devices),
-                    lambda data: ours_teardown(cp, data)))
+        for places in options.places:
+            devices = place_devices(places, options.devices)
+            gpus = len(set(devices))
+            row = template(SORT, "ours", dtype, size, places, gpus, size_label)
+            dtype_blocks.append(Block(
+                f"sort {dtype.name} {size_label} ours, {where(places, gpus)}",
+                [measure_task(SORT, "ours", _ours, row, reps, options.warmup)],
+                lambda devices=devices, ours_setup=ours_setup: ours_setup(devices),
+                lambda data: ours_teardown(cp, data)))
         if dtype_blocks:
             # the last block of this dtype lets the pristine keys and the reference go
             last = dtype_blocks[-1]

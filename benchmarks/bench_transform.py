@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import cuda_sharded_jit as sharded
 
-from sweep import Case, Impl, assert_equal, cuda_compute
+from sweep import Case, Impl, check_each_shard, cuda_compute
 
-# The bars' "user lambda": a Python lambda the library JIT-compiles, as a user would write it.
+# The targets' "user lambda": a Python lambda the library JIT-compiles, as a user would write it.
 USER_ADD = sharded.op(lambda a, b: a + b)
 USER_DOUBLE = sharded.op(lambda a: a + a)
 
@@ -48,17 +48,11 @@ def _cccl_unary(data) -> Impl:
     return Impl(lambda: build(d_in=x, d_out=out, op=double, num_items=size, stream=stream))
 
 
-def _check_unary(data, value) -> None:
-    for place, (x, out) in enumerate(zip(data.x, data.out)):
-        with data.cp.cuda.Device(data.devices[place]):
-            assert_equal(data.cp, out, x + x, f"x + x, shard {place}")
-
-
 TRANSFORM_UNARY = Case(
     "transform_unary", 2,
     ours={"ours": _ours_unary},
     peers={"cupy": _cupy_unary, "torch": _torch_unary, "cuda.compute": _cccl_unary},
-    check=_check_unary, note="x + x")
+    check=lambda data, value: check_each_shard(data, lambda x, y: x + x, "x + x"), note="x + x")
 
 
 # ---- binary: out = a + b ----------------------------------------------------------------------
@@ -92,16 +86,11 @@ def _cccl_binary(data) -> Impl:
     return Impl(lambda: build(d_in1=x, d_in2=y, d_out=out, op=add, num_items=size, stream=stream))
 
 
-def _check_binary(data, value) -> None:
-    for place, (x, y, out) in enumerate(zip(data.x, data.y, data.out)):
-        with data.cp.cuda.Device(data.devices[place]):
-            assert_equal(data.cp, out, x + y, f"a + b, shard {place}")
-
-
 TRANSFORM_BINARY = Case(
     "transform_binary", 3,
     ours={"ours": _ours_binary, "ours built-in": _ours_binary_builtin},
     peers={"cupy": _cupy_binary, "torch": _torch_binary, "cuda.compute": _cccl_binary},
-    check=_check_binary, note="a + b; built-in: sharded.ops.add")
+    check=lambda data, value: check_each_shard(data, lambda x, y: x + y, "a + b"),
+    note="a + b; built-in: sharded.ops.add")
 
 CASES = [TRANSFORM_UNARY, TRANSFORM_BINARY]

@@ -18,7 +18,7 @@ from typing import Callable
 
 @dataclass
 class Measure:
-    """Repeated timings of one call, with the keys the report, the bars and the plots look up.
+    """Repeated timings of one call, with the keys the report, the targets and the plots look up.
 
     `seconds` holds the primary timer's repetitions (`timer`: "events" on one place, "wall"
     on several, "host" for host time per call, "process" for compile latency); `extra` may
@@ -81,10 +81,6 @@ class Measure:
     def as_dict(self) -> dict:
         return dict(asdict(self), median=self.median, spread=self.spread, gbps=self.gbps, rate=self.rate)
 
-    @classmethod
-    def from_dict(cls, data: dict) -> Measure:
-        names = {name for name in cls.__dataclass_fields__}
-        return cls(**{key: value for key, value in data.items() if key in names})
 
 
 # ---- timers ----------------------------------------------------------------------------------
@@ -128,11 +124,6 @@ def time_events_places(cp, streams, run, reps: int, warmup: int = 3, prepare=Non
     return times
 
 
-def time_events(cp, stream_ptr: int, device: int, run, reps: int, warmup: int = 3, prepare=None) -> list[float]:
-    """Seconds per call of `run()`, timed by CUDA events recorded on `stream_ptr`."""
-    return time_events_places(cp, [(device, stream_ptr)], run, reps, warmup, prepare)
-
-
 def time_wall(run, sync, reps: int, warmup: int = 3, prepare=None) -> list[float]:
     """Seconds per call of `run(); sync()` by the host clock (multi-place calls)."""
     for _ in range(warmup):
@@ -168,11 +159,6 @@ def host_times_per_call(run, sync, calls: int = 2000, batch: int = 100) -> list[
     return per_call
 
 
-def host_time_per_call(run, sync, calls: int = 2000, batch: int = 100) -> float:
-    """Median host seconds per enqueue (see host_times_per_call)."""
-    return statistics.median(host_times_per_call(run, sync, calls, batch))
-
-
 # ---- error isolation -------------------------------------------------------------------------
 
 def error_text(error: BaseException) -> str:
@@ -184,10 +170,14 @@ def error_text(error: BaseException) -> str:
     return f"{type(error).__name__}: {message[:300]}{where}"
 
 
+def error_row(template: Measure, error: str) -> Measure:
+    """A row with `template`'s keys, no timings and `error` (a failure, a skip)."""
+    return Measure(**{**asdict(template), "seconds": [], "extra": {}, "error": error})
+
+
 def failed(template: Measure, error: BaseException) -> Measure:
     """An error row with `template`'s keys: the suite goes on, the report lists it."""
-    row = Measure(**{**asdict(template), "seconds": [], "extra": {}})
-    row.error = error_text(error)
+    row = error_row(template, error_text(error))
     print(f"  error: {row.name}: {row.error}", file=sys.stderr, flush=True)
     return row
 
@@ -253,9 +243,7 @@ class Progress:
 
 
 def _skipped(task: Task, reason: str = "skipped: over the time budget") -> Measure:
-    row = Measure(**{**asdict(task.template), "seconds": [], "extra": {}})
-    row.error = reason
-    return row
+    return error_row(task.template, reason)
 
 
 # CUDA errors that leave the process's context unusable: every later call fails with them, so
@@ -379,8 +367,25 @@ def place_devices(places: int, devices: list[int]) -> list[int]:
     return [devices[place % len(devices)] for place in range(places)]
 
 
+def where(places: int, gpus: int) -> str:
+    """"1 GPU", "2 GPUs", or "4 places on 2 GPUs"."""
+    on = f"{gpus} GPU{'s' if gpus > 1 else ''}"
+    return on if places == gpus else f"{places} places on {on}"
+
+
 def log2_label(count: int) -> str:
     """2^k when `count` is a power of two, else the number."""
     if count > 0 and count & (count - 1) == 0:
         return f"2^{count.bit_length() - 1}"
     return str(count)
+
+
+def fmt_seconds(seconds: float) -> str:
+    """Three significant digits in s, ms or µs; "" for NaN or None."""
+    if seconds is None or math.isnan(seconds):
+        return ""
+    if seconds >= 1:
+        return f"{seconds:.3g} s"
+    if seconds >= 1e-3:
+        return f"{seconds * 1e3:.3g} ms"
+    return f"{seconds * 1e6:.3g} µs"

@@ -1,4 +1,4 @@
-"""The report of one run: markdown (the bars, summary tables a person reads at a glance,
+"""The report of one run: markdown (the performance targets, summary tables a person reads at a glance,
 every figure), JSON (every raw repetition and the environment) and PNG plots (bandwidth vs
 size with the copy limit; scaling vs number of GPUs). Pure Python apart from matplotlib,
 imported only to plot; the CPU tests feed it fake measures.
@@ -10,8 +10,8 @@ import json
 import math
 from pathlib import Path
 
-from bars import BarResult, evaluate
-from common import Measure, log2_label
+from common import Measure, fmt_seconds, log2_label, where
+from targets import TargetResult, evaluate, threshold_text
 
 # Row order of the tables and plots; anything else follows in order of appearance.
 ALGORITHMS = ("copy", "transform_unary", "transform_binary", "reduce", "transform_reduce", "inclusive_scan",
@@ -20,16 +20,6 @@ PEERS = ("cupy", "torch", "cuda.compute")
 
 
 # ---- formatting ------------------------------------------------------------------------------
-
-def fmt_seconds(seconds: float) -> str:
-    if seconds is None or math.isnan(seconds):
-        return ""
-    if seconds >= 1:
-        return f"{seconds:.3g} s"
-    if seconds >= 1e-3:
-        return f"{seconds * 1e3:.3g} ms"
-    return f"{seconds * 1e6:.3g} µs"
-
 
 def throughput(measure: Measure) -> float:
     """GB/s where the measure counts bytes, else G elements/s (sort: Gkeys/s)."""
@@ -64,12 +54,6 @@ def _table(header: list, rows: list, text_columns=(0,)) -> str:
     lines = ["| " + " | ".join(header) + " |", "| " + " | ".join(align) + " |"]
     lines += ["| " + " | ".join(str(value) for value in row) + " |" for row in rows]
     return "\n".join(lines)
-
-
-def _where(places: int, gpus: int) -> str:
-    if places == gpus:
-        return f"{gpus} GPU{'s' if gpus > 1 else ''}"
-    return f"{places} places on {gpus} GPU{'s' if gpus > 1 else ''}"
 
 
 class _Index:
@@ -110,13 +94,14 @@ def header(env: dict, options: dict) -> str:
             f"GB/s counts bytes read + written; sizes are elements per GPU (sort: keys in total).")
 
 
-def bars_table(results: list[BarResult]) -> str:
+def targets_table(results: list[TargetResult]) -> str:
+    """Each target's text, both figures, their ratio, the threshold and pass / FAIL."""
     rows = []
     for result in results:
-        bar = result.bar
-        where = ""
+        target = result.target
+        size = ""
         if result.elements is not None:
-            where = f" ({log2_label(result.elements)}{' keys' if bar.ours.algorithm == 'sort' else '/GPU'})"
+            size = f" ({log2_label(result.elements)}{' keys' if target.ours.algorithm == 'sort' else '/GPU'})"
 
         def figure(value: float) -> str:
             if math.isnan(value):
@@ -127,13 +112,12 @@ def bars_table(results: list[BarResult]) -> str:
                 return f"{value:.0f} GB/s"
             return f"{value / 1e9:.2f} G/s"
 
-        comparison = "≤" if bar.metric == "time" else "≥"
-        target = fmt_seconds(bar.target) if bar.metric == "time" and not bar.reference else f"{bar.target:g}"
-        reference = " + ".join(ref.label for ref in bar.reference) or "—"
+        reference = " + ".join(ref.label for ref in target.reference)
         ratio = "" if math.isnan(result.ratio) else f"{result.ratio:.3f}"
-        rows.append([bar.issue, bar.text + where, figure(result.ours), f"{figure(result.reference)} ({reference})"
-                     if bar.reference else "—", ratio, f"{comparison} {target}", result.status])
-    return _table(["issue", "bar", "ours", "reference", "ratio", "target", "result"], rows, (1, 3, 6))
+        rows.append([target.text + size, figure(result.ours),
+                     f"{figure(result.reference)} ({reference})" if target.reference else "—", ratio,
+                     threshold_text(target), result.status])
+    return _table(["target", "ours", "reference", "ratio", "threshold", "result"], rows, (0, 2, 5))
 
 
 def _configs(measures: list) -> list:
@@ -151,7 +135,7 @@ def throughput_table(measures: list, dtype: str, size: int) -> str:
                           and m.timer in ("events", "wall"))
     configs = _configs(measures)
     header = ["algorithm", "copy (limit)", "ours", "ours built-in"] + \
-             [f"ours, {_where(places, gpus)}" for places, gpus in configs] + list(PEERS)
+             [f"ours, {where(places, gpus)}" for places, gpus in configs] + list(PEERS)
     rows = []
     for algorithm in algorithms:
         ours_impl = "copy" if algorithm == "copy" else "ours"
@@ -197,7 +181,7 @@ def sort_table(measures: list) -> str:
     lines = list(dict.fromkeys((m.dtype, m.impl, m.places, m.gpus) for m in sorts))
     lines.sort(key=lambda line: (line[0], line[1] != "ours", line[1], line[2]))
     index = _Index(sorts)
-    rows = [[dtype, impl if impl != "ours" else f"ours, {_where(places, gpus)}"] +
+    rows = [[dtype, impl if impl != "ours" else f"ours, {where(places, gpus)}"] +
             [cell(index.get("sort", impl, dtype, places, gpus, size)) for size in sizes]
             for dtype, impl, places, gpus in lines]
     return _table(["dtype", "implementation"] + [f"{log2_label(size)} keys" for size in sizes], rows, (0, 1))
@@ -217,8 +201,7 @@ def host_table(measures: list) -> str:
         rows.append(row)
     elements = hosts[0].elements_per_gpu if hosts else 0
     return _table([f"call ({elements} elements per GPU)"] +
-                  [f"{places} place{'s' if places > 1 else ''} ({gpus} GPU{'s' if gpus > 1 else ''})"
-                   for places, gpus in configs], rows)
+                  [where(places, gpus) for places, gpus in configs], rows)
 
 
 def compile_table(measures: list) -> str:
@@ -240,11 +223,11 @@ def full_table(measures: list) -> str:
     return _table(["measure", "median", "GB/s", "elements/s", "spread", "timer", "note"], rows, (0, 5, 6))
 
 
-def markdown(measures: list, env: dict, options: dict, results: list[BarResult] | None = None) -> tuple[str, str]:
+def markdown(measures: list, env: dict, options: dict, results: list[TargetResult] | None = None) -> tuple[str, str]:
     """(the text to print, the text of results.md): the same, results.md adds every figure."""
     results = evaluate(measures) if results is None else results
     sections = [f"## Benchmark results\n\n{header(env, options)}",
-                "### Bars (issues 3 to 6)\n\n" + bars_table(results)]
+                "### Performance targets\n\n" + targets_table(results)]
     sweep_rows = [m for m in measures if m.algorithm not in ("sort", "compile") and m.timer in ("events", "wall")]
     for dtype in dict.fromkeys(m.dtype for m in sweep_rows):
         sizes = [m.elements_per_gpu for m in sweep_rows if m.dtype == dtype]
@@ -285,15 +268,10 @@ def _finite(value):
     return value
 
 
-def to_json(measures: list, env: dict, options: dict, results: list[BarResult]) -> str:
+def to_json(measures: list, env: dict, options: dict, results: list[TargetResult]) -> str:
     return json.dumps(_finite({"environment": env, "options": options,
-                               "bars": [result.as_dict() for result in results],
+                               "targets": [result.as_dict() for result in results],
                                "measures": [m.as_dict() for m in measures]}), indent=1)
-
-
-def load_measures(path: Path) -> list[Measure]:
-    """The measures of a results.json (to redraw plots or tables from a past run)."""
-    return [Measure.from_dict(row) for row in json.loads(Path(path).read_text())["measures"]]
 
 
 # ---- plots -------------------------------------------------------------------------------------
@@ -373,7 +351,7 @@ def plot(measures: list, out: Path) -> list[Path]:
                 impl, places, gpus = line
                 points = sorted((m.elements, m.rate / 1e9) for m in sorts
                                 if (m.dtype, m.impl, m.places, m.gpus) == (dtype, impl, places, gpus))
-                label = impl if impl != "ours" else f"ours, {_where(places, gpus)}"
+                label = impl if impl != "ours" else f"ours, {where(places, gpus)}"
                 style = dict(_STYLE.get(impl, {}))
                 if impl == "ours" and places > 1:
                     style = dict(linestyle="-", linewidth=1 + places / 2)

@@ -8,9 +8,9 @@ measured where importable):
 Per algorithm, dtype and size: ours on 1, 2, 4 (and all) places against the device copy limit,
 CuPy, torch and cuda.compute; host time per small call; compile latency. Every result is
 checked against CuPy before it is timed; a failing measurement becomes an error row and the
-suite goes on. Writes to --out (benchmarks/results/): results.md (the bars, summary tables,
-every figure; paste-ready for the README), results.json (every repetition and the
-environment) and PNG plots (matplotlib, the `bench` extra).
+suite goes on. Writes to --out (benchmarks/results/): results.md (the performance targets,
+summary tables, every figure; paste-ready for docs/performance.md), results.json (every
+repetition and the environment) and PNG plots (matplotlib, the `bench` extra).
 """
 
 from __future__ import annotations
@@ -120,8 +120,6 @@ def environment(cp, devices: list, missing_peers: dict) -> dict:
         "numpy": np.__version__,
         "cupy": cp.__version__,
         "cuda_sharded_jit": sharded.__version__,
-        "has_sort": hasattr(sharded, "sort"),
-        "has_argmin": hasattr(sharded, "argmin"),
         "command": " ".join(sys.argv),
         "missing_peers": missing_peers,
     }
@@ -204,7 +202,7 @@ def main(argv=None) -> int:
     if "compile" in chosen:
         blocks += bench_compile.blocks(max(5, arguments.reps // 2), "cuda.compute" in peers)
     sort_dtypes = list(dict.fromkeys([np.dtype(np.int32)] + dtypes))
-    for size in reversed(sizes):  # the largest first: the bars are measured there
+    for size in reversed(sizes):  # the largest first: the targets are measured there
         if cases:
             blocks += sweep.blocks(cp, sharded, [sweep.COPY] + cases, options, size, groups)
         if "sort" in chosen:

@@ -16,7 +16,7 @@ from typing import Callable
 import numpy as np
 
 from common import (Block, Measure, Task, host_times_per_call, log2_label, place_devices,
-                    time_events_places, time_wall)
+                    time_events_places, time_wall, where)
 
 PEERS = ("cupy", "torch", "cuda.compute")
 INT_RANGE = 1000  # integer data is uniform in [0, INT_RANGE): sums and squares never overflow int64
@@ -160,6 +160,14 @@ def assert_equal(cp, actual, expected, what: str) -> None:
                              f"{actual[index].item()!r}, expected {expected[index].item()!r}")
 
 
+def check_each_shard(data: Data, expected: Callable, what: str) -> None:
+    """Every shard's output equals `expected(x, y)` of its inputs (y is None without one)."""
+    for place, out in enumerate(data.out):
+        with data.cp.cuda.Device(data.devices[place]):
+            y = data.y[place] if data.y else None
+            assert_equal(data.cp, out, expected(data.x[place], y), f"{what}, shard {place}")
+
+
 def assert_close(cp, actual, expected, what: str, rtol: float = 1e-3, atol: float = 1e-2) -> None:
     """Floating results of a different association (reductions, scans) than the reference."""
     actual = actual.astype(cp.float64)
@@ -199,9 +207,8 @@ def accumulator(cp, dtype: np.dtype):
 def template(case: Case, impl: str, dtype: np.dtype, elements: int, places: int, gpus: int,
              size_label: str, timer: str = "") -> Measure:
     """The keys of one measurement (also its error row when it fails)."""
-    where = "1 GPU" if places == 1 else f"{places} places on {gpus} GPU{'s' if gpus > 1 else ''}"
     return Measure(
-        name=f"{case.algorithm} {dtype.name} {size_label} {impl} ({where})",
+        name=f"{case.algorithm} {dtype.name} {size_label} {impl} ({where(places, gpus)})",
         seconds=[], bytes_moved=case.traffic * elements * dtype.itemsize, note=case.note,
         algorithm=case.algorithm, impl=impl, dtype=dtype.name, elements=elements,
         places=places, gpus=gpus, timer=timer or ("events" if places == 1 else "wall"))
@@ -342,10 +349,6 @@ def measure_task(case: Case, impl: str, maker, row: Measure, reps: int, warmup: 
     return Task(f"{case.algorithm} {impl}", lambda data: measure(case, maker, data, row, reps, warmup), row)
 
 
-def _where(places: int) -> str:
-    return "1 place" if places == 1 else f"{places} places"
-
-
 def blocks(cp, sharded, cases: list, options: Options, size: int, groups: dict) -> list[Block]:
     """Every block of one size (elements per GPU): per dtype, the peers on the first GPU, then
     ours on each place count."""
@@ -369,7 +372,7 @@ def blocks(cp, sharded, cases: list, options: Options, size: int, groups: dict) 
                      if not (impl == "copy" and places == 1)]  # the peers' block has the 1-GPU copy
             if tasks:
                 result.append(Block(
-                    f"{dtype.name} {size_label} ours, {_where(places)}", tasks,
+                    f"{dtype.name} {size_label} ours, {where(places, gpus)}", tasks,
                     lambda dtype=dtype, devices=devices: ours_setup(cp, sharded, options, dtype, size, devices, groups),
                     lambda data: ours_teardown(cp, data)))
     return result
@@ -404,7 +407,7 @@ def host_blocks(cp, sharded, selections: list, options: Options, groups: dict) -
         tasks = [host_task(case, impl, case.ours[impl],
                            template(case, impl, dtype, HOST_ELEMENTS * gpus, places, gpus, label, timer="host"))
                  for case, impls in selections for impl in impls if impl in case.ours]
-        result.append(Block(f"host time per call, ours, {_where(places)}", tasks,
+        result.append(Block(f"host time per call, ours, {where(places, gpus)}", tasks,
                             lambda devices=devices: ours_setup(cp, sharded, options, dtype, HOST_ELEMENTS,
                                                                devices, groups),
                             lambda data: ours_teardown(cp, data)))
@@ -435,14 +438,16 @@ def _copy_ours(data: Data) -> Impl:
     return Impl(run)
 
 
-def _check_copy(data: Data, value) -> None:
-    for place, (x, out) in enumerate(zip(data.x, data.out)):
-        with data.cp.cuda.Device(data.devices[place]):
-            assert_equal(data.cp, out, x, f"copy, shard {place}")
-
-
-COPY = Case("copy", 2, ours={"copy": _copy_ours}, peers={"copy": _copy_peer}, check=_check_copy,
+COPY = Case("copy", 2, ours={"copy": _copy_ours}, peers={"copy": _copy_peer},
+            check=lambda data, value: check_each_shard(data, lambda x, y: x, "copy"),
             note="device copy: the practical limit, read + write")
+
+
+def cccl_impl(data: Data, build, result: Callable | None = None, **arguments) -> Impl:
+    """A cuda.compute algorithm's call on the peers' stream: `build(temp_storage=None, ...)`
+    gives the temporary storage's size, allocated once, outside the timed call."""
+    scratch, stream = data.cp.empty(build(temp_storage=None, **arguments), data.cp.uint8), data.stream
+    return Impl(lambda: build(temp_storage=scratch, stream=stream, **arguments), result=result)
 
 
 def cuda_compute():

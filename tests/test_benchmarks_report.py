@@ -1,5 +1,5 @@
 """The benchmark suite's pure-Python parts, with fake measurements (no GPU): size and place
-parsing, error isolation and the time budget, the bars, the markdown, JSON and plots."""
+parsing, error isolation and the time budget, the performance targets, the markdown, JSON and plots."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 
-import bars  # noqa: E402
 import report  # noqa: E402
+import targets  # noqa: E402
 from common import (Block, Measure, Progress, Task, parse_places, parse_sizes, place_devices,  # noqa: E402
                     run_blocks)
 
@@ -71,7 +71,6 @@ def test_measure_statistics():
     assert math.isnan(m.median_by("host"))
     empty = Measure("y", [], error="boom")
     assert not empty.ok and math.isnan(empty.median) and math.isnan(empty.gbps)
-    assert Measure.from_dict(m.as_dict()) == m
 
 
 def test_run_blocks_isolates_failures_and_respects_the_budget(capsys):
@@ -121,7 +120,56 @@ def test_run_blocks_stops_measuring_once_the_cuda_context_is_lost():
     assert ran == [] and measures[2].error.startswith("not measured: the CUDA context was lost earlier")
 
 
-# ---- fake run: every bar's inputs ------------------------------------------------------------------
+# ---- the sweep's helpers, with numpy standing in for CuPy ---------------------------------------
+
+class _FakeCupy:
+    """numpy, plus the cuda.Device context CuPy code enters."""
+
+    def __init__(self):
+        import contextlib
+        import types
+
+        import numpy
+
+        self.numpy = numpy
+        self.cuda = types.SimpleNamespace(Device=lambda device: contextlib.nullcontext())
+
+    def __getattr__(self, name):
+        return getattr(self.numpy, name)
+
+
+def test_check_each_shard_names_the_shard_that_differs():
+    import numpy as np
+    from sweep import Data, check_each_shard
+
+    x = [np.arange(4.0), np.arange(4.0, 8.0)]
+    y = [np.ones(4), np.ones(4)]
+    data = Data(_FakeCupy(), np.dtype(np.float64), [0, 1], x, y, [x[0] + 1, x[1] + 1])
+    check_each_shard(data, lambda a, b: a + b, "a + b")
+    data.out[1][2] = 0.0
+    with pytest.raises(AssertionError, match=r"a \+ b, shard 1: 1 elements differ, first at 2"):
+        check_each_shard(data, lambda a, b: a + b, "a + b")
+
+
+def test_cccl_impl_sizes_the_storage_once_and_passes_the_stream():
+    import numpy as np
+    from sweep import Data, cccl_impl
+
+    calls = []
+
+    def build(temp_storage, stream=None, **arguments):
+        calls.append((None if temp_storage is None else temp_storage.nbytes, stream, arguments))
+        return 96
+
+    data = Data(_FakeCupy(), np.dtype(np.float32), [0], [np.zeros(3, np.float32)], stream="the stream")
+    impl = cccl_impl(data, build, lambda: "result", d_in="x", num_items=3)
+    impl.run()
+    impl.run()
+    assert calls == [(None, None, {"d_in": "x", "num_items": 3})] + [(96, "the stream", {"d_in": "x", "num_items": 3})] * 2
+    assert impl.result() == "result"
+
+
+# ---- fake run: every target's inputs ------------------------------------------------------------------
 
 N = 1 << 28
 
@@ -183,53 +231,53 @@ def fake_measures() -> list[Measure]:
     return rows
 
 
-def _bar(results, text):
-    return next(result for result in results if result.bar.text.startswith(text))
+def _target(results, text):
+    return next(result for result in results if result.target.text.startswith(text))
 
 
-def test_bars_read_both_figures_from_the_same_run():
-    results = bars.evaluate(fake_measures())
-    assert len(results) == len(bars.BARS)
+def test_targets_read_both_figures_from_the_same_run():
+    results = targets.evaluate(fake_measures())
+    assert len(results) == len(targets.TARGETS)
 
-    versus_cccl = _bar(results, "binary transform, user lambda ≥ 0.95 × cuda.compute")
+    versus_cccl = _target(results, "binary transform, user lambda ≥ 0.95 × cuda.compute")
     assert versus_cccl.unit == "GB/s" and versus_cccl.ours == pytest.approx(4000)
     assert versus_cccl.ratio == pytest.approx(0.98) and versus_cccl.status == "pass"
     assert versus_cccl.elements == N
 
     # wall clock on both sides: 2 GPUs move twice the bytes in 1.04 t against the 1-GPU wall of 1.02 t
-    scaling = _bar(results, "binary transform on 2 GPUs")
+    scaling = _target(results, "binary transform on 2 GPUs")
     assert scaling.ratio == pytest.approx(2 * 1.02 / 1.04) and scaling.status == "pass"
 
-    reduce_two = _bar(results, "reduce on 2 GPUs")
+    reduce_two = _target(results, "reduce on 2 GPUs")
     assert reduce_two.unit == "s" and reduce_two.ratio == pytest.approx(1.2 / 1.1)
     assert reduce_two.status == "FAIL"
 
-    scan_two = _bar(results, "inclusive scan on 2 GPUs")
+    scan_two = _target(results, "inclusive scan on 2 GPUs")
     assert scan_two.reference == pytest.approx(1.1 * (N * 4 / (4000 * GB)) + 3.6 * (N * 4 / (4000 * GB)))
     assert scan_two.status == "pass"
 
-    torch_scan = _bar(results, "inclusive scan, user add ≥ 1.0 × torch")
+    torch_scan = _target(results, "inclusive scan, user add ≥ 1.0 × torch")
     assert torch_scan.ratio == pytest.approx(3.3 / 3.5) and torch_scan.status == "FAIL"
 
-    sort_two = _bar(results, "sort of 2^28 int32 keys on 2 GPUs")
+    sort_two = _target(results, "sort of 2^28 int32 keys on 2 GPUs")
     assert sort_two.unit == "elements/s" and sort_two.ratio == pytest.approx(6.8 / 3.9)
     assert sort_two.status == "pass" and sort_two.elements == N
-    assert _bar(results, "sort of 2^28 int32 keys on 4 GPUs").status.startswith("not measured")
-    assert _bar(results, "sort of 2^28 int32 keys, one place").ratio == pytest.approx(6.7 / 5)
+    assert _target(results, "sort of 2^28 int32 keys on 4 GPUs").status.startswith("not measured")
+    assert _target(results, "sort of 2^28 int32 keys, one place").ratio == pytest.approx(6.7 / 5)
 
-    assert _bar(results, "count").ratio == pytest.approx(1 / 1.05)
-    assert _bar(results, "histogram_even faster").ratio == pytest.approx(9 / 1.4)
+    assert _target(results, "count").ratio == pytest.approx(1 / 1.05)
+    assert _target(results, "histogram_even faster").ratio == pytest.approx(9 / 1.4)
 
-    host = _bar(results, "host time per call")
+    host = _target(results, "host time per call")
     assert host.ours == pytest.approx(9.25e-6) and host.status == "pass" and host.elements is None
-    assert _bar(results, "first call of a new operator").status == "pass"
-    assert "child process failed" in _bar(results, "first call in a new process").status
-    assert _bar(results, "argmin ≥ 1.0").status.startswith("not measured")
+    assert _target(results, "first call of a new operator").status == "pass"
+    assert "child process failed" in _target(results, "first call in a new process").status
+    assert _target(results, "argmin ≥ 1.0").status.startswith("not measured")
 
 
-def test_bars_fall_back_to_the_largest_size_measured():
+def test_targets_fall_back_to_the_largest_size_measured():
     rows = [_row("reduce", "ours", 2e-5, elements=1 << 20), _row("reduce", "cupy", 1e-5, elements=1 << 20)]
-    result = _bar(bars.evaluate(rows), "reduce, user add")
+    result = _target(targets.evaluate(rows), "reduce, user add")
     assert result.elements == 1 << 20 and result.ratio == pytest.approx(0.5) and result.status == "FAIL"
 
 
@@ -244,15 +292,18 @@ def test_markdown_has_every_section_and_lists_errors():
     printed, text = report.markdown(fake_measures(), ENV, OPTIONS)
     assert text.startswith(printed)
     assert "2× NVIDIA H200 (GPU0-GPU1: NV18), driver 580.159.04" in printed
-    for title in ("### Bars", "### float32, 2^28 elements per GPU", "### float32, ours on one place by size",
+    for title in ("### Performance targets", "### float32, 2^28 elements per GPU", "### float32, ours on one place by size",
                   "### Sort", "### Host time per call", "### Compile latency", "### Errors (1)"):
         assert title in printed, title
     assert "child process failed" in printed and "1 measures skipped" in printed
     assert "<details>" in text and "<details>" not in printed
-    bars_section = printed.split("### Bars")[1].split("###")[0]
-    assert bars_section.count("| pass |") + bars_section.count("| FAIL |") >= 10
-    assert "| 3 | binary transform, user lambda ≥ 0.95 × cuda.compute binary_transform (2^28/GPU) | 4000 GB/s" \
-        in bars_section
+    targets_section = printed.split("### Performance targets")[1].split("###")[0]
+    assert targets_section.count("| pass |") + targets_section.count("| FAIL |") >= 10
+    assert "| binary transform, user lambda ≥ 0.95 × cuda.compute binary_transform (2^28/GPU) | 4000 GB/s | " \
+           "4082 GB/s (cuda.compute binary_transform) | 0.980 | ≥ 0.95 | pass |" in targets_section
+    assert "| host time per call, 1024 elements, 1 place ≤ 10 µs | 9.25 µs | — |  | ≤ 10 µs | pass |" \
+        in targets_section
+    assert "issue" not in printed.lower()
     # several places: aggregate GB/s and the speed-up over one place, by wall clock
     throughput = printed.split("### float32, 2^28 elements per GPU")[1].split("###")[0]
     assert "ours, 2 GPUs" in throughput and "ours, 4 places on 2 GPUs" in throughput
@@ -263,16 +314,15 @@ def test_markdown_has_every_section_and_lists_errors():
 
 def test_json_keeps_every_repetition_and_no_nan(tmp_path):
     measures = fake_measures()
-    results = bars.evaluate(measures)
+    results = targets.evaluate(measures)
     path = tmp_path / "results.json"
     path.write_text(report.to_json(measures, ENV, OPTIONS, results))
     data = json.loads(path.read_text())  # strict JSON: NaN would have been written as NaN
     assert data["environment"]["driver"] == "580.159.04"
-    assert len(data["measures"]) == len(measures) and len(data["bars"]) == len(bars.BARS)
+    assert len(data["measures"]) == len(measures) and len(data["targets"]) == len(targets.TARGETS)
     first = data["measures"][2]
     assert first["seconds"] == measures[2].seconds and first["extra"]["wall"] == measures[2].extra["wall"]
     assert data["measures"][-1]["median"] is None
-    assert report.load_measures(path)[2] == measures[2]
     assert "NaN" not in path.read_text()
 
 
@@ -295,3 +345,16 @@ def test_plots(tmp_path):
     assert {"bandwidth_float32.png", "sort.png", "scaling.png"} <= names
     for path in files:
         assert path.stat().st_size > 1000
+
+
+# ---- docs/performance.md ---------------------------------------------------------------------------
+
+def test_performance_doc_lists_every_target_as_defined():
+    assert targets.main(["--check"]) == 0, "docs/performance.md is stale: run python benchmarks/targets.py"
+    text = targets.PERFORMANCE_DOC.read_text()
+    listed = text.split(targets.BEGIN)[1].split(targets.END)[0]
+    for target in targets.TARGETS:
+        assert f"| {target.text} | " in listed, target.text
+    assert "| reduce on 2 GPUs ≤ 1.05 × one-GPU reduce time (same size per GPU) | ours / reference ≤ 1.05 | " \
+           "2^28 per GPU | host wall clock |" in listed
+    assert "| first call in a new process, warm disk cache ≤ 50 ms | ours ≤ 50 ms | — |" in listed

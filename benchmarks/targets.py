@@ -1,18 +1,24 @@
-"""The performance bars of the issues, read off one run's measures: each bar's two figures,
-their ratio and pass / fail. Pure Python (the CPU tests evaluate fake measures).
+"""The project's performance targets, read off one run's measures: each target's two
+figures, their ratio and pass / fail. Pure Python (the CPU tests evaluate fake measures).
 
 Both figures of a ratio come from the same run and the same timer: CUDA events where both
 sides run on one place, host wall clock where either side spans several.
+
+    python benchmarks/targets.py           # rewrite the list of targets in docs/performance.md
+    python benchmarks/targets.py --check   # exit 1 when that list is stale (a CPU test runs it)
 """
 
 from __future__ import annotations
 
+import argparse
 import math
+import sys
 from dataclasses import dataclass
+from pathlib import Path
 
-from common import Measure, log2_label
+from common import Measure, fmt_seconds, log2_label
 
-BAR_ELEMENTS = 1 << 28  # the bars' size: elements per GPU (sort: keys in total)
+TARGET_ELEMENTS = 1 << 28  # the targets' size: elements per GPU (sort: keys in total)
 
 
 @dataclass(frozen=True)
@@ -27,7 +33,7 @@ class Ref:
     gpus: int = 1
     timer: str = "events"
     variant: str = ""
-    size: str = "per_gpu"   # the bar size is elements per GPU ("per_gpu"), in total ("total"), or none
+    size: str = "per_gpu"   # the target's size is elements per GPU ("per_gpu"), in total ("total"), or none
 
     def matches(self, measure: Measure, elements: int | None) -> bool:
         if (measure.algorithm, measure.impl, measure.variant) != (self.algorithm, self.impl, self.variant):
@@ -43,19 +49,18 @@ class Ref:
 
 
 @dataclass(frozen=True)
-class Bar:
-    """ours / reference (or ours alone when there is no reference) against `target`.
+class Target:
+    """ours / reference (or ours alone when there is no reference) against `threshold`.
 
     metric "rate": throughput (GB/s where both count bytes, else elements/s); passes when
-    ours / reference >= target. metric "time": seconds (the references' times add up);
-    passes when ours / reference <= target, or ours <= target without a reference.
+    ours / reference >= threshold. metric "time": seconds (the references' times add up);
+    passes when ours / reference <= threshold, or ours <= threshold without a reference.
     """
 
-    issue: int
     text: str
     ours: Ref
     reference: tuple = ()
-    target: float = 1.0
+    threshold: float = 1.0
     metric: str = "rate"
 
 
@@ -66,63 +71,71 @@ def _transform(label="sharded.transform(lambda a, b: a + b)", **keys) -> Ref:
 _WALL2 = dict(places=2, gpus=2, timer="wall")
 _WALL4 = dict(places=4, gpus=4, timer="wall")
 
-BARS = (
-    Bar(3, "binary transform, user lambda ≥ 0.95 × cuda.compute binary_transform",
+TARGETS = (
+    Target("binary transform, user lambda ≥ 0.95 × cuda.compute binary_transform",
         _transform(), (Ref("cuda.compute binary_transform", "transform_binary", "cuda.compute"),), 0.95),
-    Bar(3, "binary transform, user lambda ≥ 0.97 × built-in sharded.ops.add",
+    Target("binary transform, user lambda ≥ 0.97 × built-in sharded.ops.add",
         _transform(), (Ref("transform(sharded.ops.add)", "transform_binary", "ours built-in"),), 0.97),
-    Bar(3, "binary transform on 2 GPUs ≥ 1.9 × one GPU (same size per GPU)",
+    Target("binary transform on 2 GPUs ≥ 1.9 × one GPU (same size per GPU)",
         _transform("2 GPUs", **_WALL2), (_transform("1 GPU", timer="wall"),), 1.9),
-    Bar(3, "first call of a new operator, warm process ≤ 0.3 s",
+    Target("first call of a new operator, warm process ≤ 0.3 s",
         Ref("first call", "compile", "ours", variant="warm process", timer="process", size="none"),
         (), 0.3, "time"),
-    Bar(3, "first call in a new process, warm disk cache ≤ 50 ms",
+    Target("first call in a new process, warm disk cache ≤ 50 ms",
         Ref("first call", "compile", "ours", variant="new process, warm disk cache", timer="process",
             size="none"), (), 0.05, "time"),
-    Bar(3, "host time per call, 1024 elements, 1 place ≤ 10 µs",
+    Target("host time per call, 1024 elements, 1 place ≤ 10 µs",
         Ref("transform(lambda a, b: a + b)", "transform_binary", "ours", timer="host", size="none"),
         (), 10e-6, "time"),
-    Bar(4, "reduce, user add ≥ 0.95 × cupy sum",
+    Target("reduce, user add ≥ 0.95 × cupy sum",
         Ref("sharded.reduce(a, lambda a, b: a + b)", "reduce", "ours"), (Ref("cupy sum", "reduce", "cupy"),), 0.95),
-    Bar(4, "inclusive scan, user add ≥ 1.0 × torch.cumsum",
+    Target("inclusive scan, user add ≥ 1.0 × torch.cumsum",
         Ref("sharded.inclusive_scan(a, add)", "inclusive_scan", "ours"),
         (Ref("torch.cumsum", "inclusive_scan", "torch"),), 1.0),
-    Bar(4, "inclusive scan, user add ≥ 0.95 × built-in \"sum\" scan",
+    Target("inclusive scan, user add ≥ 0.95 × built-in \"sum\" scan",
         Ref("sharded.inclusive_scan(a, add)", "inclusive_scan", "ours"),
         (Ref("inclusive_scan(a, \"sum\")", "inclusive_scan", "ours built-in"),), 0.95),
-    Bar(4, "reduce on 2 GPUs ≤ 1.05 × one-GPU reduce time (same size per GPU)",
+    Target("reduce on 2 GPUs ≤ 1.05 × one-GPU reduce time (same size per GPU)",
         Ref("reduce, 2 GPUs", "reduce", "ours", **_WALL2),
         (Ref("reduce, 1 GPU", "reduce", "ours", timer="wall"),), 1.05, "time"),
-    Bar(4, "inclusive scan on 2 GPUs ≤ 1.10 × (one-GPU reduce + one-GPU scan time)",
+    Target("inclusive scan on 2 GPUs ≤ 1.10 × (one-GPU reduce + one-GPU scan time)",
         Ref("scan, 2 GPUs", "inclusive_scan", "ours", **_WALL2),
         (Ref("reduce, 1 GPU", "reduce", "ours", timer="wall"),
          Ref("scan, 1 GPU", "inclusive_scan", "ours", timer="wall")), 1.10, "time"),
-    Bar(5, "sort of 2^28 int32 keys on 2 GPUs ≥ 1.5 × cupy.sort on one GPU",
+    Target("sort of 2^28 int32 keys on 2 GPUs ≥ 1.5 × cupy.sort on one GPU",
         Ref("sharded.sort, 2 GPUs", "sort", "ours", "int32", size="total", **_WALL2),
         (Ref("cupy.sort, 1 GPU", "sort", "cupy", "int32", timer="wall", size="total"),), 1.5),
-    Bar(5, "sort of 2^28 int32 keys on 4 GPUs ≥ 2.5 × cupy.sort on one GPU",
+    Target("sort of 2^28 int32 keys on 4 GPUs ≥ 2.5 × cupy.sort on one GPU",
         Ref("sharded.sort, 4 GPUs", "sort", "ours", "int32", size="total", **_WALL4),
         (Ref("cupy.sort, 1 GPU", "sort", "cupy", "int32", timer="wall", size="total"),), 2.5),
-    Bar(5, "sort of 2^28 int32 keys, one place ≥ 0.95 × cupy.sort",
+    Target("sort of 2^28 int32 keys, one place ≥ 0.95 × cupy.sort",
         Ref("sharded.sort, 1 place", "sort", "ours", "int32", size="total"),
         (Ref("cupy.sort", "sort", "cupy", "int32", size="total"),), 0.95),
-    Bar(5, "count ≥ 0.9 × cupy sum bandwidth (same data)",
+    Target("count ≥ 0.9 × cupy sum bandwidth (same data)",
         Ref("sharded.count", "count", "ours"), (Ref("cupy sum", "reduce", "cupy"),), 0.9),
-    Bar(5, "histogram_even, 64 bins, uniform float32 ≥ 0.6 × cupy sum bandwidth",
+    Target("histogram_even, 64 bins, uniform float32 ≥ 0.6 × cupy sum bandwidth",
         Ref("sharded.histogram_even", "histogram_even", "ours"), (Ref("cupy sum", "reduce", "cupy"),), 0.6),
-    Bar(5, "histogram_even faster than cupy.histogram",
+    Target("histogram_even faster than cupy.histogram",
         Ref("sharded.histogram_even", "histogram_even", "ours"),
         (Ref("cupy.histogram", "histogram_even", "cupy"),), 1.0),
-    Bar(6, "argmin ≥ 0.8 × user-add reduce",
+    Target("argmin ≥ 0.8 × user-add reduce",
         Ref("sharded.argmin", "argmin", "ours"), (Ref("reduce, user add", "reduce", "ours"),), 0.8),
-    Bar(6, "argmin ≥ 1.0 × cupy.argmin",
+    Target("argmin ≥ 1.0 × cupy.argmin",
         Ref("sharded.argmin", "argmin", "ours"), (Ref("cupy.argmin", "argmin", "cupy"),), 1.0),
 )
 
 
+def threshold_text(target: Target) -> str:
+    """"≥ 0.95" or "≤ 1.05" for a ratio, "≤ 50 ms" for a time that has no reference."""
+    comparison = "≤" if target.metric == "time" else "≥"
+    if target.metric == "time" and not target.reference:
+        return f"{comparison} {fmt_seconds(target.threshold)}"
+    return f"{comparison} {target.threshold:g}"
+
+
 @dataclass
-class BarResult:
-    bar: Bar
+class TargetResult:
+    target: Target
     elements: int | None          # the size both sides were measured at (None: no size)
     ours: float = math.nan        # seconds, or throughput (GB/s or elements/s)
     reference: float = math.nan
@@ -131,9 +144,9 @@ class BarResult:
     status: str = ""              # "pass", "FAIL", or "not measured: why"
 
     def as_dict(self) -> dict:
-        return {"issue": self.bar.issue, "bar": self.bar.text, "elements": self.elements, "ours": self.ours,
-                "reference": self.reference, "ratio": self.ratio, "target": self.bar.target,
-                "metric": self.bar.metric, "unit": self.unit, "status": self.status}
+        return {"target": self.target.text, "elements": self.elements, "ours": self.ours,
+                "reference": self.reference, "ratio": self.ratio, "threshold": self.target.threshold,
+                "metric": self.target.metric, "unit": self.unit, "status": self.status}
 
 
 def _find(measures: list, ref: Ref, elements: int | None):
@@ -151,13 +164,13 @@ def _figure(measure: Measure, ref: Ref, metric: str, unit: str) -> float:
 
 
 def _size(measures: list, ref: Ref) -> int | None:
-    """BAR_ELEMENTS where ours was measured there, else the largest size it was measured at."""
+    """TARGET_ELEMENTS where ours was measured there, else the largest size it was measured at."""
     if ref.size == "none":
         return None
     sizes = {m.elements_per_gpu if ref.size == "per_gpu" else m.elements
              for m in measures if ref.matches(m, None) and m.ok}
-    if not sizes or BAR_ELEMENTS in sizes:
-        return BAR_ELEMENTS
+    if not sizes or TARGET_ELEMENTS in sizes:
+        return TARGET_ELEMENTS
     return max(sizes)
 
 
@@ -170,32 +183,79 @@ def _missing(measure, ref: Ref, elements) -> str | None:
     return None
 
 
-def evaluate(measures: list, bars=BARS) -> list[BarResult]:
+def evaluate(measures: list, targets=TARGETS) -> list[TargetResult]:
     results = []
-    for bar in bars:
-        elements = _size(measures, bar.ours)
-        result = BarResult(bar, elements)
+    for target in targets:
+        elements = _size(measures, target.ours)
+        result = TargetResult(target, elements)
         results.append(result)
-        ours = _find(measures, bar.ours, elements)
-        references = [_find(measures, ref, elements) for ref in bar.reference]
-        problems = [_missing(m, ref, elements) for m, ref in zip([ours] + references, (bar.ours,) + bar.reference)]
+        ours = _find(measures, target.ours, elements)
+        references = [_find(measures, ref, elements) for ref in target.reference]
+        problems = [_missing(m, ref, elements) for m, ref in zip([ours] + references, (target.ours,) + target.reference)]
         problems = [problem for problem in problems if problem]
         if problems:
             result.status = problems[0]
             continue
-        if bar.metric == "time":
+        if target.metric == "time":
             result.unit = "s"
         elif all(m.bytes_moved for m in [ours] + references):
             result.unit = "GB/s"
         else:
             result.unit = "elements/s"
-        result.ours = _figure(ours, bar.ours, bar.metric, result.unit)
-        figures = [_figure(m, ref, bar.metric, result.unit) for m, ref in zip(references, bar.reference)]
+        result.ours = _figure(ours, target.ours, target.metric, result.unit)
+        figures = [_figure(m, ref, target.metric, result.unit) for m, ref in zip(references, target.reference)]
         if not references:
-            passed = result.ours <= bar.target
+            passed = result.ours <= target.threshold
         else:
             result.reference = sum(figures)
             result.ratio = result.ours / result.reference if result.reference else math.nan
-            passed = result.ratio <= bar.target if bar.metric == "time" else result.ratio >= bar.target
+            passed = result.ratio <= target.threshold if target.metric == "time" else result.ratio >= target.threshold
         result.status = "pass" if passed else "FAIL"
     return results
+
+
+# ---- the list in docs/performance.md ---------------------------------------------------------------
+
+PERFORMANCE_DOC = Path(__file__).resolve().parent.parent / "docs" / "performance.md"
+BEGIN = "<!-- targets: written by `python benchmarks/targets.py` from benchmarks/targets.py; do not edit -->"
+END = "<!-- end of targets -->"
+TIMERS = {"events": "CUDA events", "wall": "host wall clock", "host": "host time per call",
+          "process": "host clock around the first call"}
+SIZES = {"per_gpu": f"{log2_label(TARGET_ELEMENTS)} per GPU", "total": f"{log2_label(TARGET_ELEMENTS)} keys in total",
+         "none": "—"}
+
+
+def targets_markdown(targets=TARGETS) -> str:
+    """The targets as a markdown table: text, when each passes, size and timer."""
+    rows = ["| target | passes when | size | timer |", "| --- | --- | --- | --- |"]
+    for target in targets:
+        passes = ("ours / reference " if target.reference else "ours ") + threshold_text(target)
+        rows.append(f"| {target.text} | {passes} | {SIZES[target.ours.size]} | {TIMERS[target.ours.timer]} |")
+    return "\n".join(rows)
+
+
+def _with_current_list(text: str) -> str:
+    before, found, rest = text.partition(BEGIN)
+    _, ended, after = rest.partition(END)
+    if not found or not ended:
+        raise ValueError(f"{PERFORMANCE_DOC} has no {BEGIN!r} ... {END!r} section")
+    return f"{before}{BEGIN}\n{targets_markdown()}\n{END}{after}"
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description="Write the list of targets into docs/performance.md.")
+    parser.add_argument("--check", action="store_true", help="exit 1 when the list there is stale")
+    arguments = parser.parse_args(argv)
+    text = PERFORMANCE_DOC.read_text()
+    current = _with_current_list(text)
+    if arguments.check:
+        if current != text:
+            print(f"{PERFORMANCE_DOC} is stale: run python benchmarks/targets.py", file=sys.stderr)
+            return 1
+        return 0
+    PERFORMANCE_DOC.write_text(current)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
