@@ -44,7 +44,6 @@
 #include "cuda_check.hpp"
 #include "launch.hpp"
 #include "sort_common.hpp"
-#include "sort_partition.hpp"
 
 namespace csj {
 namespace {
@@ -320,10 +319,8 @@ class SampledCuts {
       sides_[p] = std::make_unique<detail::CopyStream>(place.device);
       place.unsorted->wait(sides_[p]->get());
       k::SampleParams params{};
-      params.shards[0] = place.input;
-      params.sizes[0] = place.n;
-      params.firsts[1] = samples;
-      params.places = 1;
+      params.keys = place.input;
+      params.n = place.n;
       params.count = samples;
       params.ordered = host_->data + offsets_[p];  // written where it lies, in pinned host memory
       detail::launch(detail::KernelHandle::builtin(engine.sample_kernel), static_cast<unsigned>((samples + 255) / 256),
@@ -688,13 +685,6 @@ void sort(const ShardedArray& in, ShardedArray& out, bool descending) {
   for (std::size_t p = 0; p < count; ++p) non_empty += in.shard_size(p) > 0 ? 1 : 0;
   if (non_empty == 0) return;
   const bool several = non_empty > 1;
-  // The partition-first path is experimental: on 2x H200 it is still slower than this one
-  // for 2^28 int32 keys (see sort_partition.cpp), so it runs only when asked for.
-  const char* partition_first = std::getenv("CSJ_SORT_PARTITION");
-  if (several && partition_first && std::string(partition_first) == "1" &&
-      detail::partition_sort(in, out, *engine)) {
-    return;
-  }
 
   // The global ranks the runs are cut at: where each output shard, and each chunk of one,
   // starts, then the end. Place q's chunk j spans ranks[first_chunk[q] + j] up to the next.
