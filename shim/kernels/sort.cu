@@ -1,5 +1,6 @@
 // The sort engine (see sort_engine.hpp): one instantiation of CUB's radix sort and merge per
-// element type and direction, plus the splitter-counting kernel of the multi-place sort.
+// element type and direction, plus the small kernels of the multi-place sort (splitter
+// counting, key samples, NaN canonicalisation).
 #include <cub/device/device_merge.cuh>
 #include <cub/device/device_radix_sort.cuh>
 #include <cuda/std/limits>
@@ -85,131 +86,10 @@ template <class T, bool Descending>
 __global__ void sample_kernel(const __grid_constant__ SampleParams p) {
   const long long j = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (j >= p.count) return;
-  int place = 0;
-  while (place + 1 < p.places && p.firsts[place + 1] <= j) ++place;
-  const long long count = p.firsts[place + 1] - p.firsts[place], i = j - p.firsts[place];
-  const long long n = p.sizes[place];
-  const long long low = i * n / count, high = (i + 1) * n / count;
+  const long long low = j * p.n / p.count, high = (j + 1) * p.n / p.count;
   const long long at = low + static_cast<long long>(mix(static_cast<unsigned long long>(j)) %
                                                     static_cast<unsigned long long>(high - low));
-  static_cast<Bits<T>*>(p.ordered)[j] = ordered_key<T, Descending>(static_cast<const T*>(p.shards[place])[at]);
-}
-
-template <class U>
-__global__ void pick_splitters_kernel(const __grid_constant__ PickParams p) {
-  const int m = threadIdx.x;
-  if (m < p.count) static_cast<U*>(p.splitters)[m] = static_cast<const U*>(p.sorted)[p.ranks[m]];
-}
-
-// The bucket of an ordered key: how many of the splitters (ascending, padded with the
-// largest key to `span` - 1 entries, span a power of two) are at or below it, at most nsplit.
-template <class U>
-__device__ __forceinline__ int bucket_of(U key, const U* splitters, int span, int nsplit) {
-  int low = 0;
-  for (int step = span >> 1; step > 0; step >>= 1) low += splitters[low + step - 1] <= key ? step : 0;
-  return low < nsplit ? low : nsplit;
-}
-
-__device__ __forceinline__ int span_of(int nsplit) {
-  int span = 1;
-  while (span < nsplit + 1) span <<= 1;
-  return span;
-}
-
-template <class T>
-__global__ void bucket_count_kernel(const __grid_constant__ BucketCountParams p) {
-  using U = Bits<T>;
-  __shared__ U splitters[kMaxBuckets];
-  __shared__ unsigned counts[kMaxBuckets];
-  if (threadIdx.x < kMaxBuckets) {
-    splitters[threadIdx.x] = threadIdx.x < p.nsplit ? static_cast<const U*>(p.splitters)[threadIdx.x] : ~U(0);
-    counts[threadIdx.x] = 0;
-  }
-  __syncthreads();
-  const int span = span_of(p.nsplit);
-  const long long stride = static_cast<long long>(gridDim.x) * blockDim.x;
-  for (long long i = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x; i < p.count; i += stride) {
-    atomicAdd(&counts[bucket_of(static_cast<const U*>(p.ordered)[i], splitters, span, p.nsplit)], 1u);
-  }
-  __syncthreads();
-  if (threadIdx.x <= p.nsplit && counts[threadIdx.x] != 0) atomicAdd(&p.counts[threadIdx.x], counts[threadIdx.x]);
-}
-
-// One tile of kPartitionBlock * kPartitionItems keys per block: each key's bucket, its slot
-// among the tile's keys of that bucket (a shared atomic: the order within a bucket is
-// arbitrary, the buckets are sorted afterwards), the tile staged in shared memory bucket
-// by bucket, then written out, each bucket's keys to one contiguous run at a cursor taken
-// with one global atomic per (tile, bucket).
-template <class T, bool Descending>
-__global__ void __launch_bounds__(kPartitionBlock) partition_kernel(const __grid_constant__ PartitionParams p) {
-  using U = Bits<T>;
-  constexpr int kTile = kPartitionBlock * kPartitionItems;
-  constexpr unsigned char kNone = 0xff;
-  __shared__ U splitters[kMaxBuckets];
-  __shared__ unsigned counts[kMaxBuckets];
-  __shared__ unsigned starts[kMaxBuckets];
-  __shared__ long long offsets[kMaxBuckets];
-  __shared__ T staged[kTile];
-  __shared__ unsigned char staged_bucket[kTile];
-  const int tid = threadIdx.x;
-  const int buckets = p.nsplit + 1;
-  if (tid < kMaxBuckets) {
-    splitters[tid] = tid < p.nsplit ? static_cast<const U*>(p.splitters)[tid] : ~U(0);
-    counts[tid] = 0;
-  }
-  const long long tile = static_cast<long long>(blockIdx.x) * kTile;
-  const T* keys = static_cast<const T*>(p.keys);
-  T key[kPartitionItems];
-#pragma unroll
-  for (int i = 0; i < kPartitionItems; ++i) {
-    const long long at = tile + i * kPartitionBlock + tid;
-    key[i] = at < p.n ? keys[at] : T(0);
-  }
-  __syncthreads();
-  const int span = span_of(p.nsplit);
-  unsigned char bucket[kPartitionItems];
-  unsigned slot[kPartitionItems];
-#pragma unroll
-  for (int i = 0; i < kPartitionItems; ++i) {
-    const bool valid = tile + i * kPartitionBlock + tid < p.n;
-    const int b = bucket_of(ordered_key<T, Descending>(key[i]), splitters, span, p.nsplit);
-    bucket[i] = valid ? static_cast<unsigned char>(b) : kNone;
-    slot[i] = valid ? atomicAdd(&counts[b], 1u) : 0u;
-    if constexpr (cuda::std::is_floating_point_v<T>) {
-      if (key[i] != key[i]) key[i] = cuda::std::numeric_limits<T>::quiet_NaN();
-    }
-  }
-  __syncthreads();
-  if (tid == 0) {
-    unsigned sum = 0;
-    for (int b = 0; b < buckets; ++b) starts[b] = sum, sum += counts[b];
-  }
-  __syncthreads();
-  if (tid < buckets && counts[tid] != 0) {
-    offsets[tid] = static_cast<long long>(atomicAdd(&p.cursors[tid], static_cast<unsigned long long>(counts[tid]))) -
-                   static_cast<long long>(starts[tid]);
-  }
-#pragma unroll
-  for (int i = 0; i < kPartitionItems; ++i) {
-    if (bucket[i] == kNone) continue;
-    const unsigned at = starts[bucket[i]] + slot[i];
-    staged[at] = key[i];
-    staged_bucket[at] = bucket[i];
-  }
-  __syncthreads();
-  const unsigned total = starts[buckets - 1] + counts[buckets - 1];
-#pragma unroll
-  for (int i = 0; i < kPartitionItems; ++i) {
-    const unsigned at = i * kPartitionBlock + tid;
-    if (at >= total) continue;
-    const int b = staged_bucket[at];
-    const long long to = offsets[b] + at;
-    if (to < p.caps[b]) {
-      static_cast<T*>(p.dests[b])[to] = staged[at];
-    } else {
-      *p.overflow = 1;
-    }
-  }
+  static_cast<Bits<T>*>(p.ordered)[j] = ordered_key<T, Descending>(static_cast<const T*>(p.keys)[at]);
 }
 
 // CUB's radix sort takes its offset type from the type of the key count: 32-bit offsets give
@@ -272,17 +152,10 @@ SortEngine make_engine() {
     engine.canonicalize_kernel = reinterpret_cast<const void*>(&canonicalize_nan_kernel<T>);
   }
   engine.sample_kernel = reinterpret_cast<const void*>(&sample_kernel<T, Descending>);
-  engine.bucket_count_kernel = reinterpret_cast<const void*>(&bucket_count_kernel<T>);
-  engine.partition_kernel = reinterpret_cast<const void*>(&partition_kernel<T, Descending>);
   return engine;
 }
 
 }  // namespace
-
-const void* pick_kernel(int key_bytes) {
-  return key_bytes == 4 ? reinterpret_cast<const void*>(&pick_splitters_kernel<unsigned int>)
-                        : reinterpret_cast<const void*>(&pick_splitters_kernel<unsigned long long>);
-}
 
 const SortEngine* sort_engine(int dtype, bool descending) {
   // Built on first use; function-local statics are initialised once, thread-safely.

@@ -1,6 +1,7 @@
 // The sort engine: CUB radix sort and merge per element type and direction, and the small
-// kernels of the multi-place sort (splitter counting, NaN canonicalisation). Compiled in
-// its own translation unit (sort.cu): CUB's sort is the costliest code of the build.
+// kernels of the multi-place sort (splitter counting, key samples, NaN canonicalisation).
+// Compiled in its own translation unit (sort.cu): CUB's sort is the costliest code of the
+// build.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -29,56 +30,14 @@ struct KeysParams {
   long long n;
 };
 
-// The partition-first sort (sort_partition.cpp). Ordered keys (above) are stored at the
-// element's width: "ordered" arrays below hold 4- or 8-byte unsigned values.
-constexpr int kMaxBuckets = 32;
-constexpr int kPartitionBlock = 256;
-constexpr int kPartitionItems = 8;  // keys per thread: a tile is kPartitionBlock * this
-
-constexpr int kMaxSortPlaces = 16;
-
-// `count` samples of the keys of up to kMaxSortPlaces shards (read where they lie, peers'
-// included): samples firsts[p] up to firsts[p + 1] come from shard p, the j-th of its
-// samples as the ordered key at a hashed position within the j-th of as many equal strata.
+// `count` samples of a shard's keys (`count` at most n), as ordered keys of the element's
+// width (4- or 8-byte unsigned values): the j-th at a hashed position within the j-th of
+// `count` equal strata.
 struct SampleParams {
-  const void* shards[kMaxSortPlaces];
-  long long sizes[kMaxSortPlaces];
-  long long firsts[kMaxSortPlaces + 1];
-  int places;
-  long long count;
-  void* ordered;
-};
-
-// out[m] = sorted[ranks[m]] for the m < count splitters (ordered keys).
-struct PickParams {
-  const void* sorted;
-  void* splitters;
-  int count;
-  long long ranks[kMaxBuckets];
-};
-
-// counts[b] += how many of `count` ordered keys fall in bucket b: the number of splitters at
-// or below the key (splitters ascending, nsplit < kMaxBuckets).
-struct BucketCountParams {
-  const void* ordered;
-  long long count;
-  const void* splitters;
-  int nsplit;
-  unsigned long long* counts;
-};
-
-// Every key of a shard goes to its bucket's run: dests[b] from element cursors[b] on (a
-// cursor taken per tile). A key past caps[b] is dropped and sets *overflow. NaNs are written
-// as the positive quiet NaN.
-struct PartitionParams {
   const void* keys;
   long long n;
-  const void* splitters;
-  int nsplit;
-  unsigned long long* cursors;
-  int* overflow;
-  void* dests[kMaxBuckets];
-  long long caps[kMaxBuckets];
+  long long count;
+  void* ordered;
 };
 
 struct SortEngine {
@@ -99,16 +58,9 @@ struct SortEngine {
   // __global__ (KeysParams) rewriting every NaN as the positive quiet NaN, so that NaNs sort
   // last whatever their sign bit; null for integer types.
   const void* canonicalize_kernel;
-  // The partition-first sort's kernels, (SampleParams), (BucketCountParams) and
-  // (PartitionParams); launch the last with kPartitionBlock threads per tile.
+  // __global__ (SampleParams): the samples behind the sampled bounds of the cuts.
   const void* sample_kernel;
-  const void* bucket_count_kernel;
-  const void* partition_kernel;
 };
-
-// __global__ (PickParams) for ordered keys of `key_bytes` (4 or 8): launch one block of
-// kMaxBuckets threads.
-const void* pick_kernel(int key_bytes);
 
 constexpr int kSplitterBlock = 256;
 

@@ -1,5 +1,5 @@
-// Internal: what both multi-place sorts (sort.cpp, sort_partition.cpp) use: pinned host
-// buffers for their device-to-host reads, key copies between places, copy streams.
+// Internal: what the multi-place sort's steps share: pinned host buffers for their
+// device-to-host reads, key copies between places, copy streams.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -55,7 +55,7 @@ class SpareList {
   }
 };
 
-// Pinned host memory for the sort's small host reads (splitter counts, bucket sizes), reused
+// Pinned host memory for the sort's small host reads (splitter counts, key samples), reused
 // across calls (cudaMallocHost costs far more than a sort's round trips) through a SpareList.
 // Pinned memory belongs to the context it was made in: a buffer whose context a device reset
 // destroyed is forgotten, never handed out again.
