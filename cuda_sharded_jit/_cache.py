@@ -441,17 +441,9 @@ def read_entry(key: str) -> tuple[dict, bytes] | None:
         return None
     with directory:
         path = directory.path / name
+        fd = None
         try:
             fd, status = _open_own_file(directory.fd, name, MAX_ENTRY_BYTES)
-        except FileNotFoundError:
-            return None
-        except _Refused as refused:
-            _warn(f"kernel cache entry {path} is {refused}; recompiling and replacing it")
-            return None
-        except OSError as error:
-            _warn(f"kernel cache entry {path} is unreadable ({error}); recompiling and replacing it")
-            return None
-        try:
             data = _read_exactly(fd, status.st_size)
             secret = _secret(directory)
             if secret is None:
@@ -462,6 +454,8 @@ def read_entry(key: str) -> tuple[dict, bytes] | None:
             except OSError:
                 pass
             return header, body
+        except FileNotFoundError:
+            return None
         except _Refused as refused:
             _warn(f"kernel cache entry {path} is {refused}; recompiling and replacing it")
             return None
@@ -469,7 +463,8 @@ def read_entry(key: str) -> tuple[dict, bytes] | None:
             _warn(f"kernel cache entry {path} is unreadable ({error}); recompiling and replacing it")
             return None
         finally:
-            os.close(fd)
+            if fd is not None:
+                os.close(fd)
 
 
 def write_entry(key: str, header: dict, body: bytes) -> None:

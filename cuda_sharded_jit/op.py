@@ -197,18 +197,26 @@ def _array_fingerprint(array: np.ndarray, path: str):
         raise _Refused(path, array, f"{what}; kernels bake captured arrays in, up to "
                        f"{MAX_CAPTURED_ARRAY_BYTES} bytes of numbers",
                        "pass a smaller table, or the values the operator needs as scalar arguments")
-    found = _array_digests.get(id(array))
-    if found is not None and found[0]() is array:
+    def describe():
+        contents = hashlib.sha256(np.ascontiguousarray(array).tobytes()).hexdigest()
+        layout = repr(array.dtype.descr) if array.dtype.names is not None else array.dtype.str
+        return ("ndarray", layout, array.shape, contents)
+
+    return _memoised(_array_digests, array, describe)
+
+
+def _memoised(table: dict, value, describe):
+    """describe(), computed once per live object `value` (kept by id while it lives)."""
+    found = table.get(id(value))
+    if found is not None and found[0]() is value:
         return found[1]
-    contents = hashlib.sha256(np.ascontiguousarray(array).tobytes()).hexdigest()
-    layout = repr(array.dtype.descr) if array.dtype.names is not None else array.dtype.str
-    description = ("ndarray", layout, array.shape, contents)
-    key = id(array)
+    description = describe()
+    key = id(value)
     try:
-        reference = weakref.ref(array, lambda _, key=key: _array_digests.pop(key, None))
-    except TypeError:
+        reference = weakref.ref(value, lambda _, key=key: table.pop(key, None))
+    except TypeError:  # not weakly referable: described on every call
         return description
-    _array_digests[key] = (reference, description)
+    table[key] = (reference, description)
     return description
 
 
@@ -271,20 +279,13 @@ _settings_memo: dict[int, tuple] = {}
 def _dispatcher_settings(dispatcher) -> tuple:
     """A numba device function's options (fastmath, opt, ...) and, when it was declared with
     signatures (`cuda.jit("float32(float32)", device=True)`), those: both change its code."""
-    found = _settings_memo.get(id(dispatcher))
-    if found is not None and found[0]() is dispatcher:
-        return found[1]
-    options = tuple(sorted((name, repr(option)) for name, option in dispatcher.targetoptions.items()))
-    declared = (tuple(str(signature) for signature in dispatcher.nopython_signatures)
-                if not getattr(dispatcher, "_can_compile", True) else None)
-    settings = (options, declared)
-    key = id(dispatcher)
-    try:
-        reference = weakref.ref(dispatcher, lambda _, key=key: _settings_memo.pop(key, None))
-    except TypeError:
-        return settings
-    _settings_memo[key] = (reference, settings)
-    return settings
+    def describe():
+        options = tuple(sorted((name, repr(option)) for name, option in dispatcher.targetoptions.items()))
+        declared = (tuple(str(signature) for signature in dispatcher.nopython_signatures)
+                    if not getattr(dispatcher, "_can_compile", True) else None)
+        return (options, declared)
+
+    return _memoised(_settings_memo, dispatcher, describe)
 
 
 # ---- functions ----------------------------------------------------------------------------

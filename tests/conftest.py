@@ -92,6 +92,17 @@ def uneven(places, n):
     return [int(size) for size in sizes]
 
 
+def free_device_bytes(device: int = 0) -> int:
+    """The device's free memory, as the driver reports it (cudaMemGetInfo)."""
+    from cuda.bindings import runtime
+
+    (status,) = runtime.cudaSetDevice(device)
+    assert status == runtime.cudaError_t.cudaSuccess
+    status, free, _ = runtime.cudaMemGetInfo()
+    assert status == runtime.cudaError_t.cudaSuccess
+    return free
+
+
 def needs_devices(count: int):
     return pytest.mark.skipif(DEVICE_COUNT < count, reason=f"needs {count} GPUs")
 

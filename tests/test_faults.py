@@ -24,8 +24,9 @@ import pytest
 import cuda_sharded_jit as sharded
 from cuda_sharded_jit import _cache, _link, compiler
 
-ARCH = "sm_90"
+from conftest import free_device_bytes
 
+ARCH = "sm_90"
 
 
 # ---- a missing toolchain library names what to install ----------------------------------
@@ -204,16 +205,6 @@ def test_unwritable_directory_by_permissions_only_warns(fresh_cache):
 
 # ---- device memory runs out (GPU) -------------------------------------------------------
 
-def _free_bytes(device: int = 0) -> int:
-    from cuda.bindings import runtime
-
-    (status,) = runtime.cudaSetDevice(device)
-    assert status == runtime.cudaError_t.cudaSuccess
-    status, free, _ = runtime.cudaMemGetInfo()
-    assert status == runtime.cudaError_t.cudaSuccess
-    return free
-
-
 @pytest.mark.gpu
 def test_scratch_allocation_failure_is_memory_error_and_leaks_nothing(three_places, one_place):
     """histogram_even's scratch cannot be allocated on a nearly full device: MemoryError,
@@ -224,7 +215,7 @@ def test_scratch_allocation_failure_is_memory_error_and_leaks_nothing(three_plac
     array = sharded.ShardedArray.from_numpy(three_places, host)
     for group in (three_places, one_place):
         group.release_cached_memory()
-    before = _free_bytes()
+    before = free_device_bytes()
     # leave 0.5 GiB: a 2^26-bin histogram needs 1 GiB of edges and counts per place
     hog = sharded.ShardedArray.allocate(one_place, (before - (512 << 20)) // 8, np.float64)
     with pytest.raises(MemoryError):
@@ -232,7 +223,7 @@ def test_scratch_allocation_failure_is_memory_error_and_leaks_nothing(three_plac
     hog.free()
     for group in (three_places, one_place):
         group.release_cached_memory()
-    assert abs(_free_bytes() - before) < (64 << 20)
+    assert abs(free_device_bytes() - before) < (64 << 20)
     np.testing.assert_array_equal(sharded.histogram_even(array, 3, 0.0, 3000.0),
                                   np.histogram(host, bins=3, range=(0.0, 3000.0))[0])
     assert sharded.sum(array) == host.sum()
@@ -242,12 +233,12 @@ def test_scratch_allocation_failure_is_memory_error_and_leaks_nothing(three_plac
 @pytest.mark.parametrize("contiguous", [False, True])
 def test_array_larger_than_the_device_is_memory_error_and_leaks_nothing(three_places, contiguous):
     three_places.release_cached_memory()
-    before = _free_bytes()
+    before = free_device_bytes()
     make = sharded.ShardedArray.allocate_contiguous if contiguous else sharded.ShardedArray.allocate
     with pytest.raises(MemoryError):  # the last shard does not fit: a failure half way
         make(three_places, [1 << 20, 1 << 20, before // 4 + (1 << 30)], np.float64)
     three_places.release_cached_memory()
-    assert abs(_free_bytes() - before) < (64 << 20)
+    assert abs(free_device_bytes() - before) < (64 << 20)
     array = make(three_places, 3000, np.int32)
     sharded.sequence(array)
     np.testing.assert_array_equal(array.to_numpy(), np.arange(3000, dtype=np.int32))

@@ -20,7 +20,7 @@ import cuda_sharded_jit as sharded
 from cuda_sharded_jit import _shim
 from cuda_sharded_jit.algorithms import opaque
 
-from conftest import cupy_or_skip, needs_devices, sample
+from conftest import cupy_or_skip, free_device_bytes, needs_devices, sample
 from test_errors import shim_untouched, stand_in_array, stand_in_group  # noqa: F401 (fixture)
 
 
@@ -332,16 +332,6 @@ def test_adopt_refuses_a_stream_of_another_device():
 
 # ---- histogram_even: device memory (GPU) --------------------------------------------------
 
-def _free_bytes(device: int = 0) -> int:
-    from cuda.bindings import runtime
-
-    (status,) = runtime.cudaSetDevice(device)
-    assert status == runtime.cudaError_t.cudaSuccess
-    status, free, _ = runtime.cudaMemGetInfo()
-    assert status == runtime.cudaError_t.cudaSuccess
-    return free
-
-
 @pytest.mark.gpu
 def test_histogram_too_large_for_device_memory_is_memory_error_before_anything(three_places, one_place):
     host = np.arange(3000, dtype=np.float64)
@@ -349,10 +339,10 @@ def test_histogram_too_large_for_device_memory_is_memory_error_before_anything(t
     alone = sharded.ShardedArray.from_numpy(one_place, host)
     for group in (three_places, one_place):
         group.release_cached_memory()
-    hog = sharded.ShardedArray.allocate(one_place, (_free_bytes() - (1 << 30)) // 8, np.float64)
+    hog = sharded.ShardedArray.allocate(one_place, (free_device_bytes() - (1 << 30)) // 8, np.float64)
     try:
         one_place.sync()
-        free = _free_bytes()
+        free = free_device_bytes()
         num_bins = 1 << 27
         per_place = (num_bins + 1) * 8 + num_bins * 8  # float64 edges and int64 counts
         with pytest.raises(MemoryError, match=rf"^num_bins: {num_bins} bins need 2.0 GiB of device "
@@ -364,7 +354,7 @@ def test_histogram_too_large_for_device_memory_is_memory_error_before_anything(t
             sharded.histogram_even(alone, num_bins, 0.0, 3000.0)
         reported = float(re.search(r"has ([\d.]+) GiB", str(raised.value)).group(1))
         assert abs(reported - free / (1 << 30)) < 0.1 and reported * (1 << 30) < per_place
-        assert abs(_free_bytes() - free) < (64 << 20)  # nothing was allocated
+        assert abs(free_device_bytes() - free) < (64 << 20)  # nothing was allocated
     finally:
         hog.free()
         for group in (three_places, one_place):
@@ -385,9 +375,9 @@ def test_memory_the_pool_keeps_counts_as_free(one_place):
     one_place.release_cached_memory()
     np.testing.assert_array_equal(sharded.histogram_even(array, num_bins, -4.0, 4.0), expected)
     one_place.sync()
-    hog = cp.cuda.Memory(_free_bytes() - (512 << 20))  # outside our pool: leaves 0.5 GiB free
+    hog = cp.cuda.Memory(free_device_bytes() - (512 << 20))  # outside our pool: leaves 0.5 GiB free
     try:
-        assert _free_bytes() < (1 << 30)
+        assert free_device_bytes() < (1 << 30)
         np.testing.assert_array_equal(sharded.histogram_even(array, num_bins, -4.0, 4.0), expected)
     finally:
         del hog
