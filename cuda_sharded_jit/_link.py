@@ -86,13 +86,16 @@ def lto_archs() -> tuple[int, ...]:
 
 
 def check_arch(arch: str) -> None:
-    """LTO-IR links for its own or a newer architecture, never an older one."""
+    """LTO-IR links for its own or a newer architecture, never an older one: a target newer
+    than some built LTO architecture links from it (the default build carries 80 and 90, and
+    Blackwell links from 90); one older than every built LTO architecture is refused."""
     target = int(arch[3:])
     if not any(built <= target for built in lto_archs()):
         built = ", ".join(f"sm_{a}" for a in lto_archs())
         raise ValueError(
             f"arch: {arch} is older than every architecture this build carries ({built}); "
-            f"rebuild with CMAKE_ARGS=-DCMAKE_CUDA_ARCHITECTURES=<list including {arch[3:]}>"
+            f"rebuild with CMAKE_ARGS='-DCMAKE_CUDA_ARCHITECTURES=<list including {arch[3:]}>' "
+            f"(or -DCSJ_LTO_ARCHITECTURES=<list including {arch[3:]} or an older one>)"
         )
 
 

@@ -199,8 +199,10 @@ _CHILD = textwrap.dedent("""
 
 def test_numba_opt_in_a_new_process_is_a_miss(fresh_cache):
     def child(**env):
+        # cwd: not the source tree, whose package (no built extension) would shadow the installed one
         result = subprocess.run([sys.executable, "-c", _CHILD], capture_output=True, text=True, check=True,
-                                env=dict(os.environ, CUDA_SHARDED_JIT_CACHE_DIR=str(fresh_cache), **env))
+                                env=dict(os.environ, CUDA_SHARDED_JIT_CACHE_DIR=str(fresh_cache), **env),
+                                cwd=fresh_cache.parent)
         key, hit = result.stdout.split()
         return key, hit == "True"
 
