@@ -16,13 +16,16 @@ cache holds at most `$CUDA_SHARDED_JIT_MEMORY_CACHE_ENTRIES` values; least recen
 
 Entry layout: magic (8) | tag (32) | header length (u64 LE) | header (JSON object) | body,
 tag = HMAC-SHA256(secret, magic + disk key (64 hex digits, ASCII) + all bytes after the tag).
+
+Beside it: _files.py (opening and checking files by descriptor, the warnings), _memory_cache.py
+(the bounded in-memory maps) and _dump.py (CUDA_SHARDED_JIT_DUMP); this module re-exports
+what callers use of them.
 """
 
 from __future__ import annotations
 
 import errno
 import hashlib
-import heapq
 import hmac
 import json
 import os
@@ -30,22 +33,25 @@ import re
 import secrets
 import stat
 import struct
-import sys
 import threading
 import time
-import warnings
 from pathlib import Path
+
+# the cache's other parts, re-exported: the compiler and the tests ask this module for them
+from ._dump import write_dump  # noqa: F401
+from ._files import CacheWarning  # noqa: F401
+from ._files import CREATE_FLAGS, DIRECTORY_FLAGS, _make_directory, _open_own_file, _read_exactly, _Refused
+from ._files import _unlink_quietly, _warn, _warn_once, _write_all
+from ._memory_cache import DEFAULT_MEMORY_ENTRIES, ENV_MEMORY_ENTRIES, MemoryCache  # noqa: F401
 
 ENV_CACHE_DIR = "CUDA_SHARDED_JIT_CACHE_DIR"
 ENV_DISABLE = "CUDA_SHARDED_JIT_DISABLE_CACHE"
 ENV_MAX_BYTES = "CUDA_SHARDED_JIT_CACHE_MAX_BYTES"
-ENV_MEMORY_ENTRIES = "CUDA_SHARDED_JIT_MEMORY_CACHE_ENTRIES"
 
 # A cubin with its LTO-IR is well under 1 MiB; the cap is checked (fstat) before reading, so
 # a link to a huge or sparse file costs nothing.
 MAX_ENTRY_BYTES = 64 << 20
 DEFAULT_MAX_DISK_BYTES = 1 << 30
-DEFAULT_MEMORY_ENTRIES = 1024
 STALE_TEMPORARY_SECONDS = 3600  # a temporary this old was left by a process killed mid-write
 
 KEY_FILE = "secret.key"
@@ -61,18 +67,7 @@ _ENTRY_NAME = re.compile(r"[0-9a-f]{64}\.kernel")
 _TEMPORARY_NAME = re.compile(r"\..+\.tmp")
 _BYTE_COUNT = re.compile(r"(\d+)\s*([KMG]?)(?:I?B)?")
 
-_DIRECTORY_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
-_READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC  # a FIFO opens at once
-_CREATE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
-_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
-
-
-class CacheWarning(UserWarning):
-    """A disk cache entry or directory could not be used; the kernel was recompiled.
-
-    >>> warnings.simplefilter("error", sharded.CacheWarning)   # make it loud in CI  # doctest: +SKIP
-    """
 
 
 def cache_dir() -> Path | None:
@@ -100,125 +95,6 @@ def disk_key(material: str) -> str:
     64
     """
     return hashlib.sha256(material.encode()).hexdigest()
-
-
-# ---- warnings ---------------------------------------------------------------------------
-
-_warned: set = set()
-_warned_lock = threading.Lock()
-
-
-def _warn(message: str) -> None:
-    """A CacheWarning attributed to the first caller outside this package."""
-    level, frame = 1, sys._getframe(0)
-    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE_DIR):
-        frame, level = frame.f_back, level + 1
-    warnings.warn(message, CacheWarning, stacklevel=level)
-
-
-def _warn_once(subject, reason, message: str) -> None:
-    """Warn about a directory (or a setting) once per process per reason, not on every miss."""
-    with _warned_lock:
-        if (str(subject), reason) in _warned:
-            return
-        _warned.add((str(subject), reason))
-    _warn(message)
-
-
-# ---- files: opened by descriptor, checked before use -------------------------------------
-
-class _Refused(Exception):
-    """A file that exists but must not be used; the text says why ("a symbolic link")."""
-
-    def __init__(self, reason: str, status: os.stat_result | None = None):
-        super().__init__(reason)
-        self.status = status
-
-
-def _kind(mode: int) -> str:
-    for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"),
-                       (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
-                       (stat.S_ISBLK, "a block device"), (stat.S_ISLNK, "a symbolic link")):
-        if test(mode):
-            return name
-    return f"file type {stat.S_IFMT(mode):o}"
-
-
-def _open_own_file(directory_fd: int, name: str, max_size: int) -> tuple[int, os.stat_result]:
-    """(descriptor, status) of `name`: this user's regular file of at most `max_size` bytes.
-
-    FileNotFoundError when missing, _Refused when it is anything else, OSError when unreadable.
-    """
-    try:
-        fd = os.open(name, _READ_FLAGS, dir_fd=directory_fd)
-    except OSError as error:
-        if error.errno == errno.ELOOP:  # O_NOFOLLOW met a symbolic link
-            raise _Refused("a symbolic link") from None
-        if error.errno != errno.ENOENT:  # a socket (ENXIO), say: name what it is
-            _refuse_if_special(directory_fd, name)
-        raise
-    try:
-        status = os.fstat(fd)
-        if not stat.S_ISREG(status.st_mode):
-            raise _Refused(f"not a regular file ({_kind(status.st_mode)})", status)
-        if status.st_uid != os.geteuid():
-            raise _Refused(f"not owned by you (owner uid {status.st_uid})", status)
-        if status.st_size > max_size:
-            raise _Refused(f"too large ({status.st_size} bytes; the limit is {max_size})", status)
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd, status
-
-
-def _refuse_if_special(directory_fd: int, name: str) -> None:
-    try:
-        status = os.stat(name, dir_fd=directory_fd, follow_symlinks=False)
-    except OSError:
-        return
-    if not stat.S_ISREG(status.st_mode):
-        raise _Refused(f"not a regular file ({_kind(status.st_mode)})", status) from None
-
-
-def _read_exactly(fd: int, size: int) -> bytes:
-    """`size` bytes, or fewer when the file shrank meanwhile (then its tag fails)."""
-    chunks, remaining = [], size
-    while remaining > 0:
-        chunk = os.read(fd, remaining)
-        if not chunk:
-            break
-        chunks.append(chunk)
-        remaining -= len(chunk)
-    return b"".join(chunks)
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view):]
-
-
-def _unlink_quietly(directory_fd: int, name: str) -> bool:
-    try:
-        os.unlink(name, dir_fd=directory_fd)
-        return True
-    except OSError:
-        return False
-
-
-def _make_directory(path: Path) -> bool:
-    """Create `path` (parents with default modes) unless it exists; whether it was created."""
-    try:
-        os.mkdir(path, 0o700)
-    except FileExistsError:
-        return False
-    except FileNotFoundError:
-        os.makedirs(path.parent, exist_ok=True)
-        try:
-            os.mkdir(path, 0o700)
-        except FileExistsError:
-            return False
-    return True
 
 
 # ---- the directory ----------------------------------------------------------------------
@@ -254,7 +130,7 @@ def _open_directory(create: bool) -> _Directory | None:
         return None
     try:
         created = create and _make_directory(path)
-        fd = os.open(path, _DIRECTORY_FLAGS)
+        fd = os.open(path, DIRECTORY_FLAGS)
     except OSError as error:
         if not create and error.errno in (errno.ENOENT, errno.ENOTDIR):
             return None  # nothing cached yet: a write creates it, or says why it cannot
@@ -320,7 +196,7 @@ def _create_secret(directory: _Directory) -> None:
     hard-linked to KEY_FILE, which fails when another process got there first. Both then
     read the winner's key: a rename would let the loser overwrite it and orphan its entries."""
     temporary = f".secret.{secrets.token_hex(8)}.tmp"
-    fd = os.open(temporary, _CREATE_FLAGS, 0o600, dir_fd=directory.fd)
+    fd = os.open(temporary, CREATE_FLAGS, 0o600, dir_fd=directory.fd)
     try:
         try:
             _write_all(fd, secrets.token_bytes(_SECRET_SIZE))
@@ -502,7 +378,7 @@ def _replace(directory_fd: int, name: str, data: bytes) -> None:
     """Write `data` to a new private file and rename it over `name`: this replaces whatever
     `name` is (a symbolic link or FIFO included), never what it points to."""
     temporary = f".{name[:16]}.{secrets.token_hex(8)}.tmp"
-    fd = os.open(temporary, _CREATE_FLAGS, 0o600, dir_fd=directory_fd)
+    fd = os.open(temporary, CREATE_FLAGS, 0o600, dir_fd=directory_fd)
     try:
         try:
             _write_all(fd, data)
@@ -629,173 +505,3 @@ def clear_disk() -> int:
             elif _TEMPORARY_NAME.fullmatch(name):
                 _unlink_quietly(directory.fd, name)
     return removed
-
-
-# ---- debug dumps (CUDA_SHARDED_JIT_DUMP) ------------------------------------------------
-
-def _dump_name(name: str) -> str:
-    safe = re.sub(r"[^A-Za-z0-9._-]", "_", name)
-    return safe if safe.strip(".") else safe.replace(".", "_") or "_"  # never "", "." or ".."
-
-
-def _same_content(directory_fd: int, name: str, data: bytes) -> bool:
-    try:
-        fd, status = _open_own_file(directory_fd, name, len(data))
-    except (OSError, _Refused):
-        return False
-    try:
-        return status.st_size == len(data) and _read_exactly(fd, len(data)) == data
-    except OSError:
-        return False
-    finally:
-        os.close(fd)
-
-
-def _write_dump(directory: Path, files) -> list[str]:
-    """The names left alone because something else is already there."""
-    created = _make_directory(directory)
-    try:
-        fd = os.open(directory, _DIRECTORY_FLAGS | os.O_NOFOLLOW)
-    except OSError as error:  # a symbolic link: ELOOP, or ENOTDIR (O_DIRECTORY tested first)
-        if error.errno in (errno.ELOOP, errno.ENOTDIR) and os.path.islink(directory):
-            raise _Refused("a symbolic link: not followed, nothing written") from None
-        raise
-    kept = []
-    try:
-        if created:
-            os.fchmod(fd, 0o700)  # mkdir's mode went through the umask
-        for name, data in files:
-            safe = _dump_name(name)
-            try:
-                out = os.open(safe, _CREATE_FLAGS, 0o600, dir_fd=fd)
-            except FileExistsError:  # ours from an earlier build, or not ours to overwrite
-                if not _same_content(fd, safe, data):
-                    kept.append(safe)
-                continue
-            try:
-                _write_all(out, data)
-            except BaseException:
-                os.close(out)
-                _unlink_quietly(fd, safe)
-                raise
-            os.close(out)
-    finally:
-        os.close(fd)
-    return kept
-
-
-def write_dump(directory: str, files: list[tuple[str, bytes]]) -> None:
-    """Write debug files (`CUDA_SHARDED_JIT_DUMP`) into `directory`; never raises.
-
-    The directory is created 0700 if missing and must not be a symbolic link; names are
-    reduced to [A-Za-z0-9._-]; each file is created new (0600), never through a link. A name
-    already there is left alone: silently when it is this user's file with these bytes.
-    Anything else becomes one CacheWarning; the kernel itself is unaffected.
-
-    >>> write_dump("/tmp/dump", [("add.transform_o4_i4.sm_90.cubin", cubin)])  # doctest: +SKIP
-    """
-    try:
-        kept = _write_dump(Path(directory), files)
-    except _Refused as refused:
-        _warn(f"debug dump directory {directory} is {refused}; the kernel itself is fine")
-        return
-    except Exception as error:  # a debugging aid must never fail a compile
-        _warn(f"debug dump to {directory} failed ({error}); the kernel itself is fine")
-        return
-    if kept:
-        _warn(f"debug dump to {directory}: {', '.join(kept)} already there with other contents "
-              f"(or not your regular file), not overwritten; the kernel itself is fine")
-
-
-# ---- memory -----------------------------------------------------------------------------
-
-def _default_memory_entries() -> int:
-    text = os.environ.get(ENV_MEMORY_ENTRIES, "").strip()
-    if not text:
-        return DEFAULT_MEMORY_ENTRIES
-    if text.isdigit() and int(text) > 0:
-        return int(text)
-    _warn_once(ENV_MEMORY_ENTRIES, text,
-               f"{ENV_MEMORY_ENTRIES}={text!r} is not a positive number of entries; "
-               f"using the default, {DEFAULT_MEMORY_ENTRIES}")
-    return DEFAULT_MEMORY_ENTRIES
-
-
-class MemoryCache:
-    """A bounded map whose misses are built once even when many threads miss at the same time.
-
-    Holds at most `max_entries` values (default `$CUDA_SHARDED_JIT_MEMORY_CACHE_ENTRIES`, else
-    DEFAULT_MEMORY_ENTRIES), dropping the least recently used. A build that raises (a type
-    error, KeyboardInterrupt) stores nothing: the next call builds again.
-
-    >>> cache = MemoryCache(max_entries=2)
-    >>> cache.get_or_build("a", lambda: 1), cache.get_or_build_reporting("a", lambda: 2)
-    (1, (1, False))
-    """
-
-    def __init__(self, max_entries: int | None = None):
-        if max_entries is None:
-            max_entries = _default_memory_entries()
-        elif isinstance(max_entries, bool) or not isinstance(max_entries, int) or max_entries < 1:
-            raise ValueError(f"max_entries: expected a positive int, got {max_entries!r}")
-        self.max_entries = max_entries
-        # key -> [value, last use]. A hit takes no lock: a dict lookup and a store into the
-        # entry's own list. Only a miss (under _lock) adds or removes keys, so the dict never
-        # changes size under a reader; two racing hits may lose a clock tick, which only
-        # blurs which entry counts as oldest.
-        self._entries: dict = {}
-        self._clock = 0
-        self._lock = threading.Lock()  # inserts, evictions and the per-key build locks
-        self._building: dict = {}
-
-    def get(self, key):
-        """The value for `key` (now the most recently used), or None."""
-        slot = self._entries.get(key)
-        if slot is None:
-            return None
-        self._clock += 1
-        slot[1] = self._clock
-        return slot[0]
-
-    def get_or_build(self, key, build):
-        """The value for `key`, from `build()` on a miss: called once however many threads miss."""
-        return self.get_or_build_reporting(key, build)[0]
-
-    def get_or_build_reporting(self, key, build) -> tuple[object, bool]:
-        """(value, built_here): built_here is True only in the thread whose `build()` made it
-        (a thread that waited for another's build, or found it cached, gets False)."""
-        value = self.get(key)
-        if value is not None:
-            return value, False
-        with self._lock:
-            key_lock = self._building.setdefault(key, threading.Lock())
-        with key_lock:  # a KeyboardInterrupt while waiting here leaves the builder's lock be
-            try:
-                value = self.get(key)
-                if value is not None:
-                    return value, False
-                value = build()
-                self._store(key, value)
-                return value, True
-            finally:
-                with self._lock:
-                    if self._building.get(key) is key_lock:
-                        del self._building[key]
-
-    def _store(self, key, value) -> None:
-        with self._lock:
-            self._clock += 1
-            slot = [value, self._clock]
-            self._entries[key] = slot
-            excess = len(self._entries) - self.max_entries
-            if excess > 0:
-                others = (item for item in self._entries.items() if item[1] is not slot)
-                for old_key, _ in heapq.nsmallest(excess, others, key=lambda item: item[1][1]):
-                    del self._entries[old_key]
-
-    def clear(self) -> None:
-        with self._lock:
-            self._entries.clear()
-
-    def __len__(self) -> int:
-        return len(self._entries)
