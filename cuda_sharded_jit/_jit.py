@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import functools
 import importlib
-import inspect
 import threading
 import types
 
@@ -155,10 +154,6 @@ def _device_dispatcher(op, cc):
     return _fresh_function(op.func, {}, cc)
 
 
-# Modules whose attributes are never user helpers: shadowing them would hide them from the
-# typing templates numba keys on the module object itself (cuda.threadIdx, math.sqrt).
-_LIBRARY_MODULES = frozenset({"numba", "numba_cuda", "numpy", "math", "cmath", "operator",
-                              "builtins", "llvmlite", "cuda"})
 # the cuda.jit options a rebuilt helper keeps (its targetoptions that jit() takes back)
 _HELPER_OPTIONS = ("device", "inline", "forceinline", "link", "debug", "opt", "lineinfo", "fastmath",
                    "lto", "extensions")
@@ -167,14 +162,15 @@ _HELPER_OPTIONS = ("device", "inline", "forceinline", "link", "debug", "opt", "l
 def _fresh_value(value, attributes, memo, cc):
     """A rebuilt stand-in for a helper (a fresh dispatcher), for a module holding helpers (a
     shadow module whose helper attributes are rebuilt), or None when `value` needs none."""
-    from .op import Op
+    from .op import Op, is_library_module, numba_helper_function
 
     if isinstance(value, Op):
         return _fresh_function(value.func, memo, cc)
-    py_func = getattr(value, "py_func", None)  # a numba dispatcher
-    if py_func is not None and inspect.isfunction(py_func) and hasattr(value, "targetoptions"):
+    py_func = numba_helper_function(value)
+    if py_func is not None:
         return _fresh_function(py_func, memo, cc, value)
-    if isinstance(value, types.ModuleType) and value.__name__.split(".")[0] not in _LIBRARY_MODULES:
+    # a library module holds no helpers, and a shadow of it would hide it from numba's typing
+    if isinstance(value, types.ModuleType) and not is_library_module(value.__name__):
         return _fresh_module(value, attributes, memo, cc)
     return None
 

@@ -355,12 +355,7 @@ def compile(op, algorithm: str, dtypes, arch: str | None = None, *, scalars=(), 
         arrays = sum(kind == "array" for kind, _ in arg_kinds)
         if not arrays:
             raise ValueError("dtypes: a transform needs at least one array argument")
-        if arrays > _shim.MAX_TRANSFORM_INPUTS:
-            raise ValueError(f"dtypes: a transform takes at most {_shim.MAX_TRANSFORM_INPUTS} arrays, "
-                             f"got {arrays}")
-        if len(arg_kinds) - arrays > _shim.MAX_TRANSFORM_SCALARS:
-            raise ValueError(f"scalars: a transform takes at most {_shim.MAX_TRANSFORM_SCALARS} runtime "
-                             f"scalars, got {len(arg_kinds) - arrays}")
+        check_transform_counts(arrays, len(arg_kinds) - arrays, "dtypes", "scalars")
         op.check_arity(len(arg_kinds) + with_index,
                        f"dtypes ({len(arg_kinds)} entries{' and the index' if with_index else ''})")
         if with_index:
@@ -384,6 +379,17 @@ def compile(op, algorithm: str, dtypes, arch: str | None = None, *, scalars=(), 
     if cached is not None:
         return replace(cached, cache_hit=True, compile_seconds=time.perf_counter() - started)
     return _lookup(op, key, map_spec)
+
+
+def check_transform_counts(arrays: int, scalars: int, array_argument: str, scalar_argument: str) -> None:
+    """ValueError naming the argument when a transform has more arrays or runtime scalars than
+    the shim's kernels take."""
+    if arrays > _shim.MAX_TRANSFORM_INPUTS:
+        raise ValueError(f"{array_argument}: a transform takes at most {_shim.MAX_TRANSFORM_INPUTS} "
+                         f"array arguments, got {arrays}")
+    if scalars > _shim.MAX_TRANSFORM_SCALARS:
+        raise ValueError(f"{scalar_argument}: a transform takes at most {_shim.MAX_TRANSFORM_SCALARS} "
+                         f"runtime scalars, got {scalars}")
 
 
 def _device_arch() -> str:

@@ -38,10 +38,27 @@ MAX_CAPTURED_ARRAY_BYTES = 1 << 20
 # the square of their length (256 items 0.9 s, 1024 items 7.5 s, 8000 items 395 s measured).
 MAX_CAPTURED_TUPLE_ITEMS = 256
 
-# Functions of these packages are keyed by name: their code is versioned with the
-# toolchain (the disk key holds the versions), and walking it on every call would be slow.
+# Packages whose modules and functions are versioned with the toolchain (the disk key holds
+# the versions) and never hold user helpers: their functions are keyed by name (walking their
+# code on every call would be slow), their modules described once, and the JIT never shadows
+# them (numba's typing templates key on the module objects themselves: cuda.threadIdx).
 _LIBRARY_ROOTS = frozenset({"numpy", "math", "cmath", "operator", "numba", "numba_cuda", "llvmlite",
-                            "builtins"})
+                            "builtins", "cuda"})
+
+
+def is_library_module(name: str) -> bool:
+    """Whether the module named `name` belongs to one of the _LIBRARY_ROOTS packages."""
+    return name.split(".")[0] in _LIBRARY_ROOTS
+
+
+def numba_helper_function(value):
+    """The Python function behind a numba device function (a CUDA dispatcher), else None."""
+    py_func = getattr(value, "py_func", None)
+    if py_func is not None and inspect.isfunction(py_func) and hasattr(value, "targetoptions"):
+        return py_func
+    return None
+
+
 _EXACT_SIMPLE = (type(None), bool, int, complex, str, bytes)
 _NOT_GENERATOR = inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR
 _MISSING = object()
@@ -105,14 +122,6 @@ def _code_names(code: types.CodeType) -> tuple[tuple[str, ...], tuple[str, ...]]
     return tuple(dict.fromkeys(loaded)), tuple(sorted(set(attributes)))
 
 
-def _global_names(code: types.CodeType) -> tuple[str, ...]:
-    return _code_names(code)[0]
-
-
-def _attribute_names(code: types.CodeType) -> tuple[str, ...]:
-    return _code_names(code)[1]
-
-
 # ---- values -------------------------------------------------------------------------------
 
 def _fingerprint(value, attributes: tuple[str, ...], seen: frozenset, path: str):
@@ -150,11 +159,11 @@ def _fingerprint(value, attributes: tuple[str, ...], seen: frozenset, path: str)
         return _module_fingerprint(value, attributes, seen, path)
     if isinstance(value, Op):
         value = value.func
-    py_func = getattr(value, "py_func", None)  # numba dispatchers (device helpers)
-    if py_func is not None and inspect.isfunction(py_func) and hasattr(value, "targetoptions"):
+    py_func = numba_helper_function(value)
+    if py_func is not None:
         return ("dispatcher", _dispatcher_settings(value), _function_fingerprint(py_func, seen))
     if inspect.isfunction(value):
-        if _library_function(value):
+        if is_library_module(getattr(value, "__module__", None) or ""):
             return ("library function", value.__module__, value.__qualname__)
         return ("function", _function_fingerprint(value, seen))
     if isinstance(value, type):
@@ -229,7 +238,7 @@ def _module_fingerprint(module: types.ModuleType, attributes, seen: frozenset, p
     reads: numba would not compile a read of it anyway)."""
     if id(module) in seen:
         return ("module", module.__name__, "recursive")
-    library = module.__name__.split(".")[0] in _LIBRARY_ROOTS
+    library = is_library_module(module.__name__)
     if library:  # versioned with the toolchain, never patched by users: described once
         found = _library_modules.get((id(module), attributes))
         if found is not None:
@@ -266,11 +275,6 @@ def _class_fingerprint(cls: type, seen: frozenset, path: str):
                         for member in cls)
         return ("enum class", cls.__module__, cls.__qualname__, members)
     return ("class", cls.__module__, cls.__qualname__)
-
-
-def _library_function(func) -> bool:
-    module = getattr(func, "__module__", None) or ""
-    return module.split(".")[0] in _LIBRARY_ROOTS
 
 
 _settings_memo: dict[int, tuple] = {}
@@ -366,7 +370,7 @@ class Op:
         # Code that names no global and captures nothing has no dynamic part beyond its
         # defaults; anything else is re-read at every call (a global may be defined after
         # decoration).
-        self._has_dynamic = bool(func.__closure__) or bool(_global_names(func.__code__))
+        self._has_dynamic = bool(func.__closure__) or bool(_code_names(func.__code__)[0])
         self._nparams = func.__code__.co_argcount
 
     def __call__(self, *args):

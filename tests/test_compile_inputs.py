@@ -50,7 +50,7 @@ def test_too_many_arrays(no_compiles):
     count = _shim.MAX_TRANSFORM_INPUTS + 1
     names = ", ".join(f"x{index}" for index in range(count))
     op = eval(f"lambda {names}: x0")  # noqa: S307 - an operator of `count` parameters
-    with pytest.raises(ValueError, match=rf"dtypes: a transform takes at most {count - 1} arrays, got {count}"):
+    with pytest.raises(ValueError, match=rf"dtypes: a transform takes at most {count - 1} array arguments, got {count}"):
         sharded.compile(op, "transform", (np.float32,) * count, arch=ARCH)
 
 

@@ -20,6 +20,8 @@ import pytest
 import cuda_sharded_jit as sharded
 from cuda_sharded_jit import _jit, _link
 
+from helpers import config, device_helpers
+
 op_module = importlib.import_module("cuda_sharded_jit.op")  # the package's `op` is the decorator
 
 ARCH = "sm_90"
@@ -80,58 +82,36 @@ def test_named_tuple_class_as_a_global_is_keyed_by_its_fields():
 # ---- modules: through a local alias, and helpers inside them -------------------------------
 
 def _alias_reader(a):
-    m = config  # noqa: F821 - imported by the test below
+    m = config
     return a * m.SCALE
 
 
-def test_module_read_through_a_local_alias_follows_its_attributes(fresh_cache):
-    from helpers import config
-
-    globals()["config"] = config
+def test_module_read_through_a_local_alias_follows_its_attributes(fresh_cache, monkeypatch):
     before = _build(_alias_reader)
-    config.SCALE = 5.0
-    try:
-        _assert_rebuilt(_alias_reader, before)
-    finally:
-        config.SCALE = 2.0
-        del globals()["config"]
+    monkeypatch.setattr(config, "SCALE", 5.0)
+    _assert_rebuilt(_alias_reader, before)
 
 
 def _getattr_reader(a):
-    return a * getattr(config, "SCALE")  # noqa: F821
+    return a * getattr(config, "SCALE")
 
 
-def test_module_read_with_getattr_follows_its_attribute():
-    from helpers import config
-
-    globals()["config"] = config
-    try:
-        first = sharded.op(_getattr_reader).identity()
-        config.SCALE = 7.0
-        assert sharded.op(_getattr_reader).identity() != first
-    finally:
-        config.SCALE = 2.0
-        del globals()["config"]
+def test_module_read_with_getattr_follows_its_attribute(monkeypatch):
+    first = sharded.op(_getattr_reader).identity()
+    monkeypatch.setattr(config, "SCALE", 7.0)
+    assert sharded.op(_getattr_reader).identity() != first
 
 
 def _module_helper(a):
-    return device_helpers.scaled(a)  # noqa: F821
+    return device_helpers.scaled(a)
 
 
-def test_device_helper_reached_through_a_module_is_rebuilt(fresh_cache):
-    from helpers import device_helpers
-
-    globals()["device_helpers"] = device_helpers
-    try:
-        before = _build(_module_helper)
-        device_helpers.FACTOR = 3.0
-        try:
-            _assert_rebuilt(_module_helper, before)
-        finally:
-            device_helpers.FACTOR = 2.0
-        assert _build(_module_helper).cubin == before.cubin
-    finally:
-        del globals()["device_helpers"]
+def test_device_helper_reached_through_a_module_is_rebuilt(fresh_cache, monkeypatch):
+    before = _build(_module_helper)
+    with monkeypatch.context() as changed:
+        changed.setattr(device_helpers, "FACTOR", 3.0)
+        _assert_rebuilt(_module_helper, before)
+    assert _build(_module_helper).cubin == before.cubin
 
 
 # ---- a rebuilt helper keeps its settings ---------------------------------------------------
@@ -344,29 +324,17 @@ def test_no_doubled_prefix_in_operator_errors():
 # ---- GPU: the rebuilt kernels compute the changed values -------------------------------------
 
 @pytest.mark.gpu
-def test_changed_values_reach_the_results(one_place, fresh_cache):
-    global POINT, SMALL_TABLE
-    from helpers import device_helpers
-
+def test_changed_values_reach_the_results(one_place, fresh_cache, monkeypatch):
     host = np.arange(1, 65, dtype=np.float64)
     a = sharded.ShardedArray.from_numpy(one_place, host)
-    globals()["device_helpers"] = device_helpers
-    previous_table = SMALL_TABLE
-    try:
-        np.testing.assert_array_equal(sharded.transform(_uses_point, a).to_numpy(), host * 1.0)
-        POINT = YX(1.0, 2.0)
-        np.testing.assert_array_equal(sharded.transform(_uses_point, a).to_numpy(), host * 2.0)
-        np.testing.assert_array_equal(sharded.transform(_module_helper, a).to_numpy(), host * 2.0)
-        device_helpers.FACTOR = 3.0
-        np.testing.assert_array_equal(sharded.transform(_module_helper, a).to_numpy(), host * 3.0)
-        SMALL_TABLE = previous_table + 1.0
-        np.testing.assert_array_equal(sharded.transform(_reads_small_table, a).to_numpy(),
-                                      host * SMALL_TABLE[3])
-    finally:
-        POINT = XY(1.0, 2.0)
-        device_helpers.FACTOR = 2.0
-        SMALL_TABLE = previous_table
-        del globals()["device_helpers"]
+    np.testing.assert_array_equal(sharded.transform(_uses_point, a).to_numpy(), host * 1.0)
+    monkeypatch.setitem(globals(), "POINT", YX(1.0, 2.0))
+    np.testing.assert_array_equal(sharded.transform(_uses_point, a).to_numpy(), host * 2.0)
+    np.testing.assert_array_equal(sharded.transform(_module_helper, a).to_numpy(), host * 2.0)
+    monkeypatch.setattr(device_helpers, "FACTOR", 3.0)
+    np.testing.assert_array_equal(sharded.transform(_module_helper, a).to_numpy(), host * 3.0)
+    monkeypatch.setitem(globals(), "SMALL_TABLE", SMALL_TABLE + 1.0)
+    np.testing.assert_array_equal(sharded.transform(_reads_small_table, a).to_numpy(), host * SMALL_TABLE[3])
 
 
 BIG_TUPLE = tuple(float(index) for index in range(8000))

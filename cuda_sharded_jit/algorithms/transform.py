@@ -10,7 +10,7 @@ from .. import _shim
 from .._dtypes import as_dtype, as_flag, exact_cast, is_scalar, scalar_dtype
 from .._layout import layout_of
 from ..array import ShardedArray, check_out
-from ..compiler import INDEX_MAP, VALUE_MAP, is_indexed_transform, kernel_libraries
+from ..compiler import INDEX_MAP, VALUE_MAP, check_transform_counts, is_indexed_transform, kernel_libraries
 from ..op import as_op
 from ..ops import Descriptor
 
@@ -82,10 +82,7 @@ def prepare(op, args, out: ShardedArray | None, with_index: bool = False, reques
             )
     if not arrays:
         raise TypeError("transform: at least one argument must be a ShardedArray")
-    if len(arrays) > _shim.MAX_TRANSFORM_INPUTS:
-        raise ValueError(f"transform: at most {_shim.MAX_TRANSFORM_INPUTS} array arguments, got {len(arrays)}")
-    if len(scalars) > _shim.MAX_TRANSFORM_SCALARS:
-        raise ValueError(f"transform: at most {_shim.MAX_TRANSFORM_SCALARS} scalar arguments, got {len(scalars)}")
+    check_transform_counts(len(arrays), len(scalars), "args", "args")
     first = arrays[0]
     for index, array in enumerate(arrays[1:], 1):
         if array.group is not first.group:
