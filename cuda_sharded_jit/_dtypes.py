@@ -18,6 +18,12 @@ SUPPORTED_DTYPES: tuple[np.dtype, ...] = tuple(
 _NAMES = ", ".join(dtype.name for dtype in SUPPORTED_DTYPES)
 
 
+def is_integer(value) -> bool:
+    """Whether `value` is a Python or numpy integer that is not a bool (True is an int in
+    Python, and no count, position or handle)."""
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+
+
 def as_flag(value, argument: str) -> bool:
     """`value` as a bool (Python's or numpy's), or TypeError naming `argument`."""
     if isinstance(value, (bool, np.bool_)):

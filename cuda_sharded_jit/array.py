@@ -11,7 +11,7 @@ import numpy as np
 from numpy.lib.format import descr_to_dtype
 
 from . import _shim
-from ._dtypes import as_array_dtype, check_record, is_record
+from ._dtypes import as_array_dtype, check_record, is_integer, is_record
 from ._layout import describe_dtype, layout_of
 from .places import PlaceGroup
 
@@ -117,7 +117,7 @@ def _interface_extent(interface: dict, itemsize: int, argument: str) -> tuple[tu
     exabytes, or a negative size."""
     shape = tuple(interface["shape"])
     for extent in shape:
-        if isinstance(extent, (bool, np.bool_)) or not isinstance(extent, (int, np.integer)):
+        if not is_integer(extent):
             raise TypeError(f"{argument}: shape {shape} holds {type(extent).__name__} "
                             f"{extent!r}, expected ints")
     shape = tuple(int(extent) for extent in shape)
@@ -143,7 +143,7 @@ def _interface_stream(interface: dict, argument: str) -> int:
     stream = interface.get("stream")
     if stream is None:
         return 0
-    if isinstance(stream, (bool, np.bool_)) or not isinstance(stream, (int, np.integer)):
+    if not is_integer(stream):
         raise TypeError(f"{argument}: stream must be an int (a cudaStream_t, 1 or 2) or None, "
                         f"got {type(stream).__name__}")
     stream = int(stream)

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from . import _cache, _link, _shim
-from ._dtypes import as_array_dtype, as_dtype, as_flag
+from ._dtypes import as_array_dtype, as_dtype, as_flag, is_integer
 from ._layout import dtype_from_key, layout_of
 from .op import Op, as_op, disk_cacheable
 
@@ -300,7 +300,7 @@ def _positions(scalars, count: int) -> set[int]:
         raise TypeError(f"scalars: expected a tuple of argument positions, got {type(scalars).__name__}")
     positions = set()
     for index, position in enumerate(scalars):
-        if isinstance(position, bool) or not isinstance(position, (int, np.integer)):
+        if not is_integer(position):
             raise TypeError(f"scalars[{index}]: expected an int position, got {type(position).__name__}")
         if not 0 <= position < count:
             raise ValueError(f"scalars: position {position} is not an argument position "
