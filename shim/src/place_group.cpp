@@ -378,10 +378,17 @@ void PlaceGroup::check_foreign_stream(std::size_t place, std::uintptr_t foreign_
 }
 
 void PlaceGroup::wait_for_stream(std::size_t place, std::uintptr_t foreign_stream) const {
-  const int id = device(place);
+  device(place);  // range check
   if (foreign_stream == 0 || foreign_stream == streams_[place]) return;
   check_alive();
   check_foreign_stream(place, foreign_stream, "stream");
+  wait_for_checked_stream(place, foreign_stream);
+}
+
+void PlaceGroup::wait_for_checked_stream(std::size_t place, std::uintptr_t foreign_stream) const {
+  const int id = device(place);
+  if (foreign_stream == 0 || foreign_stream == streams_[place]) return;
+  check_alive();
   detail::DeviceGuard guard(id);
   // CAI streams: 1 is the legacy default stream, 2 the per-thread default stream.
   cudaStream_t producer = foreign_stream == 1   ? cudaStreamLegacy

@@ -287,7 +287,7 @@ std::shared_ptr<ShardedArray> ShardedArray::adopt(std::shared_ptr<PlaceGroup> gr
   }
   // Our streams start after whatever the producers queued on theirs (CAI v3 contract).
   for (std::size_t place = 0; place < streams.size(); ++place) {
-    array->group_->wait_for_stream(place, streams[place]);
+    array->group_->wait_for_checked_stream(place, streams[place]);
   }
   return array;
 }

@@ -46,6 +46,9 @@ class PlaceGroup {
   // Makes the place's stream wait for work already queued on a foreign stream of its device
   // (checked first, as check_foreign_stream names "stream"). 0 means no stream: nothing to do.
   void wait_for_stream(std::size_t place, std::uintptr_t foreign_stream) const;
+  // wait_for_stream for a stream that has already passed check_foreign_stream (adopt checks
+  // every buffer's stream before it waits for any).
+  void wait_for_checked_stream(std::size_t place, std::uintptr_t foreign_stream) const;
   // Blocks until every place's stream has drained (call with the GIL released).
   void sync() const;
   // Waits for the places' streams, then returns the memory that the group's stream-ordered
