@@ -1,5 +1,5 @@
-// The sort engine: CUB radix sort and merge per element type and direction, and the small
-// kernels of the multi-place sort (splitter counting, key samples, NaN canonicalisation).
+// The sort engine: CUB radix sort and merge per element type and direction (keys alone, or
+// carrying values), and the small kernels of the multi-place sort (splitter counting, key samples, NaN canonicalisation).
 // Compiled in its own translation unit (sort.cu): CUB's sort is the costliest code of the
 // build.
 #pragma once
@@ -66,5 +66,29 @@ constexpr int kSplitterBlock = 256;
 
 // dtype: csj::DType's integer value; null for an unknown one.
 const SortEngine* sort_engine(int dtype, bool descending);
+
+// The radix sort and merge of keys that carry values (sort_by_key): as SortEngine's, the
+// values moved with their keys (stable: equal keys keep their order, values included). Values
+// are 4 or 8 bytes of any type (they are moved, never read); wider ones travel as several
+// such lanes (see csj/sort.hpp).
+struct PairsEngine {
+  // cub::DeviceRadixSort::SortPairs over (current, alternate) buffers of keys and of values;
+  // on return `*current_is_alternate` says where both sorted lanes are.
+  cudaError_t (*sort)(void* temp, std::size_t& temp_bytes, void* keys, void* keys_alternate, void* values,
+                      void* values_alternate, long long n, bool* current_is_alternate, cudaStream_t stream);
+  // From `keys_in` / `values_in`, left as they were, into `keys_out` / `values_out`.
+  cudaError_t (*sort_into)(void* temp, std::size_t& temp_bytes, const void* keys_in, void* keys_out,
+                           const void* values_in, void* values_out, long long n, cudaStream_t stream);
+  // cub::DeviceMerge::MergePairs of two sorted runs (stable: ties from `first` come first).
+  cudaError_t (*merge)(void* temp, std::size_t& temp_bytes, const void* first_keys, const void* first_values,
+                       long long first_n, const void* second_keys, const void* second_values, long long second_n,
+                       void* out_keys, void* out_values, cudaStream_t stream);
+};
+
+// value_bytes 4 or 8; null for an unknown dtype or width. (Each width is its own translation
+// unit, sort_pairs4.cu and sort_pairs8.cu: the instantiations compile in parallel.)
+const PairsEngine* pairs_engine(int dtype, bool descending, int value_bytes);
+const PairsEngine* pairs_engine_4(int dtype, bool descending);
+const PairsEngine* pairs_engine_8(int dtype, bool descending);
 
 }  // namespace csj::kernels

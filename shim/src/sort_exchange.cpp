@@ -1,5 +1,5 @@
-// Steps 3 and 4 of the multi-place sort (sort_steps.hpp), with the splitter search (step 2)
-// run in their midst. Each output shard is cut into chunks at exact global ranks (the search
+// Steps 3 and 4 of the multi-place sort (sort_steps.hpp), with the order's cut search (step
+// 2) run in their midst. Each output shard is cut into chunks at exact global ranks (the search
 // finds the chunks' cuts with the shards'), and written chunk by chunk by merging its pieces
 // of every place's run. Pieces on another device are copied into the place's receive buffer
 // on a transfer stream of its own (every place at once, so both directions of each link are
@@ -9,7 +9,8 @@
 // travel while it runs, into windows of the receive buffer that hold every possible cut: the
 // bounds from samples of the keys (sort_sampled_cuts.cpp), queued to go the moment the sorts
 // end, or else those of the search's first round. Last (step 4), a run buffer goes only once
-// every place that reads it has finished.
+// every place that reads it has finished. Values that the keys carry travel and merge with
+// them, in twin buffers indexed alike.
 //
 // Also the counts of which bounds the sorts used (csj::sort_path_counts, for tests/probes).
 #include <atomic>
@@ -59,15 +60,17 @@ class TransferStream {
  public:
   TransferStream(int device, std::size_t places) : stream_(device), waited_(places, false) {}
 
-  // Copies keys [from, to) of place p's run (`source`) into `place`'s receive buffer at
-  // element `at`.
+  // Copies keys [from, to) of place p's run (`source`), and their values, into `place`'s
+  // receive buffers at element `at`.
   void copy(const SortPlace& place, const SortPlace& source, std::size_t p, long long from, long long to, long long at,
-            std::size_t item) {
+            const Lanes& lanes) {
     if (from >= to) return;
     if (!landed_) place.ready->wait(stream_.get()), landed_ = true;
     if (!waited_[p]) source.ready->wait(stream_.get()), waited_[p] = true;
-    copy_keys(place.receive + at * item, place.device, source.run + from * item, source.device,
-              static_cast<std::size_t>(to - from) * item, stream_.get());
+    const RunPiece piece{source.run + from * lanes.key,
+                         lanes.value ? source.run_values + from * lanes.value : nullptr, to - from, source.device};
+    copy_piece(piece, place.receive + at * lanes.key, lanes.value ? place.receive_values + at * lanes.value : nullptr,
+               place.device, lanes, stream_.get());
     used_ = true;
   }
   // An event for the copies queued since the last call (null when none were).
@@ -93,6 +96,11 @@ using Transfers = std::vector<std::unique_ptr<TransferStream>>;
 using Landing = std::vector<std::vector<long long>>;
 // per (place, source): the place's early copies read the source's run
 using EarlyReads = std::vector<std::vector<bool>>;
+
+// Element `index` of a values buffer (null without values).
+const unsigned char* element(const unsigned char* values, long long index, const Lanes& lanes) {
+  return lanes.value ? values + index * lanes.value : nullptr;
+}
 
 // Whether place q's pieces of place p's run travel (they lie on another device).
 bool remote(const std::vector<SortPlace>& places, std::size_t q, std::size_t p) {
@@ -138,7 +146,7 @@ bool plan_windows(const std::vector<SortPlace>& places, const SortChunks& chunks
 // and marks the runs they read in `early` (step 4 must wait for those readers even where the
 // exact cuts take nothing from a run).
 void send_first_chunks(const std::vector<SortPlace>& places, const SortChunks& chunks, const CutBounds& sent,
-                       const Landing& landing, Transfers& transfers, std::size_t item, EarlyReads& early) {
+                       const Landing& landing, Transfers& transfers, const Lanes& lanes, EarlyReads& early) {
   const std::size_t count = places.size();
   for (std::size_t q = 0; q < count; ++q) {
     if (landing[q].empty()) continue;
@@ -147,7 +155,7 @@ void send_first_chunks(const std::vector<SortPlace>& places, const SortChunks& c
     for (std::size_t p = 0; p < count; ++p) {
       if (!remote(places, q, p)) continue;
       const long long from = sent.upper[first][p], to = sent.lower[first + 1][p];
-      transfers[q]->copy(places[q], places[p], p, from, to, landing[q][p] + from, item);
+      transfers[q]->copy(places[q], places[p], p, from, to, landing[q][p] + from, lanes);
       if (from < to) early[q][p] = true;
     }
   }
@@ -196,7 +204,7 @@ struct Chunk {
 std::vector<std::vector<Chunk>> queue_chunk_copies(const std::vector<SortPlace>& places, const SortChunks& chunks,
                                                    const std::vector<std::vector<long long>>& cuts,
                                                    const CutBounds& sent, const Landing& landing,
-                                                   Transfers& transfers, std::size_t item,
+                                                   Transfers& transfers, const Lanes& lanes,
                                                    std::deque<Event>& events) {
   const std::size_t count = places.size();
   const std::vector<long long>& ranks = chunks.ranks;
@@ -215,23 +223,26 @@ std::vector<std::vector<Chunk>> queue_chunk_copies(const std::vector<SortPlace>&
         if (from == to) continue;
         const SortPlace& source = places[p];
         if (!remote(places, q, p)) {
-          chunk.pieces.push_back({source.run + from * item, to - from, source.device});
+          chunk.pieces.push_back({source.run + from * lanes.key, element(source.run_values, from, lanes), to - from,
+                                  source.device});
           continue;
         }
         if (!windowed) {
-          transfers[q]->copy(place, source, p, from, to, received, item);
-          chunk.pieces.push_back({place.receive + received * item, to - from, place.device});
+          transfers[q]->copy(place, source, p, from, to, received, lanes);
+          chunk.pieces.push_back({place.receive + received * lanes.key, element(place.receive_values, received, lanes),
+                                  to - from, place.device});
           received += to - from;
           continue;
         }
         const long long at = landing[q][p];  // + a run index
-        chunk.pieces.push_back({place.receive + (at + from) * item, to - from, place.device});
+        chunk.pieces.push_back({place.receive + (at + from) * lanes.key,
+                                element(place.receive_values, at + from, lanes), to - from, place.device});
         const long long sent_from = sent.upper[begin][p], sent_to = sent.lower[begin + 1][p];
         if (begin == chunks.first[q] && sent_from < sent_to) {  // the bulk went: its ends remain
-          transfers[q]->copy(place, source, p, from, sent_from, at + from, item);
-          transfers[q]->copy(place, source, p, sent_to, to, at + sent_to, item);
+          transfers[q]->copy(place, source, p, from, sent_from, at + from, lanes);
+          transfers[q]->copy(place, source, p, sent_to, to, at + sent_to, lanes);
         } else {
-          transfers[q]->copy(place, source, p, from, to, at + from, item);
+          transfers[q]->copy(place, source, p, from, to, at + from, lanes);
         }
       }
       if (transfers[q]) chunk.arrived = transfers[q]->arrivals(events);
@@ -243,8 +254,8 @@ std::vector<std::vector<Chunk>> queue_chunk_copies(const std::vector<SortPlace>&
 
 // Each place merges its chunks, on its stream, as soon as their pieces are in (those of runs
 // on its own device once those are sorted); then records its `merged`.
-void queue_merges(const k::SortEngine& engine, std::vector<SortPlace>& places, std::vector<std::vector<Chunk>>& plans,
-                  std::size_t item) {
+void queue_merges(const SortOrder& order, std::vector<SortPlace>& places, std::vector<std::vector<Chunk>>& plans,
+                  const Lanes& lanes) {
   const std::size_t count = places.size();
   for (std::size_t q = 0; q < count; ++q) {
     SortPlace& place = places[q];
@@ -255,7 +266,7 @@ void queue_merges(const k::SortEngine& engine, std::vector<SortPlace>& places, s
     }
     for (Chunk& chunk : plans[q]) {
       if (chunk.arrived) chunk.arrived->wait(place.stream);
-      merge_pieces(engine, merge_target(place), std::move(chunk.pieces), chunk.offset, item);
+      merge_pieces(order, merge_target(place), std::move(chunk.pieces), chunk.offset, lanes);
     }
     place.merged.emplace(place.device);
     place.merged->record(place.stream);
@@ -297,8 +308,8 @@ SortChunks chunk_layout(const std::vector<std::int64_t>& shard_sizes, const std:
   return chunks;
 }
 
-void exchange_and_merge(const k::SortEngine& engine, std::vector<SortPlace>& places, const PlaceGroup& group,
-                        std::size_t item, const SortChunks& chunks, SampledCuts* sampled) {
+void exchange_and_merge(const SortOrder& order, std::vector<SortPlace>& places, const PlaceGroup& group,
+                        const Lanes& lanes, const SortChunks& chunks, SampledCuts* sampled) {
   const std::size_t count = places.size();
   const std::vector<long long>& ranks = chunks.ranks;
   const long long total = ranks.back();
@@ -317,12 +328,13 @@ void exchange_and_merge(const k::SortEngine& engine, std::vector<SortPlace>& pla
   if (sampled) {
     sent = sampled->bounds(ranks, total);
     guessed = plan_windows(places, chunks, sent, transfers, landing);
-    if (guessed) send_first_chunks(places, chunks, sent, landing, transfers, item, early);
+    if (guessed) send_first_chunks(places, chunks, sent, landing, transfers, lanes, early);
   }
 
-  // 2. splitters (the host waits for the local sorts here)
+  // 2. the cut search (the host waits for the local sorts here)
   const std::vector<SortedRun> runs = sorted_runs(places);
-  Splitters splitters(engine, runs, group, ranks, total);
+  const std::unique_ptr<CutSearch> search = order.search(runs, group, ranks, total);
+  CutSearch& splitters = *search;
   if (!splitters.settled()) splitters.round();
   if (guessed) {
     ++sampled_sorts;
@@ -331,7 +343,7 @@ void exchange_and_merge(const k::SortEngine& engine, std::vector<SortPlace>& pla
     for (auto& windows : landing) windows.clear();
     if (!splitters.settled()) {
       plan_windows(places, chunks, sent, transfers, landing);
-      send_first_chunks(places, chunks, sent, landing, transfers, item, early);
+      send_first_chunks(places, chunks, sent, landing, transfers, lanes, early);
       ++first_round_sorts;
     }
   }
@@ -343,8 +355,8 @@ void exchange_and_merge(const k::SortEngine& engine, std::vector<SortPlace>& pla
   // 3b. the rest of the pieces travel, chunk by chunk, and each place merges its chunks
   std::deque<Event> events;
   std::vector<std::vector<Chunk>> plans =
-      queue_chunk_copies(places, chunks, cuts, sent, landing, transfers, item, events);
-  queue_merges(engine, places, plans, item);
+      queue_chunk_copies(places, chunks, cuts, sent, landing, transfers, lanes, events);
+  queue_merges(order, places, plans, lanes);
 
   // 4.
   keep_runs_for_readers(places, chunks, cuts, early);

@@ -6,6 +6,8 @@
 // quiet NaN (NaNs then sort last, as numpy's, whatever their sign bit), in the output shard:
 // the input is left as it was when the output is another array.
 //
+// Keys that carry values (sort_by_key) sort with them, through the pairs engine.
+//
 // The runs' sorts are replayed from CUDA graphs once the same sort repeats (SortGraphs).
 #include <cuda_runtime.h>
 
@@ -22,6 +24,30 @@ namespace {
 
 namespace k = kernels;
 
+// One run's radix sort from its input into its run buffers, as SortGraphs records it.
+struct RunSort {
+  const k::SortEngine* engine;
+  const k::PairsEngine* pairs;  // null: keys alone
+  void* temp;
+  std::size_t temp_bytes;
+  const void* in;
+  void* out;
+  const void* values_in;
+  void* values_out;
+  long long n;
+
+  cudaError_t queue(cudaStream_t stream) const {
+    std::size_t bytes = temp_bytes;
+    if (pairs) return pairs->sort_into(temp, bytes, in, out, values_in, values_out, n, stream);
+    return engine->sort_into(temp, bytes, in, out, n, stream);
+  }
+  bool operator==(const RunSort& other) const {
+    return engine == other.engine && pairs == other.pairs && temp == other.temp && temp_bytes == other.temp_bytes &&
+           in == other.in && out == other.out && values_in == other.values_in && values_out == other.values_out &&
+           n == other.n;
+  }
+};
+
 // Queues the radix sort of a place's shard into its run. CUB queues one sort as a dozen
 // launches and memsets, and the places' sorts are queued one after another, so the last place
 // would start its sort that much host time after the first (and every place waits for the
@@ -33,10 +59,9 @@ namespace k = kernels;
 // same work; launches of one graph are ordered by CUDA, whatever the stream.
 class SortGraphs {
  public:
-  static void queue(const k::SortEngine& engine, void* temp, std::size_t temp_bytes, const void* in, void* out,
-                    long long n, cudaStream_t stream) {
+  static void queue(const RunSort& sort, cudaStream_t stream) {
     const ContextStamp context = ContextStamp::current();
-    const Key key{context.id, &engine, in, out, temp, temp_bytes, n};
+    const Key key{context.id, sort};
     bool seen = false;
     {
       // launched under the lock: another thread's remember() may destroy a graph it evicts
@@ -59,14 +84,14 @@ class SortGraphs {
       }
       if (!seen) remember(key, context, nullptr);
     }
-    cudaGraphExec_t exec = seen ? capture(engine, temp, temp_bytes, in, out, n) : nullptr;
+    cudaGraphExec_t exec = seen ? capture(sort) : nullptr;
     if (exec && cudaGraphLaunch(exec, stream) != cudaSuccess) {
       cudaGetLastError();
       cudaGraphExecDestroy(exec);
       exec = nullptr;
     }
     if (!exec) {
-      check(engine.sort_into(temp, temp_bytes, in, out, n, stream), "cub::DeviceRadixSort");
+      check(sort.queue(stream), "cub::DeviceRadixSort");
       return;
     }
     std::lock_guard<std::mutex> lock(mutex());
@@ -77,16 +102,8 @@ class SortGraphs {
   static constexpr std::size_t kSortGraphs = 16;
   struct Key {
     unsigned long long context;
-    const void* engine;
-    const void* in;
-    void* out;
-    void* temp;
-    std::size_t temp_bytes;
-    long long n;
-    bool operator==(const Key& other) const {
-      return context == other.context && engine == other.engine && in == other.in && out == other.out &&
-             temp == other.temp && temp_bytes == other.temp_bytes && n == other.n;
-    }
+    RunSort sort;
+    bool operator==(const Key& other) const { return context == other.context && sort == other.sort; }
   };
   struct Entry {
     Key key;
@@ -105,8 +122,7 @@ class SortGraphs {
   // The sort as a graph, or null when capture fails. It is captured on a stream of its own
   // (the current device's): work that other threads queue on the place's stream meanwhile
   // must run, not join the graph.
-  static cudaGraphExec_t capture(const k::SortEngine& engine, void* temp, std::size_t temp_bytes, const void* in,
-                                 void* out, long long n) {
+  static cudaGraphExec_t capture(const RunSort& sort) {
     int device = 0;
     check(cudaGetDevice(&device), "cudaGetDevice");
     const CopyStream side(device);
@@ -115,7 +131,7 @@ class SortGraphs {
       cudaGetLastError();
       return nullptr;
     }
-    const cudaError_t queued = engine.sort_into(temp, temp_bytes, in, out, n, stream);
+    const cudaError_t queued = sort.queue(stream);
     cudaGraph_t graph = nullptr;
     const cudaError_t ended = cudaStreamEndCapture(stream, &graph);
     cudaGraphExec_t exec = nullptr;
@@ -179,25 +195,47 @@ const unsigned char* queue_sort_input(const k::SortEngine& engine, const SortPla
   return input;
 }
 
-void queue_run_sort(const k::SortEngine& engine, SortPlace& place, const unsigned char* input, bool sampled) {
+const unsigned char* queue_values_input(const SortPlace& place, const unsigned char* input, bool distinct_output,
+                                        bool several, std::size_t value_item) {
+  if (!distinct_output || several) return input;
+  check(cudaMemcpyAsync(place.shard_values, input, place.n * value_item, cudaMemcpyDeviceToDevice, place.stream),
+        "cudaMemcpyAsync (sort values)");
+  return place.shard_values;
+}
+
+void queue_run_sort(const k::SortEngine& engine, const k::PairsEngine* pairs, SortPlace& place,
+                    const unsigned char* input, const unsigned char* values, bool sampled) {
   place.input = input;
+  place.input_values = values;
   if (sampled) {
     place.unsorted.emplace(place.device);
     place.unsorted->record(place.stream);
   }
-  SortGraphs::queue(engine, place.temp, place.temp_bytes, input, place.run, place.n, place.stream);
+  SortGraphs::queue({&engine, pairs, place.temp, place.temp_bytes, input, place.run, values, place.run_values, place.n},
+                    place.stream);
   place.ready.emplace(place.device);
   place.ready->record(place.stream);
 }
 
-void sort_shard_in_place(const k::SortEngine& engine, SortPlace& place, std::size_t item) {
+void sort_shard_in_place(const k::SortEngine& engine, const k::PairsEngine* pairs, SortPlace& place,
+                         const Lanes& lanes) {
   std::size_t temp_bytes = place.temp_bytes;
   bool in_alternate = false;
-  check(engine.sort(place.temp, temp_bytes, place.shard, place.run, place.n, &in_alternate, place.stream),
-        "cub::DeviceRadixSort");
-  if (in_alternate) {
-    check(cudaMemcpyAsync(place.shard, place.run, place.n * item, cudaMemcpyDeviceToDevice, place.stream),
-          "cudaMemcpyAsync (sorted shard)");
+  if (pairs) {
+    check(pairs->sort(place.temp, temp_bytes, place.shard, place.run, place.shard_values, place.run_values, place.n,
+                      &in_alternate, place.stream),
+          "cub::DeviceRadixSort::SortPairs");
+  } else {
+    check(engine.sort(place.temp, temp_bytes, place.shard, place.run, place.n, &in_alternate, place.stream),
+          "cub::DeviceRadixSort");
+  }
+  if (!in_alternate) return;
+  check(cudaMemcpyAsync(place.shard, place.run, place.n * lanes.key, cudaMemcpyDeviceToDevice, place.stream),
+        "cudaMemcpyAsync (sorted shard)");
+  if (pairs) {
+    check(cudaMemcpyAsync(place.shard_values, place.run_values, place.n * lanes.value, cudaMemcpyDeviceToDevice,
+                          place.stream),
+          "cudaMemcpyAsync (sorted values)");
   }
 }
 

@@ -1,6 +1,7 @@
 // Internal: the steps of the multi-place sort (csj/sort.hpp), one file each. sort.cpp
-// composes them; the sorting algorithms still to come (sort_by_key, merge sorts with a
-// comparator, searchsorted, top_k) are meant to reuse them rather than grow copies:
+// composes them for the radix sorts (keys alone, or keys carrying values: sort_by_key); the
+// other sorting algorithms (merge sorts with a comparator) reuse them through SortOrder, the
+// order's two parts the exchange needs (the cut search, the merge of two pieces):
 //   sort_local.cpp         1. each place's radix sort of its shard, replayed from a CUDA
 //                             graph once the same sort repeats;
 //   sort_splitters.cpp     2. the exact splitter search over the sorted runs (co-ranking: one
@@ -9,10 +10,10 @@
 //                             and the environment's A/B switches for them;
 //   sort_exchange.cpp      3. the chunk layout and the chunked exchange between places, and
 //                          4. the runs' lifetime;
-//   sort_merge.cpp            the merge of one chunk's pieces.
-// Each step takes what it needs explicitly: the key type through its kernels::SortEngine
-// (ordered-key width, kernels, CUB calls), the element size, and per place (in group order)
-// its buffers and key count. A place without keys takes part in no launch.
+//   sort_merge.cpp            the merge of one chunk's pieces, and the radix sorts' order.
+// Each step takes what it needs explicitly: the order, the element's lanes (key bytes and
+// the bytes of the value it carries, if any), and per place (in group order) its buffers and
+// key count. A place without keys takes part in no launch.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -32,9 +33,17 @@ class PlaceGroup;
 
 namespace csj::kernels {
 struct SortEngine;
+struct PairsEngine;
 }
 
 namespace csj::detail {
+
+// The bytes of an element's two lanes: its key, and the value it carries (0: none). Every
+// buffer below that holds keys has a twin for the values (null without them), indexed alike.
+struct Lanes {
+  std::size_t key = 0;
+  std::size_t value = 0;
+};
 
 // Everything one place holds during a sort (sort.cpp lays out its memory; the steps record
 // its events). The scratch allocation is stream-ordered (from the group's pool) and goes back
@@ -44,16 +53,21 @@ struct SortPlace {
   cudaStream_t stream = nullptr;
   long long n = 0;
   unsigned char* shard = nullptr;     // the output shard: sorted in place, or merged into
+  unsigned char* shard_values = nullptr;
   StreamScratch scratch;              // one allocation carved into the buffers below
   unsigned char* run = nullptr;       // several places: the sorted run, which other places
                                       // read (once `ready`); one: the radix sort's second buffer
+  unsigned char* run_values = nullptr;
   unsigned char* temp = nullptr;      // CUB's temporary storage; once the sort is done, the
   std::size_t temp_bytes = 0;         // merges' and the two buffers below
   std::size_t merge_temp_bytes = 0;   // the merges' part of `temp`
   unsigned char* receive = nullptr;   // in `temp`: pieces copied from other devices
+  unsigned char* receive_values = nullptr;
   long long receive_keys = 0;         // its capacity
   unsigned char* between = nullptr;   // in `temp`: merge levels (three or more pieces)
+  unsigned char* between_values = nullptr;
   const unsigned char* input = nullptr;    // the keys the radix sort reads (final once `unsorted`)
+  const unsigned char* input_values = nullptr;
   std::optional<Event> unsorted;  // only when the keys are sampled (SampledCuts)
   std::optional<Event> ready;     // the run is sorted
   std::optional<Event> merged;    // this place's merges (and reads of others) are done
@@ -71,14 +85,23 @@ struct SortPlace {
 const unsigned char* queue_sort_input(const kernels::SortEngine& engine, const SortPlace& place,
                                       const unsigned char* input, bool distinct_output, bool several,
                                       std::size_t item);
+// The same for the values a place's keys carry (`pairs` non-null): copied into the output
+// shard's values when they are another array's and the place sorts alone (in place); read
+// where they are otherwise. Returns the values the radix sort reads.
+const unsigned char* queue_values_input(const SortPlace& place, const unsigned char* input, bool distinct_output,
+                                        bool several, std::size_t value_item);
 
 // Several places: records `place.input` and, when `sampled`, `place.unsorted`; queues the
-// radix sort of `input` into `place.run` (through `place.temp`; from a CUDA graph once the
+// radix sort of `input` (with `values`, the pairs engine's, when it is non-null) into
+// `place.run` (and `place.run_values`; through `place.temp`; from a CUDA graph once the
 // configuration repeats), then records `place.ready`.
-void queue_run_sort(const kernels::SortEngine& engine, SortPlace& place, const unsigned char* input, bool sampled);
+void queue_run_sort(const kernels::SortEngine& engine, const kernels::PairsEngine* pairs, SortPlace& place,
+                    const unsigned char* input, const unsigned char* values, bool sampled);
 
-// One place: queues the radix sort of `place.shard` in place (`place.run` the second buffer).
-void sort_shard_in_place(const kernels::SortEngine& engine, SortPlace& place, std::size_t item);
+// One place: queues the radix sort of `place.shard` (and `place.shard_values` with `pairs`)
+// in place (`place.run` and `place.run_values` the second buffers).
+void sort_shard_in_place(const kernels::SortEngine& engine, const kernels::PairsEngine* pairs, SortPlace& place,
+                         const Lanes& lanes);
 
 // ---- cuts, their bounds ----
 
@@ -99,24 +122,34 @@ struct SortedRun {
 };
 std::vector<SortedRun> sorted_runs(const std::vector<SortPlace>& places);
 
-// Step 2, one round at a time, so that the copies certain after the first round can travel
-// while the later rounds run. After each round, bounds() hold every cut of ranks[i] (ranks
-// ascending, each in [0, total], total the runs' key count); lower and upper are equal once
-// boundary i is settled. Each round queues a counting kernel on every non-empty run's stream
-// and waits for them.
-class Splitters {
+// Step 2 as the exchange drives it, one round at a time, so that the copies certain after
+// the first round can travel while the later rounds run. After each round, bounds() hold
+// every cut of ranks[i] (ranks ascending, each in [0, total], total the runs' key count);
+// lower and upper are equal once boundary i is settled. Ties are given out in place order,
+// so that the split is deterministic and the sort stable.
+class CutSearch {
+ public:
+  virtual ~CutSearch() = default;
+  virtual bool settled() const = 0;
+  virtual const CutBounds& bounds() const = 0;
+  const std::vector<std::vector<long long>>& cuts() const { return bounds().lower; }  // once settled
+  virtual void round() = 0;
+};
+
+// The radix sorts' search: each round queues a counting kernel on every non-empty run's
+// stream and waits for them.
+class Splitters final : public CutSearch {
  public:
   Splitters(const kernels::SortEngine& engine, std::vector<SortedRun> runs, const PlaceGroup& group,
             const std::vector<long long>& ranks, long long total);
 
-  bool settled() const { return open_.empty(); }
-  const CutBounds& bounds() const { return bounds_; }
-  const std::vector<std::vector<long long>>& cuts() const { return bounds_.lower; }  // once settled
+  bool settled() const override { return open_.empty(); }
+  const CutBounds& bounds() const override { return bounds_; }
 
   // One digit of every open boundary: every place counts its keys below 2^digit candidates
   // per boundary; the host waits, sums the counts over places and keeps, per boundary, the
   // candidate interval that holds its rank.
-  void round();
+  void round() override;
 
  private:
   // a boundary still searched: every key of the interval left starts with `base`'s top bits
@@ -197,11 +230,42 @@ class SampledCuts {
 
 // ---- merge (sort_merge.cpp) ----
 
-// One sorted piece a merge reads: on `device`, possibly a peer's.
+// One sorted piece a merge reads: on `device`, possibly a peer's; `values` null when the
+// keys carry none.
 struct RunPiece {
   const unsigned char* data;
+  const unsigned char* values;
   long long n;
   int device;
+};
+
+// The order a multi-place sort follows, as the exchange needs it: the search of the cuts
+// (step 2) and the stable merge of two sorted pieces (step 3).
+class SortOrder {
+ public:
+  virtual ~SortOrder() = default;
+  virtual std::unique_ptr<CutSearch> search(std::vector<SortedRun> runs, const PlaceGroup& group,
+                                            const std::vector<long long>& ranks, long long total) const = 0;
+  // Queues on `stream` (current device: the stream's) the merge of `first` and `second` into
+  // `out` (and `out_values` when the pieces carry values); ties from `first` come first. A
+  // null `temp` only sets `temp_bytes` (the pieces' pointers may then be null).
+  virtual void merge(void* temp, std::size_t& temp_bytes, const RunPiece& first, const RunPiece& second,
+                     unsigned char* out, unsigned char* out_values, cudaStream_t stream) const = 0;
+};
+
+// The radix sorts' order: the ordered keys of `engine`, the values moved by `pairs` (null:
+// keys alone).
+class RadixOrder final : public SortOrder {
+ public:
+  RadixOrder(const kernels::SortEngine& engine, const kernels::PairsEngine* pairs) : engine_(engine), pairs_(pairs) {}
+  std::unique_ptr<CutSearch> search(std::vector<SortedRun> runs, const PlaceGroup& group,
+                                    const std::vector<long long>& ranks, long long total) const override;
+  void merge(void* temp, std::size_t& temp_bytes, const RunPiece& first, const RunPiece& second, unsigned char* out,
+             unsigned char* out_values, cudaStream_t stream) const override;
+
+ private:
+  const kernels::SortEngine& engine_;
+  const kernels::PairsEngine* pairs_;
 };
 
 // Where and with what a place merges.
@@ -209,17 +273,23 @@ struct MergeTarget {
   int device = 0;
   cudaStream_t stream = nullptr;
   unsigned char* shard = nullptr;    // written from element `offset` on
+  unsigned char* shard_values = nullptr;
   unsigned char* between = nullptr;  // as large as the shard: merge levels of three or more pieces
-  unsigned char* temp = nullptr;     // CUB's merge storage, of temp_bytes
+  unsigned char* between_values = nullptr;
+  unsigned char* temp = nullptr;     // the merge's storage, of temp_bytes
   std::size_t temp_bytes = 0;
 };
 MergeTarget merge_target(const SortPlace& place);
 
 // Queues on target.stream (current device: target.device) the merge of `pieces` (each
-// sorted, in place order; stable: ties keep that order) into target.shard from element
-// `offset` on; elements of `item` bytes.
-void merge_pieces(const kernels::SortEngine& engine, const MergeTarget& target, std::vector<RunPiece> pieces,
-                  long long offset, std::size_t item);
+// sorted, in place order; stable: ties keep that order) into target.shard (and its values)
+// from element `offset` on.
+void merge_pieces(const SortOrder& order, const MergeTarget& target, std::vector<RunPiece> pieces, long long offset,
+                  const Lanes& lanes);
+
+// Copies a piece's keys (and values) to `keys` (and `values`) on `device`.
+void copy_piece(const RunPiece& piece, unsigned char* keys, unsigned char* values, int device, const Lanes& lanes,
+                cudaStream_t stream);
 
 // ---- 3. chunks and exchange, 4. run lifetime (sort_exchange.cpp) ----
 
@@ -238,10 +308,11 @@ SortChunks chunk_layout(const std::vector<std::int64_t>& shard_sizes, const std:
 inline long long receive_capacity(long long n) { return n + n / 64; }
 
 // Steps 2 to 4 once the local sorts are queued (every non-empty place's `ready`, `unsorted`
-// when sampled): the splitter search (the host waits for the sorts there), the exchange and
-// the merges into every shard, queued on the places' streams; records every place's `merged`
-// and makes every run outlive its readers. `sampled`: queued samples, or null.
-void exchange_and_merge(const kernels::SortEngine& engine, std::vector<SortPlace>& places, const PlaceGroup& group,
-                        std::size_t item, const SortChunks& chunks, SampledCuts* sampled);
+// when sampled): the cut search of `order` (the host waits for the sorts there), the
+// exchange and the merges into every shard, queued on the places' streams; records every
+// place's `merged` and makes every run outlive its readers. `sampled`: queued samples, or
+// null.
+void exchange_and_merge(const SortOrder& order, std::vector<SortPlace>& places, const PlaceGroup& group,
+                        const Lanes& lanes, const SortChunks& chunks, SampledCuts* sampled);
 
 }  // namespace csj::detail
