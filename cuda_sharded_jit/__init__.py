@@ -29,7 +29,7 @@ from .algorithms.reduce import (
     transform_reduce,
 )
 from .algorithms.opaque import count, fill, histogram_even, sequence
-from .algorithms.sort import sort
+from .algorithms.sort import argsort, sort, sort_by_key
 from .algorithms.transform import transform
 from .array import ShardedArray, ShardView
 from .compiler import CompiledKernel, cache_info, clear_cache, compile
@@ -47,7 +47,7 @@ __all__ = [
     "reduce", "transform_reduce", "count_if", "argmin", "argmax",
     "inclusive_scan", "exclusive_scan", "transform_inclusive_scan", "transform_exclusive_scan",
     "adjacent_difference",
-    "fill", "sequence", "count", "histogram_even", "sort",
+    "fill", "sequence", "count", "histogram_even", "sort", "sort_by_key", "argsort",
     "cache_dir", "cache_info", "clear_cache", "CacheWarning", "VersionSkewError",
     "__version__",
 ]

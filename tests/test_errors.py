@@ -26,7 +26,7 @@ ARCH = "sm_90"
 # Every shim call an algorithm makes after its checks.
 _SHIM_ENTRY_POINTS = ("transform", "transform_builtin", "reduce", "reduce_builtin", "scan",
                       "scan_builtin", "count", "check_histogram_memory", "histogram_even",
-                      "adjacent_difference", "KernelLibrary")
+                      "adjacent_difference", "KernelLibrary", "sort", "sort_by_key", "copy_lanes")
 
 
 @pytest.fixture

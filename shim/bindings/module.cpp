@@ -166,6 +166,8 @@ NB_MODULE(_shim, m) {
   m.def("check_histogram_memory", &csj::check_histogram_memory, "a"_a, "num_bins"_a,
         nb::call_guard<nb::gil_scoped_release>());
   m.def("sort", &csj::sort, "a"_a, "out"_a, "descending"_a, nb::call_guard<nb::gil_scoped_release>());
+  m.def("copy_lanes", &csj::copy_lanes, "src"_a, "src_offset"_a, "dst"_a, "dst_offset"_a, "width"_a,
+        nb::call_guard<nb::gil_scoped_release>());
   m.def("sort_by_key", &csj::sort_by_key, "keys"_a, "out_keys"_a, "values"_a, "out_values"_a, "descending"_a,
         nb::call_guard<nb::gil_scoped_release>());
   m.def("_sort_path_counts", [] {

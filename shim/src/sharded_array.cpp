@@ -402,6 +402,33 @@ void ShardedArray::copy_to_host(std::uintptr_t host, std::size_t nbytes) const {
   group_->sync();
 }
 
+void copy_lanes(const ShardedArray& src, std::size_t src_offset, ShardedArray& dst, std::size_t dst_offset,
+                std::size_t width) {
+  const ArrayLeases leases({{&src, "src"}, {&dst, "dst"}});
+  if (src.group() != dst.group()) throw std::invalid_argument("dst: belongs to another PlaceGroup than src");
+  if (src.shard_sizes() != dst.shard_sizes()) throw std::invalid_argument("dst: shard sizes differ from src's");
+  if (width == 0 || src_offset + width > src.itemsize() || dst_offset + width > dst.itemsize()) {
+    throw std::invalid_argument("copy_lanes: the lane lies outside an element");
+  }
+  const PlaceGroup& group = *src.group();
+  for (std::size_t shard = 0; shard < group.size(); ++shard) {
+    const std::int64_t n = src.shard_size(shard);
+    if (n == 0) continue;
+    detail::DeviceGuard guard(group.device(shard));
+    const auto stream = reinterpret_cast<cudaStream_t>(group.stream(shard));
+    auto* to = reinterpret_cast<unsigned char*>(dst.shard_pointer(shard)) + dst_offset;
+    const auto* from = reinterpret_cast<const unsigned char*>(src.shard_pointer(shard)) + src_offset;
+    if (width == src.itemsize() && width == dst.itemsize()) {
+      detail::check(cudaMemcpyAsync(to, from, static_cast<std::size_t>(n) * width, cudaMemcpyDeviceToDevice, stream),
+                    "cudaMemcpyAsync (copy_lanes)");
+    } else {
+      detail::check(cudaMemcpy2DAsync(to, dst.itemsize(), from, src.itemsize(), width, static_cast<std::size_t>(n),
+                                      cudaMemcpyDeviceToDevice, stream),
+                    "cudaMemcpy2DAsync (copy_lanes)");
+    }
+  }
+}
+
 void ShardedArray::free() {
   std::unique_lock<std::shared_mutex> lock(usage_);  // waits for calls holding a lease
   if (is_freed()) return;

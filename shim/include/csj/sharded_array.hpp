@@ -115,6 +115,14 @@ class ShardedArray {
   std::atomic<bool> freed_{false};
 };
 
+// Copies `width` bytes at `src_offset` of every element of `src` to `dst_offset` of the
+// element of `dst` with the same index (same group and shard sizes), stream-ordered on each
+// place: a field (a lane) of records in or out, or, with both offsets 0 and width the two
+// itemsizes, a whole copy. For sort_by_key's values wider than 8 bytes, which travel a lane at
+// a time.
+void copy_lanes(const ShardedArray& src, std::size_t src_offset, ShardedArray& dst, std::size_t dst_offset,
+                std::size_t width);
+
 // Shared leases on the arrays one algorithm call uses, held for the whole call: free() on
 // another thread waits until the call has queued its work, and an array already freed raises
 // std::invalid_argument naming it ("a: the array was freed with free()"). An array listed
