@@ -33,10 +33,12 @@ sys.path.insert(0, str(Path(__file__).parent))
 from common import Measure, Progress, parse_places, parse_sizes, run_blocks  # noqa: E402
 
 ALGORITHMS = ("transform_unary", "transform_binary", "reduce", "transform_reduce", "inclusive_scan",
-              "exclusive_scan", "sort", "histogram_even", "count", "adjacent_difference", "argmin")
+              "exclusive_scan", "sort", "histogram_even", "count", "adjacent_difference", "argmin",
+              "sort_by_key", "argsort", "sort_compare", "sort_key", "searchsorted", "top_k")
 SUITES = ("host", "compile")
 WATCHDOG_GRACE_S = 45  # past the budget, a call still running is taken for a hang
 ALIASES = {"transform": ("transform_unary", "transform_binary"), "scan": ("inclusive_scan", "exclusive_scan"),
+           "sort_family": ("sort_by_key", "argsort", "sort_compare", "sort_key", "searchsorted", "top_k"),
            "all": ALGORITHMS + SUITES}
 
 
@@ -187,6 +189,7 @@ def main(argv=None) -> int:
     import bench_compile
     import bench_reduce
     import bench_sort
+    import bench_sort_family
     import bench_transform
     import cuda_sharded_jit as sharded
     import sweep
@@ -201,6 +204,7 @@ def main(argv=None) -> int:
         blocks += sweep.host_blocks(cp, sharded, selections, options, groups)
     if "compile" in chosen:
         blocks += bench_compile.blocks(max(5, arguments.reps // 2), "cuda.compute" in peers)
+    blocks += bench_sort_family.blocks(cp, sharded, options, chosen, groups)  # each at its target's size
     sort_dtypes = list(dict.fromkeys([np.dtype(np.int32)] + dtypes))
     for size in reversed(sizes):  # the largest first: the targets are measured there
         if cases:
