@@ -146,6 +146,18 @@ def test_argsort_matches_numpy(places, dtype, descending):
 
 
 @pytest.mark.gpu
+def test_argsort_wide_indices(places, monkeypatch):
+    """Arrays past 2^32 elements sort int64 indices directly (here: forced on a small one)."""
+    from cuda_sharded_jit.algorithms import sort as sort_module
+
+    monkeypatch.setattr(sort_module, "_NARROW_INDICES", 0)
+    host = keys(np.float64, "few", 7001, seed=41)
+    indices = sharded.argsort(sharded.ShardedArray.from_numpy(places, host), descending=True)
+    assert indices.dtype == np.int64
+    np.testing.assert_array_equal(indices.to_numpy(), stable_order(host, True))
+
+
+@pytest.mark.gpu
 def test_argsort_ranks_rows_by_a_score(places):
     """The README's example: order rows by a computed score, take the rows back to numpy."""
     rows = random_records(SAMPLE, 5000, 19)

@@ -108,13 +108,28 @@ def argsort(a: ShardedArray, descending: bool = False) -> ShardedArray:
     """
     check_numbers(a, "argsort")
     descending = as_flag(descending, "descending")
-    indices = sequence(_like(a, np.int64))
+    # Indices that fit 32 bits sort as uint32 (every radix pass moves 8 bytes an element,
+    # not 12: about a quarter of the sort's traffic) and widen to int64 in one pass after.
+    narrow = len(a) <= _NARROW_INDICES
+    indices = sequence(_like(a, np.uint32 if narrow else np.int64))
     keys = _like(a, a.dtype)
     try:
         _shim.sort_by_key(a._impl, keys._impl, indices._impl, indices._impl, descending)
     finally:
         keys.free()
-    return indices
+    if not narrow:
+        return indices
+    try:
+        return _transform.transform(_widen, indices, out=_like(a, np.int64))
+    finally:
+        indices.free()
+
+
+_NARROW_INDICES = 1 << 32
+
+
+def _widen(index):
+    return index
 
 
 def _key_components(key, a: ShardedArray):

@@ -38,10 +38,15 @@ __global__ void __launch_bounds__(kSplitterBlock) splitter_kernel(const __grid_c
 template <class T>
 __global__ void canonicalize_nan_kernel(const __grid_constant__ KeysParams p) {
   T* data = static_cast<T*>(p.keys);
+  const T* in = p.in ? static_cast<const T*>(p.in) : data;
   const long long stride = static_cast<long long>(gridDim.x) * blockDim.x;
   for (long long i = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x; i < p.n; i += stride) {
-    const T value = data[i];
-    if (value != value) data[i] = cuda::std::numeric_limits<T>::quiet_NaN();
+    const T value = in[i];
+    if (value != value) {
+      data[i] = cuda::std::numeric_limits<T>::quiet_NaN();
+    } else if (p.in) {
+      data[i] = value;
+    }
   }
 }
 

@@ -25,9 +25,11 @@ struct SplitterParams {
   int shift;                         // candidate j of boundary b is bases[b] + (j << shift)
 };
 
+// The NaN canonicalisation's keys: written to `keys`, read from `in` (null: `keys` itself).
 struct KeysParams {
   void* keys;
   long long n;
+  const void* in;
 };
 
 // `count` samples of a shard's keys (`count` at most n), as ordered keys of the element's
@@ -56,7 +58,8 @@ struct SortEngine {
   // __global__ (SplitterParams): launch with kSplitterBlock threads.
   const void* splitter_kernel;
   // __global__ (KeysParams) rewriting every NaN as the positive quiet NaN, so that NaNs sort
-  // last whatever their sign bit; null for integer types.
+  // last whatever their sign bit (copying the other keys when `in` is another buffer); null
+  // for integer types.
   const void* canonicalize_kernel;
   // __global__ (SampleParams): the samples behind the sampled bounds of the cuts.
   const void* sample_kernel;

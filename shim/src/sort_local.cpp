@@ -180,19 +180,19 @@ const unsigned char* queue_sort_input(const k::SortEngine& engine, const SortPla
                                       const unsigned char* input, bool distinct_output, bool several,
                                       std::size_t item) {
   const bool rewrite = engine.canonicalize_kernel != nullptr;
-  if (distinct_output && (rewrite || !several)) {
+  const bool copy = distinct_output && (rewrite || !several);
+  if (copy && !rewrite) {
     check(cudaMemcpyAsync(place.shard, input, place.n * item, cudaMemcpyDeviceToDevice, place.stream),
           "cudaMemcpyAsync (sort input)");
-    input = place.shard;
   }
-  if (rewrite) {
-    k::KeysParams params{place.shard, place.n};
+  if (rewrite) {  // one pass: the copy into the output shard, if any, rewrites as it goes
+    k::KeysParams params{place.shard, place.n, copy ? input : nullptr};
     const long long blocks = (place.n + 255) / 256;
     const auto grid = static_cast<unsigned>(std::min<long long>(blocks, multiprocessors(place.device) * 8LL));
     launch(KernelHandle::builtin(engine.canonicalize_kernel), grid, 256, place.stream, params,
            "launching NaN canonicalisation");
   }
-  return input;
+  return copy ? place.shard : input;
 }
 
 const unsigned char* queue_values_input(const SortPlace& place, const unsigned char* input, bool distinct_output,
