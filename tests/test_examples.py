@@ -17,7 +17,7 @@ def _run(name: str) -> subprocess.CompletedProcess:
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", ["quickstart.py", "black_scholes.py", "reductions.py", "scans.py",
                                   "sort_and_histogram.py", "interop.py", "argmin.py", "welford.py",
-                                  "log_sum_exp.py"])
+                                  "log_sum_exp.py", "sorting_records.py"])
 def test_gpu_example(name):
     result = _run(name)
     assert result.returncode == 0, result.stderr
