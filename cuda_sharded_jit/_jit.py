@@ -138,7 +138,13 @@ _RESULT_DTYPES = {
 
 
 def _describe(dtypes) -> str:
-    return "(" + ", ".join(describe_dtype(d) for d in dtypes) + ")"
+    """Argument types for a message: dtypes (records by their fields), or numba types (what
+    an operator returned, passed on to another: a sort's key results)."""
+    return "(" + ", ".join(describe_dtype(d) if _is_dtype(d) else str(d) for d in dtypes) + ")"
+
+
+def _is_dtype(value) -> bool:
+    return isinstance(value, (np.dtype, type, str))
 
 
 def _device_dispatcher(op, cc):
@@ -262,7 +268,7 @@ _TUPLE_METHODS = ("index",)
 
 def _shadowed_fields_hint(arg_dtypes) -> str:
     hints = []
-    for dtype in arg_dtypes:
+    for dtype in filter(_is_dtype, arg_dtypes):
         for position, name in enumerate(layout_of(dtype).field_names or ()):
             if name in _TUPLE_METHODS:
                 hints.append(f"\n(field {name!r} of {describe_dtype(dtype)}: numba reads p.{name} as "
@@ -477,12 +483,52 @@ def _compile_wrapper(source: str, name: str, abi_name: str, namespace: dict, sig
     with _TargetCC(cc):
         try:
             ltoir, _ = numba.cuda.compile(
-                namespace[abi_name], tuple(signature), device=True, abi="c",
+                namespace[abi_name], signature if _is_signature(signature) else tuple(signature),
+                device=True, abi="c",
                 abi_info={"abi_name": abi_name}, output="ltoir", cc=cc,
             )
         except (*numba_errors, NotImplementedError) as error:
             raise _type_error(op, arg_dtypes, error) from None
     return bytes(ltoir)
+
+
+def _is_signature(signature) -> bool:
+    """A numba signature with its return type (the wrapper returns a value), rather than the
+    argument types of a wrapper that returns nothing."""
+    return hasattr(signature, "return_type")
+
+
+@_serialised
+def compile_compare(op, key_op, descending: bool, dtype, cc) -> bytes:
+    """LTO-IR of `int csj_less(const void* a, const void* b)` (merge_sort_jit.cu): nonzero
+    when element *a goes strictly before *b, that is `op(key(x), key(y))` (without a key:
+    `op(x, y)`), or `op(key(y), key(x))` when `descending` (the reverse order, which keeps
+    equal elements in their order: a stable descending sort). The elements (records field by
+    field) are read behind void pointers; `op` must return a bool."""
+    _, types, _ = _load_numba()
+    layout = layout_of(dtype)
+    compare = _device_dispatcher(op, cc)
+    namespace = dict(_record_namespace(), _compare=compare)
+    x, y = layout.read_source("a", "_x_", namespace), layout.read_source("b", "_y_", namespace)
+    element = layout.value_type()
+    if key_op is None:
+        argtypes, arg_dtypes = [element, element], [dtype, dtype]
+    else:
+        key = _device_dispatcher(key_op, cc)
+        namespace["_key"] = key
+        key_type = _return_type(key_op, [element], [dtype], cc, key)
+        argtypes = arg_dtypes = [key_type, key_type]
+        x, y = f"_key({x})", f"_key({y})"
+    returned = types.unliteral(_return_type(op, argtypes, arg_dtypes, cc, compare))
+    if returned != types.boolean:
+        raise TypeError(f"operator {op.name} returns {returned} for argument types {_describe(arg_dtypes)}; "
+                        f"a comparator returns a bool: True when its first argument goes strictly "
+                        f"before its second (x < y sorts ascending)")
+    first, second = (y, x) if descending else (x, y)
+    source = (f"def csj_less(a, b):\n"
+              f"    return 1 if _compare({first}, {second}) else 0\n")
+    signature = types.int32(types.voidptr, types.voidptr)
+    return _compile_wrapper(source, op.name, "csj_less", namespace, signature, cc, op, arg_dtypes)
 
 
 @_serialised

@@ -22,9 +22,13 @@ from ._dtypes import as_array_dtype, as_dtype, as_flag, is_integer
 from ._layout import dtype_from_key, layout_of
 from .op import Op, as_op, disk_cacheable
 
-ALGORITHMS = ("transform", "reduce", "scan")
+ALGORITHMS = ("transform", "reduce", "scan", "merge_sort")
 VALUE_MAP = ("value", None)
 INDEX_MAP = ("index", None)  # transform: the operator also receives each element's global index
+# merge_sort: the order the comparator's wrapper bakes in, in the place of a map: ("ascending"
+# or "descending", the key operator or None)
+SORT_ORDERS = ("ascending", "descending")
+MERGE_SORT_SIZES = (4, 8, 12, 16, 24, 32)  # element sizes with a merge_sort module
 ENV_DUMP = "CUDA_SHARDED_JIT_DUMP"
 
 
@@ -141,6 +145,20 @@ def _reduction_module(op: Op, algorithm: str, map_spec, in_dtype: np.dtype, acc:
     return f"scan_a{acc.itemsize}_i{in_dtype.itemsize}", False
 
 
+def sort_spec(key_op: Op | None, descending: bool) -> tuple:
+    """The map specification of a merge_sort kernel: its direction and its key operator."""
+    return (SORT_ORDERS[descending], key_op)
+
+
+def _merge_sort_module(dtype: np.dtype, argument: str = "a") -> str:
+    layout = layout_of(dtype)
+    if layout.itemsize not in MERGE_SORT_SIZES:
+        raise TypeError(f"{argument}: a sort with a comparator takes elements of "
+                        f"{', '.join(map(str, MERGE_SORT_SIZES))} bytes, not {layout.description} "
+                        f"({layout.itemsize} bytes)")
+    return f"merge_sort_e{layout.itemsize}"
+
+
 def _build(op: Op, key: tuple, map_spec) -> CompiledKernel:
     try:
         return _build_kernel(op, key, map_spec)
@@ -158,7 +176,12 @@ def _build_kernel(op: Op, key: tuple, map_spec) -> CompiledKernel:
     cc = _arch_cc(arch)
     started = time.perf_counter()
     map_ltoir = b""
-    if algorithm == "transform":
+    if algorithm == "merge_sort":  # one wrapper: key, comparator and direction
+        out_dtype = arg_kinds[0][1]
+        module = _merge_sort_module(out_dtype)
+        order, key_op = map_spec
+        ltoirs = [_jit.compile_compare(op, key_op, order == "descending", out_dtype, cc)]
+    elif algorithm == "transform":
         with_index = map_spec == INDEX_MAP
         arg_dtypes = [dtype for _, dtype in arg_kinds] + ([np.dtype(np.int64)] if with_index else [])
         out_dtype = (out_request if out_request is not None
@@ -202,6 +225,7 @@ _ENTRY_POINTS = {
     "transform_indexed": ["csj_transform_indexed"],
     "reduce": ["csj_reduce", "csj_fold"],
     "scan": ["csj_reduce", "csj_fold", "csj_scan"],
+    "merge_sort": ["csj_merge_sort_block", "csj_merge_partition", "csj_merge", "csj_merge_search"],
 }
 
 
@@ -220,6 +244,8 @@ def _module_for(op: Op, algorithm: str, arg_kinds: tuple, out_dtype: np.dtype, m
     """The kernel module a call links, given its result (or accumulator) dtype."""
     if algorithm == "transform":
         return _transform_module(arg_kinds, out_dtype, map_spec)
+    if algorithm == "merge_sort":
+        return _merge_sort_module(out_dtype)
     return _reduction_module(op, algorithm, map_spec, arg_kinds[0][1], out_dtype)[0]
 
 
@@ -227,7 +253,7 @@ def _known_out_dtype(algorithm: str, arg_kinds: tuple, out_request, map_spec) ->
     """The result dtype a call gets without typing the operator, where the call fixes it."""
     if out_request is not None:
         return out_request
-    if algorithm != "transform" and map_spec[0] == "value":
+    if algorithm == "merge_sort" or (algorithm != "transform" and map_spec[0] == "value"):
         return arg_kinds[0][1]
     if map_spec[0] == "predicate":
         return np.dtype(np.int64)
@@ -259,7 +285,7 @@ def _stored_kernel(op: Op, key: tuple, map_spec, digest: str, header: dict, body
         raise ValueError(f"sizes {sizes} do not fit the {len(body)}-byte body")
     cubin_end, ltoir_end = sizes[0], sizes[0] + sizes[1]
     map_ltoir = body[ltoir_end:]
-    if body[:4] != b"\x7fELF" or not sizes[1] or bool(map_ltoir) != (algorithm != "transform"):
+    if body[:4] != b"\x7fELF" or not sizes[1] or bool(map_ltoir) != (algorithm in ("reduce", "scan")):
         raise ValueError("the body is not a cubin with its operator LTO-IR")
     return CompiledKernel(algorithm, op.name, arg_kinds, out_dtype, arch, module, body[:cubin_end],
                           body[cubin_end:ltoir_end], digest, True, seconds, map_ltoir)
@@ -322,7 +348,7 @@ def _normalise_kinds(dtypes, scalars) -> tuple:
 
 
 def compile(op, algorithm: str, dtypes, arch: str | None = None, *, scalars=(), out_dtype=None,
-            map_op=None, with_index: bool = False) -> CompiledKernel:  # noqa: A001 - the build step
+            map_op=None, with_index: bool = False, descending: bool = False) -> CompiledKernel:  # noqa: A001
     """Build (or fetch from cache) the kernel an algorithm runs for an operator.
 
     transform: `dtypes` are the operator's argument dtypes in order (records included);
@@ -333,6 +359,9 @@ def compile(op, algorithm: str, dtypes, arch: str | None = None, *, scalars=(), 
     input's, or `map_op`'s result, the map applied to each element first: `map_op(x)`, or
     `map_op(x, global_index)` with `with_index`; a map returning a tuple makes a record
     accumulator, and `op` then takes and returns tuples). A scan of records takes no map.
+    merge_sort: `op` is a comparator, `op(x, y)` True when x goes strictly before y, and
+    `dtypes` the element dtype; `map_op` is the sort's key (elements are ordered by
+    `op(map_op(x), map_op(y))`) and `descending` reverses the order, stably.
     `arch` ("sm_90") is required with no GPU; by default it is device 0's. Works with no
     GPU: for inspection, AOT builds and CI. `cache_hit` tells whether the kernel came from a
     cache (memory or disk).
@@ -341,6 +370,7 @@ def compile(op, algorithm: str, dtypes, arch: str | None = None, *, scalars=(), 
     ...             arch="sm_90", scalars=(1,))                          # doctest: +SKIP
     >>> "CALL" in k.sass()                                               # doctest: +SKIP
     False
+    >>> k = compile(lambda x, y: abs(x) < abs(y), "merge_sort", np.int64, arch="sm_90")  # doctest: +SKIP
     """
     started = time.perf_counter()
     if algorithm not in ALGORITHMS:
@@ -349,7 +379,20 @@ def compile(op, algorithm: str, dtypes, arch: str | None = None, *, scalars=(), 
     arg_kinds = _normalise_kinds(dtypes, scalars)
     map_spec = VALUE_MAP
     with_index = as_flag(with_index, "with_index")
-    if algorithm == "transform":
+    descending = as_flag(descending, "descending")
+    if descending and algorithm != "merge_sort":
+        raise ValueError("descending: only merge_sort takes a direction")
+    if algorithm == "merge_sort":
+        if len(arg_kinds) != 1 or scalars or out_dtype is not None or with_index:
+            raise ValueError("dtypes: merge_sort takes one element dtype (no scalars, out_dtype or index)")
+        op.check_arity(2, "sort (compare)")
+        key_op = None
+        if map_op is not None:
+            key_op = as_op(map_op, "map_op")
+            key_op.check_arity(1, "sort (key)")
+        _merge_sort_module(arg_kinds[0][1], "dtypes")
+        map_spec = sort_spec(key_op, descending)
+    elif algorithm == "transform":
         if map_op is not None:
             raise ValueError("map_op: only reductions and scans take a map")
         arrays = sum(kind == "array" for kind, _ in arg_kinds)

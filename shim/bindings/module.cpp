@@ -13,6 +13,7 @@
 #include "csj/reduce.hpp"
 #include "csj/sharded_array.hpp"
 #include "csj/sort.hpp"
+#include "csj/sort_compare.hpp"
 #include "csj/transform.hpp"
 
 namespace nb = nanobind;
@@ -169,6 +170,8 @@ NB_MODULE(_shim, m) {
   m.def("copy_lanes", &csj::copy_lanes, "src"_a, "src_offset"_a, "dst"_a, "dst_offset"_a, "width"_a,
         nb::call_guard<nb::gil_scoped_release>());
   m.def("sort_by_key", &csj::sort_by_key, "keys"_a, "out_keys"_a, "values"_a, "out_values"_a, "descending"_a,
+        nb::call_guard<nb::gil_scoped_release>());
+  m.def("sort_compare", &csj::sort_compare, "libraries"_a, "a"_a, "out"_a,
         nb::call_guard<nb::gil_scoped_release>());
   m.def("_sort_path_counts", [] {
     const csj::SortPathCounts counts = csj::sort_path_counts();

@@ -1,0 +1,76 @@
+// The comparator merge sort's tile sizes and parameter blocks, shared by its LTO-IR module
+// (merge_sort_jit.cu, one per element size) and the host driver (sort_compare.cpp). Plain
+// C++ (no CUDA types) so both sides agree on the layout.
+//
+// The sort of one shard: each block sorts a tile of kMergeSortBlock x merge_sort_items(size)
+// elements (csj_merge_sort_block), then pass after pass runs of width w (a tile, then twice
+// that, ...) are merged pairwise into the other of two buffers: a partition kernel finds, by
+// a binary search along each output tile's diagonal of the merge path, where the tile starts
+// in the first run (csj_merge_partition), and one block per output tile merges its two
+// ranges through shared memory (csj_merge). The same two kernels merge two sorted arrays of
+// any lengths (MergeParams::pass < 0). csj_merge_search counts, for many pivots, the
+// elements of a sorted run that go before each. Ties take the first run (or the elements
+// before the pivot, for an upper bound): the sort is stable.
+#pragma once
+
+namespace csj::kernels {
+
+constexpr int kMergeSortBlock = 256;
+
+// Items per thread: CUB's merge sort tuning for sm_60 and later (17 4-byte items, fewer of
+// larger elements, at least 1): tiles of 2048 8-byte elements, so that 2^26 of them take
+// 15 merge passes.
+constexpr int merge_sort_items(int element_size) {
+  return element_size <= 4 ? 17 : (17 * 4) / element_size < 1 ? 1 : (17 * 4) / element_size;
+}
+constexpr long long merge_sort_tile(int element_size) {
+  return static_cast<long long>(kMergeSortBlock) * merge_sort_items(element_size);
+}
+
+constexpr int kMergePartitionBlock = 256;
+constexpr int kMergeSearchBlock = 256;
+
+// csj_merge_sort_block: every tile of `in` sorted into the same place of `out` (which may be
+// `in`); one block per tile.
+struct BlockSortParams {
+  const void* in;
+  void* out;
+  long long n;
+};
+
+// csj_merge_partition (one thread per output tile) and csj_merge (one block per output tile).
+// pass >= 0: a merge pass over the n elements of `in`, whose runs of w = tile << pass
+// elements are merged pairwise, [2gw, 2gw + w) with [2gw + w, 2gw + 2w), into the same
+// place of `out` (tiles of a merge by shifts: no 64-bit division in the kernels).
+// pass < 0: `in` (n elements) and `second` (second_n) merged into `out`.
+// partitions[t]: how many elements of its first run come before output tile t of its
+// merge (written by the partition kernel, read by the merge kernel).
+struct MergeParams {
+  const void* in;
+  long long n;
+  int pass;
+  const void* second;
+  long long second_n;
+  void* out;
+  long long* partitions;
+  long long tiles;
+};
+
+// csj_merge_search, one thread per pivot: counts[k] = how many elements x of the sorted
+// `run` go before pivot k (found at pivots + k * pivot_stride bytes: elements copied one
+// after another, or spaced out in a run): those with less(x, pivot) (a lower bound), or with
+// upper != 0 those with !less(pivot, x) (an upper bound). accumulate != 0 adds the count to
+// counts[k] instead (a pivot's rank over several runs, searched one after another on one
+// stream). `counts` may lie in pinned host memory.
+struct MergeSearchParams {
+  const void* run;
+  long long n;
+  const void* pivots;
+  long long pivot_stride;
+  long long count;
+  long long* counts;
+  int upper;
+  int accumulate;
+};
+
+}  // namespace csj::kernels
