@@ -56,20 +56,32 @@ struct MergeParams {
   long long tiles;
 };
 
-// csj_merge_search, one thread per pivot: counts[k] = how many elements x of the sorted
-// `run` go before pivot k (found at pivots + k * pivot_stride bytes: elements copied one
-// after another, or spaced out in a run): those with less(x, pivot) (a lower bound), or with
-// upper != 0 those with !less(pivot, x) (an upper bound). accumulate != 0 adds the count to
-// counts[k] instead (a pivot's rank over several runs, searched one after another on one
-// stream). `counts` may lie in pinned host memory.
-struct MergeSearchParams {
-  const void* run;
-  long long n;
+// csj_merge_search, one thread per pivot: how many elements x of the sorted `run` go before
+// the pivot: those with less(x, pivot) (a lower bound), or with `upper` those with
+// !less(pivot, x) (an upper bound). Pivots come in segments, each `count` elements at
+// pivots + j * pivot_stride bytes: elements copied one after another, or spaced out in a run
+// (read where they lie, on the device or a peer).
+struct MergeSearchSegment {
   const void* pivots;
   long long pivot_stride;
   long long count;
-  long long* counts;
   int upper;
+};
+
+// One segment (`segments` null): pivot j's count goes to counts[j]. Several (the co-ranking
+// of a multi-place sort): segment s (of segment_count, the table where it lies: device or
+// pinned host memory) has its pivot j searched by thread (s << segment_shift) + j, which
+// writes counts[(s << segment_shift) + j]. accumulate != 0 adds the count to what counts[]
+// holds (a pivot's rank over several runs, searched one after another on one stream).
+// `counts` may lie in pinned host memory.
+struct MergeSearchParams {
+  const void* run;
+  long long n;
+  MergeSearchSegment pivots;
+  const MergeSearchSegment* segments;
+  int segment_count;
+  int segment_shift;
+  long long* counts;
   int accumulate;
 };
 

@@ -207,16 +207,26 @@ extern "C" __global__ void __launch_bounds__(kMergeSortBlock)
 extern "C" __global__ void __launch_bounds__(kMergeSearchBlock)
     csj_merge_search(const __grid_constant__ MergeSearchParams params) {
   const long long k = static_cast<long long>(blockIdx.x) * kMergeSearchBlock + threadIdx.x;
-  if (k >= params.count) return;
-  const Element pivot = *reinterpret_cast<const Element*>(static_cast<const unsigned char*>(params.pivots) +
-                                                          k * params.pivot_stride);
+  MergeSearchSegment segment;
+  long long j = k;
+  if (params.segments) {
+    const long long index = k >> params.segment_shift;
+    if (index >= params.segment_count) return;
+    segment = params.segments[index];
+    j = k - (index << params.segment_shift);
+  } else {
+    segment = params.pivots;
+  }
+  if (j >= segment.count) return;
+  const Element pivot =
+      *reinterpret_cast<const Element*>(static_cast<const unsigned char*>(segment.pivots) + j * segment.pivot_stride);
   const Element* run = static_cast<const Element*>(params.run);
   const Less less;
   long long low = 0, high = params.n;
   while (low < high) {
     const long long middle = low + (high - low) / 2;
     const Element x = run[middle];
-    const bool before = params.upper ? !less(pivot, x) : less(x, pivot);
+    const bool before = segment.upper ? !less(pivot, x) : less(x, pivot);
     if (before) {
       low = middle + 1;
     } else {

@@ -105,9 +105,29 @@ void queue_search(const MergeSortKernels& kernels, const void* run, long long n,
                   long long pivot_stride, long long count, long long* counts, bool upper, bool accumulate,
                   cudaStream_t stream) {
   if (count == 0) return;
-  k::MergeSearchParams params{run, n, pivots, pivot_stride, count, counts, upper ? 1 : 0, accumulate ? 1 : 0};
+  k::MergeSearchParams params{};
+  params.run = run;
+  params.n = n;
+  params.pivots = {pivots, pivot_stride, count, upper ? 1 : 0};
+  params.counts = counts;
+  params.accumulate = accumulate ? 1 : 0;
   launch(kernels.search, grid_of(count, k::kMergeSearchBlock), k::kMergeSearchBlock, stream, params,
          "launching merge search");
+}
+
+void queue_search_segments(const MergeSortKernels& kernels, const void* run, long long n,
+                           const k::MergeSearchSegment* segments, int segment_count, int segment_shift,
+                           long long* counts, cudaStream_t stream) {
+  if (segment_count == 0) return;
+  k::MergeSearchParams params{};
+  params.run = run;
+  params.n = n;
+  params.segments = segments;
+  params.segment_count = segment_count;
+  params.segment_shift = segment_shift;
+  params.counts = counts;
+  launch(kernels.search, grid_of(static_cast<long long>(segment_count) << segment_shift, k::kMergeSearchBlock),
+         k::kMergeSearchBlock, stream, params, "launching merge search");
 }
 
 }  // namespace csj::detail

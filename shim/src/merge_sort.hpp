@@ -15,6 +15,10 @@ namespace csj {
 class KernelLibrary;
 }
 
+namespace csj::kernels {
+struct MergeSearchSegment;
+}
+
 namespace csj::detail {
 
 // One place's linked merge sort module (for `device`), for elements of `element_size` bytes
@@ -50,5 +54,12 @@ void queue_merge(const MergeSortKernels& kernels, const void* first, long long f
 void queue_search(const MergeSortKernels& kernels, const void* run, long long n, const void* pivots,
                   long long pivot_stride, long long count, long long* counts, bool upper, bool accumulate,
                   cudaStream_t stream);
+
+// Queues the search of `segment_count` segments of pivots (the table in device or pinned
+// host memory, each segment at most 1 << segment_shift pivots) in one launch: segment s's
+// pivot j counted into counts[(s << segment_shift) + j].
+void queue_search_segments(const MergeSortKernels& kernels, const void* run, long long n,
+                           const kernels::MergeSearchSegment* segments, int segment_count, int segment_shift,
+                           long long* counts, cudaStream_t stream);
 
 }  // namespace csj::detail
