@@ -347,8 +347,8 @@ def _normalise_kinds(dtypes, scalars) -> tuple:
                  for position, dtype in enumerate(dtypes))
 
 
-def compile(op, algorithm: str, dtypes, arch: str | None = None, *, scalars=(), out_dtype=None,
-            map_op=None, with_index: bool = False, descending: bool = False) -> CompiledKernel:  # noqa: A001
+def compile(op, algorithm: str, dtypes, arch: str | None = None, *, scalars=(), out_dtype=None,  # noqa: A001
+            map_op=None, with_index: bool = False, descending: bool = False) -> CompiledKernel:  # the build step
     """Build (or fetch from cache) the kernel an algorithm runs for an operator.
 
     transform: `dtypes` are the operator's argument dtypes in order (records included);
@@ -383,8 +383,12 @@ def compile(op, algorithm: str, dtypes, arch: str | None = None, *, scalars=(), 
     if descending and algorithm != "merge_sort":
         raise ValueError("descending: only merge_sort takes a direction")
     if algorithm == "merge_sort":
-        if len(arg_kinds) != 1 or scalars or out_dtype is not None or with_index:
-            raise ValueError("dtypes: merge_sort takes one element dtype (no scalars, out_dtype or index)")
+        if len(arg_kinds) != 1 or scalars:
+            raise ValueError("dtypes: merge_sort takes one element dtype")
+        if out_dtype is not None:
+            raise ValueError("out_dtype: merge_sort writes elements of their own dtype")
+        if with_index:
+            raise ValueError("with_index: merge_sort's operators take no index")
         op.check_arity(2, "sort (compare)")
         key_op = None
         if map_op is not None:

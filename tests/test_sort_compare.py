@@ -288,8 +288,12 @@ def test_compile_arguments_of_merge_sort():
         sharded.compile(lambda x: x, "merge_sort", np.int64, arch=ARCH)
     with pytest.raises(TypeError, match="takes 2 arguments, but sort \\(key\\) passes 1"):
         sharded.compile(less, "merge_sort", np.int64, arch=ARCH, map_op=lambda x, y: x)
-    with pytest.raises(ValueError, match="merge_sort takes one element dtype"):
+    with pytest.raises(ValueError, match="dtypes: merge_sort takes one element dtype"):
         sharded.compile(less, "merge_sort", (np.int64, np.int64), arch=ARCH)
+    with pytest.raises(ValueError, match="out_dtype: merge_sort writes elements of their own dtype"):
+        sharded.compile(less, "merge_sort", np.int64, arch=ARCH, out_dtype=np.int32)
+    with pytest.raises(ValueError, match="with_index: merge_sort's operators take no index"):
+        sharded.compile(less, "merge_sort", np.int64, arch=ARCH, with_index=True)
     with pytest.raises(ValueError, match="descending: only merge_sort"):
         sharded.compile(lambda x: x, "transform", np.int64, arch=ARCH, descending=True)
     with pytest.raises(TypeError, match="descending: expected True or False"):
