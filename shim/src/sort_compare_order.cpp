@@ -4,8 +4,8 @@
 
 #include <cuda_runtime.h>
 
-#include <algorithm>
 #include <stdexcept>
+#include <string>
 #include <utility>
 
 #include "../kernels/merge_sort.hpp"
