@@ -7,43 +7,12 @@
 #include <cuda/std/type_traits>
 
 #include "builtin_kernels.hpp"
+#include "cub_count.cuh"
+#include "ordered_key.cuh"
 #include "sort_engine.hpp"
 
 namespace csj::kernels {
 namespace {
-
-template <class T>
-using Bits = cuda::std::conditional_t<sizeof(T) == 4, unsigned int, unsigned long long>;
-
-// The ordered key (see sort_engine.hpp): monotone in the order CUB sorts by.
-template <class T, bool Descending>
-__device__ __forceinline__ Bits<T> ordered_key(T value) {
-  using U = Bits<T>;
-  constexpr U sign = U(1) << (sizeof(T) * 8 - 1);
-  U key;
-  if constexpr (cuda::std::is_floating_point_v<T>) {
-    if (value != value) {
-      key = ~U(0);
-    } else if (value == T(0)) {
-      key = sign;
-    } else {
-      const U bits = cuda::std::bit_cast<U>(value);
-      key = (bits & sign) ? ~bits : (bits | sign);
-    }
-  } else if constexpr (cuda::std::is_signed_v<T>) {
-    key = static_cast<U>(value) ^ sign;
-  } else {
-    key = static_cast<U>(value);
-  }
-  return Descending ? ~key : key;
-}
-
-template <class T, bool Descending>
-struct OrderedLess {
-  __device__ __forceinline__ bool operator()(T a, T b) const {
-    return ordered_key<T, Descending>(a) < ordered_key<T, Descending>(b);
-  }
-};
 
 // One thread per (boundary, candidate): how many keys of the sorted run lie below the
 // candidate (a lower bound by binary search on ordered keys).
@@ -90,15 +59,6 @@ __global__ void sample_kernel(const __grid_constant__ SampleParams p) {
   const long long at = low + static_cast<long long>(mix(static_cast<unsigned long long>(j)) %
                                                     static_cast<unsigned long long>(high - low));
   static_cast<Bits<T>*>(p.ordered)[j] = ordered_key<T, Descending>(static_cast<const T*>(p.keys)[at]);
-}
-
-// CUB's radix sort takes its offset type from the type of the key count: 32-bit offsets give
-// its onesweep pass 20 keys per thread against 19 with 64-bit ones, and the sort is about 2%
-// faster (H200, 2^27 int32 keys: 2.683 against 2.740 ms). Shards that fit take them.
-template <class Sort>
-cudaError_t with_count(long long n, Sort&& sort) {
-  if (n <= cuda::std::numeric_limits<int>::max()) return sort(static_cast<int>(n));
-  return sort(n);
 }
 
 template <class T, bool Descending>
