@@ -29,6 +29,7 @@ from .algorithms.reduce import (
     transform_reduce,
 )
 from .algorithms.opaque import count, fill, histogram_even, sequence
+from .algorithms.search import searchsorted, top_k
 from .algorithms.sort import argsort, sort, sort_by_key
 from .algorithms.transform import transform
 from .array import ShardedArray, ShardView
@@ -48,6 +49,7 @@ __all__ = [
     "inclusive_scan", "exclusive_scan", "transform_inclusive_scan", "transform_exclusive_scan",
     "adjacent_difference",
     "fill", "sequence", "count", "histogram_even", "sort", "sort_by_key", "argsort",
+    "top_k", "searchsorted",
     "cache_dir", "cache_info", "clear_cache", "CacheWarning", "VersionSkewError",
     "__version__",
 ]

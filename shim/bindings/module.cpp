@@ -11,6 +11,7 @@
 #include "csj/errors.hpp"
 #include "csj/place_group.hpp"
 #include "csj/reduce.hpp"
+#include "csj/search.hpp"
 #include "csj/sharded_array.hpp"
 #include "csj/sort.hpp"
 #include "csj/sort_compare.hpp"
@@ -177,6 +178,18 @@ NB_MODULE(_shim, m) {
     const csj::SortPathCounts counts = csj::sort_path_counts();
     return nb::make_tuple(counts.sampled, counts.missed, counts.first_round);
   });
+  // top_k writes into numpy buffers, passed as (address, bytes) as histogram_even's counts
+  m.def(
+      "top_k",
+      [](const csj::ShardedArray& in, long long k, bool largest, std::uintptr_t values, std::size_t value_bytes,
+         std::uintptr_t indices, std::size_t index_bytes) {
+        csj::top_k(in, k, largest, reinterpret_cast<void*>(values), value_bytes,
+                   reinterpret_cast<long long*>(indices), index_bytes);
+      },
+      "a"_a, "k"_a, "largest"_a, "values"_a, "value_bytes"_a, "indices"_a, "index_bytes"_a,
+      nb::call_guard<nb::gil_scoped_release>());
+  m.def("searchsorted", &csj::searchsorted, "sorted_a"_a, "values"_a, "out"_a, "right"_a,
+        nb::call_guard<nb::gil_scoped_release>());
   m.def("adjacent_difference", &csj::adjacent_difference, "difference"_a, "first"_a, "a"_a,
         "out"_a, nb::call_guard<nb::gil_scoped_release>());
 

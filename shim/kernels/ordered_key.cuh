@@ -1,6 +1,9 @@
-// The sort's ordered key (see sort_engine.hpp), shared by every kernel that orders numbers as
-// the sort does: the radix sorts and merges (sort.cu, sort_pairs.cuh) and the searches and
-// selections that must agree with them.
+// The ordered key of a number: an unsigned integer of the element's width whose unsigned
+// order is the order the sort, top_k and searchsorted put numbers in. Unsigned values as
+// they are, signed ones with the sign bit flipped, floats with the usual sign twiddle, -0.0
+// mapped onto +0.0 (equal keys, as numpy compares them) and every NaN onto the largest key
+// (NaNs last, as numpy sorts them). Descending order complements the key. One copy, included
+// by every kernel file that orders numbers (sort.cu, sort_pairs.cuh, top_k.cu, search.cu).
 #pragma once
 
 #include <cuda/std/bit>
@@ -9,14 +12,11 @@
 namespace csj::kernels {
 
 template <class T>
-using OrderedBits = cuda::std::conditional_t<sizeof(T) == 4, unsigned int, unsigned long long>;
+using Bits = cuda::std::conditional_t<sizeof(T) == 4, unsigned int, unsigned long long>;
 
-// Monotone in the order CUB's radix sort sorts by: unsigned values as they are, signed ones
-// with the sign bit flipped, floats with the usual sign twiddle, -0.0 onto +0.0 and every NaN
-// onto the largest key (NaNs last, as numpy). Descending order complements the key.
 template <class T, bool Descending>
-__device__ __forceinline__ OrderedBits<T> ordered_key(T value) {
-  using U = OrderedBits<T>;
+__device__ __forceinline__ Bits<T> ordered_key(T value) {
+  using U = Bits<T>;
   constexpr U sign = U(1) << (sizeof(T) * 8 - 1);
   U key;
   if constexpr (cuda::std::is_floating_point_v<T>) {
@@ -36,6 +36,7 @@ __device__ __forceinline__ OrderedBits<T> ordered_key(T value) {
   return Descending ? ~key : key;
 }
 
+// Strict weak order of numbers through their ordered keys.
 template <class T, bool Descending>
 struct OrderedLess {
   __device__ __forceinline__ bool operator()(T a, T b) const {

@@ -7,14 +7,12 @@
 #include <cuda/std/type_traits>
 
 #include "builtin_kernels.hpp"
-#include "sort_cub.cuh"
+#include "cub_count.cuh"
+#include "ordered_key.cuh"
 #include "sort_engine.hpp"
 
 namespace csj::kernels {
 namespace {
-
-template <class T>
-using Bits = OrderedBits<T>;
 
 // One thread per (boundary, candidate): how many keys of the sorted run lie below the
 // candidate (a lower bound by binary search on ordered keys).

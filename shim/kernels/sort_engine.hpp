@@ -11,10 +11,10 @@
 
 namespace csj::kernels {
 
-// Keys compare through an unsigned "ordered key" of the element's width: unsigned values
-// as they are, signed ones with the sign bit flipped, floats with the usual sign twiddle,
-// -0.0 mapped onto +0.0 (CUB's radix sort treats them as equal) and every NaN onto the
-// largest key (NaNs last, as numpy). Descending order complements the key.
+// Keys compare through an unsigned "ordered key" of the element's width (ordered_key.cuh):
+// unsigned values as they are, signed ones with the sign bit flipped, floats with the usual
+// sign twiddle, -0.0 mapped onto +0.0 (CUB's radix sort treats them as equal) and every NaN
+// onto the largest key (NaNs last, as numpy). Descending order complements the key.
 struct SplitterParams {
   const void* keys;                  // one place's sorted run
   long long n;

@@ -8,7 +8,8 @@
 #include <cub/device/device_radix_sort.cuh>
 
 #include "builtin_kernels.hpp"
-#include "sort_cub.cuh"
+#include "cub_count.cuh"
+#include "ordered_key.cuh"
 #include "sort_engine.hpp"
 
 namespace csj::kernels::pairs {

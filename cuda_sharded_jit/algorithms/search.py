@@ -1,0 +1,101 @@
+"""Selection and search over sharded numbers: top_k (the k best elements) and searchsorted
+(insertion points in a globally sorted array). Both are built into the shim (no JIT)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .. import _shim
+from .._dtypes import as_flag, is_integer
+from ..array import ShardedArray, check_array, check_numbers
+
+
+def top_k(a: ShardedArray, k: int, largest: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    """The `k` largest elements of `a` (smallest when `largest=False`), best first, and their
+    global indices: `(values, indices)`, numpy arrays of a's dtype and of int64.
+
+    Ties go to the lower index (what a stable descending sort gives); NaNs count as larger
+    than every number (as torch.topk), and -0.0 equals 0.0. `0 <= k <= len(a)`. Each place
+    selects its own best without sorting its shard; the places' lists are merged on the host,
+    so the call waits for the places it uses.
+
+    >>> x = sharded.ShardedArray.from_numpy(g, np.array([3, 1, 4, 1, 5], np.int32))  # doctest: +SKIP
+    >>> sharded.top_k(x, 2)                                                        # doctest: +SKIP
+    (array([5, 4], dtype=int32), array([4, 2]))
+    """
+    check_numbers(a, "top_k")
+    if not is_integer(k):
+        raise TypeError(f"k: expected an int, got {type(k).__name__}")
+    k = int(k)
+    if not 0 <= k <= a.size:
+        raise ValueError(f"k: expected 0 <= k <= len(a) = {a.size}, got {k}")
+    largest = as_flag(largest, "largest")
+    values = np.empty(k, dtype=a.dtype)
+    indices = np.empty(k, dtype=np.int64)
+    _shim.top_k(a._impl, k, largest, values.ctypes.data, values.nbytes, indices.ctypes.data, indices.nbytes)
+    return values, indices
+
+
+def _queries(values, dtype: np.dtype) -> np.ndarray:
+    """`values` as a numpy array of `dtype`: cast with numpy where the cast keeps the kind
+    (`np.can_cast(..., "same_kind")`), integers only when each one fits."""
+    try:
+        host = np.asarray(values)
+    except (TypeError, ValueError) as error:
+        raise TypeError(f"values: expected a ShardedArray or numbers (an array, a list or a scalar), "
+                        f"got {type(values).__name__} ({error})") from None
+    if not np.can_cast(host.dtype, dtype, "same_kind"):
+        raise TypeError(f"values: cannot search {host.dtype} values in a {dtype} array (numpy's "
+                        f"'same_kind' casting refuses it); convert them with .astype first")
+    if dtype.kind in "iu" and host.dtype.kind in "iu" and host.size:
+        info = np.iinfo(dtype)
+        low, high = int(host.min()), int(host.max())
+        if low < info.min or high > info.max:
+            outside = low if low < info.min else high
+            raise ValueError(f"values: {outside} does not fit {dtype}, the dtype of sorted_a")
+    return host.astype(dtype, copy=False)
+
+
+def searchsorted(sorted_a: ShardedArray, values, side: str = "left", compare=None):
+    """Where each of `values` would be inserted into `sorted_a` to keep it sorted, as
+    `np.searchsorted(np.concatenate(shards), values, side)`: the number of elements that go
+    before it (side "left": smaller ones; "right": those not greater).
+
+    `sorted_a` must be sorted in global order as `sharded.sort` leaves it (ascending, NaNs
+    last, -0.0 == 0.0); like numpy, this is not checked. NaN queries go as numpy's: NaN is
+    the largest, all NaNs equal. `values` is a ShardedArray of sorted_a's dtype (any group):
+    the positions come back as an int64 ShardedArray on its group, with its shard sizes, and
+    the call returns once they are queued. Or numpy values (an array, a list or a scalar),
+    cast to sorted_a's dtype where numpy's "same_kind" casting allows (integers only when they
+    fit): positions come back as numpy int64 of the same shape (an int64 scalar for a scalar).
+    `compare` (a comparator) is not available yet.
+
+    >>> s = sharded.sort(sharded.ShardedArray.from_numpy(g, np.array([5, 1, 3], np.int32)))  # doctest: +SKIP
+    >>> sharded.searchsorted(s, [0, 3, 6]), sharded.searchsorted(s, 3, side="right")        # doctest: +SKIP
+    (array([0, 1, 3]), np.int64(2))
+    """
+    check_array(sorted_a, "sorted_a")
+    if not (isinstance(side, str) and side in ("left", "right")):
+        raise ValueError(f"side: expected 'left' or 'right', got {side!r}")
+    if compare is not None:
+        raise NotImplementedError("searchsorted: compare= is not available yet")
+    check_numbers(sorted_a, "searchsorted", "sorted_a")
+    right = side == "right"
+    if isinstance(values, ShardedArray):
+        check_numbers(values, "searchsorted", "values")
+        if values.dtype != sorted_a.dtype:
+            raise TypeError(f"values: dtype {values.dtype} differs from sorted_a's {sorted_a.dtype}")
+        positions = ShardedArray.allocate(values.group, list(values.shard_sizes), np.int64)
+        _shim.searchsorted(sorted_a._impl, values._impl, positions._impl, right)
+        return positions
+    host = _queries(values, sorted_a.dtype)
+    result = np.zeros(host.shape, dtype=np.int64)
+    if host.size:
+        queries = ShardedArray.from_numpy(sorted_a.group, np.ascontiguousarray(host).reshape(-1))
+        positions = ShardedArray.allocate(sorted_a.group, list(queries.shard_sizes), np.int64)
+        _shim.searchsorted(sorted_a._impl, queries._impl, positions._impl, right)
+        result = positions.to_numpy().reshape(host.shape)
+    return result[()] if result.ndim == 0 else result
+
+
+__all__ = ["top_k", "searchsorted"]
