@@ -1,6 +1,8 @@
 """sharded.searchsorted against np.searchsorted: every dtype, both sides, NaNs and -0.0, numpy
 and ShardedArray queries (on the sorted array's group or another), any number of places and
-shard sizes, and each argument error (those on the CPU, with stand-in arrays)."""
+shard sizes, and each argument error (those on the CPU, with stand-in arrays). With a
+comparator (compare=): descending and abs orders and records by a field, against
+np.searchsorted of the same order's keys."""
 
 from __future__ import annotations
 
@@ -223,6 +225,76 @@ def test_searchsorted_of_freed_arrays(one_place):
         sharded.searchsorted(array, [1.0])
 
 
+# ---- GPU: a comparator's order ------------------------------------------------------------
+
+def check_compare(array, compare, keys, queries, query_keys, groups) -> None:
+    """searchsorted(array, queries, compare=...) against np.searchsorted of the order's keys
+    (`keys` ascending, the sorted elements' keys; `query_keys` the queries'), for numpy
+    queries and for ShardedArray queries on each of `groups`."""
+    for side in SIDES:
+        expected = np.searchsorted(keys, query_keys, side=side)
+        got = sharded.searchsorted(array, queries, side=side, compare=compare)
+        assert isinstance(got, np.ndarray) and got.dtype == np.int64
+        np.testing.assert_array_equal(got, expected)
+        for group, sizes in groups:
+            on_group = sharded.ShardedArray.from_numpy(group, queries, sizes=sizes)
+            positions = sharded.searchsorted(array, on_group, side=side, compare=compare)
+            assert positions.group is group and positions.shard_sizes == on_group.shard_sizes
+            np.testing.assert_array_equal(positions.to_numpy(), expected)
+
+
+def query_groups(places, one_place, n):
+    return [(places, None), (places, uneven(places, n)), (one_place, None),
+            (sharded.PlaceGroup.by_devices(list(reversed(places.devices))), None)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [np.int32, np.uint32, np.float32, np.int64, np.float64])
+def test_searchsorted_compare_descending(places, one_place, dtype):
+    rng = np.random.default_rng(len(places))
+    host = rng.integers(0, 2000, 40009).astype(dtype)  # many ties, across shard boundaries
+    ordered = np.sort(host)[::-1].copy()
+    queries = np.concatenate([rng.integers(-5, 2010, 3000).clip(0).astype(dtype), ordered[:3], ordered[-3:]])
+    array = sharded.ShardedArray.from_numpy(places, ordered, sizes=uneven(places, ordered.size))
+    # descending: the keys -x ascending (in int64 / float64: no overflow)
+    keys, query_keys = -ordered.astype(np.float64), -queries.astype(np.float64)
+    check_compare(array, lambda x, y: x > y, keys, queries, query_keys, query_groups(places, one_place, queries.size))
+
+
+@pytest.mark.gpu
+def test_searchsorted_compare_abs_order_after_sort(places, one_place):
+    rng = np.random.default_rng(7)
+    host = rng.integers(-3000, 3000, 50021).astype(np.int64)
+    array = sharded.ShardedArray.from_numpy(places, host)
+    sharded.sort(array, compare=lambda x, y: abs(x) < abs(y))  # the search waits for the sort
+    ordered_keys = np.sort(np.abs(host))
+    queries = np.concatenate([rng.integers(-3100, 3100, 4000), [0, 3000, -3000, 2999, -1]]).astype(np.int64)
+    check_compare(array, lambda x, y: abs(x) < abs(y), ordered_keys, queries, np.abs(queries),
+                  query_groups(places, one_place, queries.size))
+    # a scalar query, and an array with no elements
+    assert sharded.searchsorted(array, np.int64(5), compare=lambda x, y: abs(x) < abs(y)) == \
+        np.searchsorted(ordered_keys, 5)
+    empty = sharded.ShardedArray.allocate(places, 0, np.int64)
+    np.testing.assert_array_equal(sharded.searchsorted(empty, queries, compare=lambda x, y: abs(x) < abs(y)),
+                                  np.zeros(queries.size, np.int64))
+
+
+@pytest.mark.gpu
+def test_searchsorted_compare_records_by_a_field(places, one_place):
+    point = np.dtype([("x", np.float32), ("y", np.int32)], align=True)
+    rng = np.random.default_rng(9)
+    host = np.zeros(30011, point)
+    host["x"] = np.round(rng.standard_normal(host.size) * 50)
+    host["y"] = rng.integers(0, 100, host.size)
+    ordered = host[np.argsort(host["x"], kind="stable")]
+    queries = np.zeros(2500, point)
+    queries["x"] = np.round(rng.standard_normal(queries.size) * 60)
+    queries["y"] = -1
+    array = sharded.ShardedArray.from_numpy(places, ordered, sizes=uneven(places, ordered.size))
+    check_compare(array, lambda p, q: p.x < q.x, ordered["x"], queries, queries["x"],
+                  query_groups(places, one_place, queries.size))
+
+
 # ---- CPU: argument errors, before anything runs -----------------------------------------
 
 class _Reached(Exception):
@@ -249,7 +321,12 @@ def shim_search(monkeypatch):
             calls.append(("allocate", args))
             raise _Reached
 
+    def search_compare(*args):
+        calls.append(("search_compare", args))
+        raise _Reached
+
     monkeypatch.setattr(_shim, "searchsorted", search)
+    monkeypatch.setattr(_shim, "search_compare", search_compare)
     monkeypatch.setattr(_shim, "ShardedArray", StandIn)
     return calls
 
@@ -263,8 +340,6 @@ def test_searchsorted_refuses_bad_arguments(shim_search):
     for side in ("middle", "LEFT", None, 0, b"left"):
         with pytest.raises(ValueError, match="side: expected 'left' or 'right', got"):
             sharded.searchsorted(array, [1.0], side=side)
-    with pytest.raises(NotImplementedError, match="searchsorted: compare= is not available yet"):
-        sharded.searchsorted(array, [1.0], compare=lambda x, y: x < y)
     with pytest.raises(TypeError, match="sorted_a: searchsorted takes arrays of numbers, not records"):
         sharded.searchsorted(stand_in_array(group, dtype=record), [1.0])
     with pytest.raises(TypeError, match="values: searchsorted takes arrays of numbers, not records"):
@@ -309,4 +384,34 @@ def test_searchsorted_casts_numpy_values_to_the_sorted_dtype(shim_search, dtype,
 def test_searchsorted_empty_numpy_values_need_no_gpu(shim_search):
     result = sharded.searchsorted(stand_in_array(stand_in_group()), np.zeros((2, 0), np.float32))
     assert result.shape == (2, 0) and result.dtype == np.int64
+    assert shim_search == []
+
+
+def test_searchsorted_compare_refuses_bad_comparators_and_values(shim_search, fresh_cache):
+    group = stand_in_group()
+    array = stand_in_array(group, dtype=np.int64)
+
+    def broken(x, y):
+        return x.no_such_attribute < y
+
+    for values in ([1, 2], stand_in_array(group, dtype=np.int64)):
+        with pytest.raises(TypeError) as info:
+            sharded.searchsorted(array, values, compare=broken)
+        assert "broken" in str(info.value) and "no_such_attribute" in str(info.value)
+        with pytest.raises(TypeError, match="returns int64 .*a comparator returns a bool"):
+            sharded.searchsorted(array, values, compare=lambda x, y: x - y)
+        with pytest.raises(TypeError, match="takes 1 argument, but searchsorted \\(compare\\) passes 2"):
+            sharded.searchsorted(array, values, compare=lambda x: x)
+    with pytest.raises(TypeError, match="compare: expected an operator"):
+        sharded.searchsorted(array, [1], compare="less")
+    with pytest.raises(TypeError, match="values: dtype float64 differs from sorted_a's int64"):
+        sharded.searchsorted(array, stand_in_array(group, dtype=np.float64), compare=lambda x, y: x < y)
+    with pytest.raises(TypeError, match="values: cannot search float64 values in a int64 array"):
+        sharded.searchsorted(array, [1.5], compare=lambda x, y: x < y)
+    point = np.dtype([("x", np.float32), ("y", np.int32)], align=True)
+    records = stand_in_array(group, dtype=point)
+    with pytest.raises(TypeError, match="values: expected a ShardedArray or a numpy array of sorted_a's dtype"):
+        sharded.searchsorted(records, [(1.0, 2)], compare=lambda p, q: p.x < q.x)
+    with pytest.raises(TypeError, match="values: expected a ShardedArray or a numpy array of sorted_a's dtype"):
+        sharded.searchsorted(records, np.zeros(2, np.float32), compare=lambda p, q: p.x < q.x)
     assert shim_search == []

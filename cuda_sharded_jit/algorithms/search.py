@@ -1,5 +1,7 @@
 """Selection and search over sharded numbers: top_k (the k best elements) and searchsorted
-(insertion points in a globally sorted array). Both are built into the shim (no JIT)."""
+(insertion points in a globally sorted array). Both are built into the shim (no JIT), except
+searchsorted with a comparator, whose search kernel is the comparator merge sort's, linked
+with the user's operator."""
 
 from __future__ import annotations
 
@@ -7,7 +9,10 @@ import numpy as np
 
 from .. import _shim
 from .._dtypes import as_flag, is_integer
+from .._layout import describe_dtype
 from ..array import ShardedArray, check_array, check_numbers
+from ..compiler import kernel_libraries, sort_spec
+from ..op import as_op
 
 
 def top_k(a: ShardedArray, k: int, largest: bool = True) -> tuple[np.ndarray, np.ndarray]:
@@ -68,7 +73,15 @@ def searchsorted(sorted_a: ShardedArray, values, side: str = "left", compare=Non
     the call returns once they are queued. Or numpy values (an array, a list or a scalar),
     cast to sorted_a's dtype where numpy's "same_kind" casting allows (integers only when they
     fit): positions come back as numpy int64 of the same shape (an int64 scalar for a scalar).
-    `compare` (a comparator) is not available yet.
+
+    With `compare`, `sorted_a` is sorted in that order instead (as `sharded.sort(a,
+    compare=compare)` leaves it): `compare(x, y)` returns True when x goes strictly before y
+    (a strict weak order, as Python's `<`), and the positions are np.searchsorted's under it:
+    side "left" counts the elements x with `compare(x, v)`, "right" those with `not
+    compare(v, x)`. Numbers and records (a comparator of two tuples) of 4 to 32 bytes (a
+    multiple of 4); a ShardedArray of queries has sorted_a's dtype, numpy queries of numbers
+    cast as above, of records have sorted_a's dtype. Each place of the queries counts them
+    in every shard of sorted_a by the comparator's binary search (no table of splitters).
 
     >>> s = sharded.sort(sharded.ShardedArray.from_numpy(g, np.array([5, 1, 3], np.int32)))  # doctest: +SKIP
     >>> sharded.searchsorted(s, [0, 3, 6]), sharded.searchsorted(s, 3, side="right")        # doctest: +SKIP
@@ -78,7 +91,7 @@ def searchsorted(sorted_a: ShardedArray, values, side: str = "left", compare=Non
     if not (isinstance(side, str) and side in ("left", "right")):
         raise ValueError(f"side: expected 'left' or 'right', got {side!r}")
     if compare is not None:
-        raise NotImplementedError("searchsorted: compare= is not available yet")
+        return _search_compare(sorted_a, values, side == "right", compare)
     check_numbers(sorted_a, "searchsorted", "sorted_a")
     right = side == "right"
     if isinstance(values, ShardedArray):
@@ -94,6 +107,45 @@ def searchsorted(sorted_a: ShardedArray, values, side: str = "left", compare=Non
         queries = ShardedArray.from_numpy(sorted_a.group, np.ascontiguousarray(host).reshape(-1))
         positions = ShardedArray.allocate(sorted_a.group, list(queries.shard_sizes), np.int64)
         _shim.searchsorted(sorted_a._impl, queries._impl, positions._impl, right)
+        result = positions.to_numpy().reshape(host.shape)
+    return result[()] if result.ndim == 0 else result
+
+
+def _search_compare(sorted_a: ShardedArray, values, right: bool, compare):
+    """searchsorted in the order of `compare`: the arguments checked and the comparator
+    compiled (an operator numba cannot type, or one not returning a bool, is a TypeError
+    naming it) before anything runs, then _shim.search_compare per place of the queries."""
+    compare = as_op(compare, "compare")
+    compare.check_arity(2, "searchsorted (compare)")
+    dtype = sorted_a.dtype
+
+    def libraries_for(group):
+        return kernel_libraries(compare, "merge_sort", (("array", dtype),), None, group.archs,
+                                sort_spec(None, False))[1]
+
+    if isinstance(values, ShardedArray):
+        check_array(values, "values")
+        if values.dtype != dtype:
+            raise TypeError(f"values: dtype {describe_dtype(values.dtype)} differs from sorted_a's "
+                            f"{describe_dtype(dtype)}")
+        libraries = libraries_for(values.group)
+        positions = ShardedArray.allocate(values.group, list(values.shard_sizes), np.int64)
+        _shim.search_compare(libraries, sorted_a._impl, values._impl, positions._impl, right)
+        return positions
+    if dtype.fields is None:
+        host = _queries(values, dtype)
+    else:
+        host = np.asarray(values) if isinstance(values, (np.ndarray, np.void)) else None
+        if host is None or host.dtype != dtype:
+            got = describe_dtype(host.dtype) if host is not None else type(values).__name__
+            raise TypeError(f"values: expected a ShardedArray or a numpy array of sorted_a's dtype "
+                            f"{describe_dtype(dtype)}, got {got}")
+    libraries = libraries_for(sorted_a.group)
+    result = np.zeros(host.shape, dtype=np.int64)
+    if host.size:
+        queries = ShardedArray.from_numpy(sorted_a.group, np.ascontiguousarray(host).reshape(-1))
+        positions = ShardedArray.allocate(sorted_a.group, list(queries.shard_sizes), np.int64)
+        _shim.search_compare(libraries, sorted_a._impl, queries._impl, positions._impl, right)
         result = positions.to_numpy().reshape(host.shape)
     return result[()] if result.ndim == 0 else result
 

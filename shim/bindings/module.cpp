@@ -190,6 +190,8 @@ NB_MODULE(_shim, m) {
       nb::call_guard<nb::gil_scoped_release>());
   m.def("searchsorted", &csj::searchsorted, "sorted_a"_a, "values"_a, "out"_a, "right"_a,
         nb::call_guard<nb::gil_scoped_release>());
+  m.def("search_compare", &csj::search_compare, "libraries"_a, "sorted_a"_a, "values"_a, "out"_a, "right"_a,
+        nb::call_guard<nb::gil_scoped_release>());
   m.def("adjacent_difference", &csj::adjacent_difference, "difference"_a, "first"_a, "a"_a,
         "out"_a, nb::call_guard<nb::gil_scoped_release>());
 

@@ -3,8 +3,10 @@
 #pragma once
 
 #include <cstddef>
+#include <vector>
 
 #include "csj/sharded_array.hpp"
+#include "csj/transform.hpp"
 
 namespace csj {
 
@@ -25,5 +27,17 @@ void top_k(const ShardedArray& in, long long k, bool largest, void* values, std:
 // `values` searches its own queries, reading `sorted`'s shards where they lie (the same
 // device, or a peer's with peer access) or from a copy. Stream-ordered: returns once queued.
 void searchsorted(const ShardedArray& sorted, const ShardedArray& values, ShardedArray& out, bool right);
+
+// searchsorted in the order of a linked comparator less(x, y) (x goes strictly before y):
+// for every element v of `values` (any group; sorted's dtype and itemsize, records allowed),
+// the number of elements x of `sorted` with less(x, v) (`right` false) or with !less(v, x)
+// (`right`), `sorted`'s shards being sorted in that order over the concatenation (not
+// checked). `libraries` holds the comparator's merge sort module (merge_sort_e<itemsize>)
+// for each place of values' group. Writes int64 positions to `out` (int64, values' group and
+// shard sizes). Each place of `values` counts its queries in every sorted shard with
+// elements, one search per shard accumulated into its positions, reading the shard where it
+// lies (its own device, or a peer's with peer access) or from a copy. Stream-ordered.
+void search_compare(const std::vector<const KernelLibrary*>& libraries, const ShardedArray& sorted,
+                    const ShardedArray& values, ShardedArray& out, bool right);
 
 }  // namespace csj
