@@ -149,8 +149,12 @@ extern "C" __global__ void __launch_bounds__(kMergePartitionBlock)
 
 extern "C" __global__ void __launch_bounds__(kMergeSortBlock)
     csj_merge(const __grid_constant__ MergeParams params) {
+  // The tile's two ranges one after the other, and kItems elements of padding: the sequential
+  // merge below reads the next element of a range before it knows whether the range goes on
+  // (never compared then), which keeps its loop free of bounds branches; a thread past the
+  // end of a partial tile steps through at most kItems elements beyond it.
   __shared__ union {
-    Element tile[kTile];
+    Element tile[kTile + kItems];
     BlockStore::TempStorage store;
   } shared;
   const long long tile = blockIdx.x;
@@ -164,15 +168,21 @@ extern "C" __global__ void __launch_bounds__(kMergeSortBlock)
   const int first_count = static_cast<int>(first_end - first_begin);
   const int second_count = count - first_count;
 
-  // the tile's two ranges, one after the other, in shared memory
+  // global memory to registers (every load in flight at once), then to shared memory
   const Element* first = merge.first + first_begin;
   const Element* second = merge.second + second_begin;
+  Element keys[kItems];
 #pragma unroll
   for (int item = 0; item < kItems; ++item) {
     const int index = item * kMergeSortBlock + static_cast<int>(threadIdx.x);
     if (count == kTile || index < count) {
-      shared.tile[index] = index < first_count ? first[index] : second[index - first_count];
+      keys[item] = index < first_count ? first[index] : second[index - first_count];
     }
+  }
+#pragma unroll
+  for (int item = 0; item < kItems; ++item) {
+    const int index = item * kMergeSortBlock + static_cast<int>(threadIdx.x);
+    if (count == kTile || index < count) shared.tile[index] = keys[item];
   }
   __syncthreads();
 
@@ -180,19 +190,17 @@ extern "C" __global__ void __launch_bounds__(kMergeSortBlock)
   const int diag = static_cast<int>(threadIdx.x) * kItems < count ? static_cast<int>(threadIdx.x) * kItems : count;
   int i = merge_split<int>(shared.tile, first_count, shared.tile + first_count, second_count, diag);
   int j = first_count + diag - i;
-  const int second_end = count;
   const Less less;
-  Element a = shared.tile[i < first_count ? i : 0];
-  Element b = shared.tile[j < second_end ? j : 0];
-  Element keys[kItems];
+  Element a = shared.tile[i];
+  Element b = shared.tile[j];
 #pragma unroll
   for (int item = 0; item < kItems; ++item) {
-    const bool take_second = j < second_end && (i >= first_count || less(b, a));
+    const bool take_second = j < count && (i >= first_count || less(b, a));
     keys[item] = take_second ? b : a;
     if (take_second) {
-      if (++j < second_end) b = shared.tile[j];
+      b = shared.tile[++j];
     } else {
-      if (++i < first_count) a = shared.tile[i];
+      a = shared.tile[++i];
     }
   }
   __syncthreads();
