@@ -203,9 +203,9 @@ def test_select_rejects_bad_arguments(untouched):
 
 def test_select_rejects_a_predicate_without_a_bool(untouched):
     a = stand_in_array(stand_in_group())
-    with pytest.raises(TypeError, match=r"pred: predicate .* returns float32"):
+    with pytest.raises(TypeError, match=r"pred: predicate .* returns float64"):
         sharded.select(a, lambda x: x * 2.0)
-    with pytest.raises(TypeError, match=r"second: predicate .* returns float32"):
+    with pytest.raises(TypeError, match=r"second: predicate .* returns float64"):
         sharded.three_way_partition(a, lambda x: x > 0, lambda x: x + 1.0)
 
 
