@@ -81,11 +81,14 @@ def test_float_sums_in_both_kernel_paths(places):
 @gpu
 def test_segments_at_shard_boundaries_spanning_all_and_empty(places):
     host = sample(np.int64, 1000, seed=3)
-    for sizes in ([1000], None, [0, 500, 0, 500][: max(2, len(places))] if len(places) >= 2 else None):
-        if sizes is not None and len(sizes) != len(places):
-            continue
-        a = sharded.ShardedArray.from_numpy(places, host, sizes=sizes) if sizes else \
-            sharded.ShardedArray.from_numpy(places, host)
+    variants = [None]
+    if len(places) >= 2:  # empty shards first and between: [0, 1000], [0, 500, 500], [0, 500, 0, 500]
+        sizes = [0] * len(places)
+        sizes[1] = 500
+        sizes[-1] += 500
+        variants.append(sizes)
+    for sizes in variants:
+        a = sharded.ShardedArray.from_numpy(places, host, sizes=sizes)
         for offsets in boundary_offsets(a):
             result = sharded.segmented_reduce(a, offsets, "sum", 5).to_numpy()
             np.testing.assert_array_equal(result, sums(host, offsets) + 5)

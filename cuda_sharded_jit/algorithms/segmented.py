@@ -35,19 +35,20 @@ def _positions(offsets, a: ShardedArray) -> np.ndarray:
                         f"S + 1 positions, got {type(offsets).__name__}")
     if host.size == 0:
         raise ValueError("offsets: expected S + 1 positions (at least one), got none")
-    if np.issubdtype(host.dtype, np.unsignedinteger) and host.size and int(host.max()) > np.iinfo(np.int64).max:
-        raise ValueError(f"offsets: positions must lie in [0, len(a)] = [0, {a.size}]")
-    positions = np.ascontiguousarray(host, dtype=np.int64)
-    outside = np.flatnonzero((positions < 0) | (positions > a.size))
-    if outside.size:
-        at = int(outside[0])
+    if host.dtype == np.uint64 and int(host.max()) > a.size:  # would wrap in int64
         raise ValueError(f"offsets: positions must lie in [0, len(a)] = [0, {a.size}]; "
-                         f"offsets[{at}] is {int(positions[at])}")
-    falling = np.flatnonzero(positions[1:] < positions[:-1])
-    if falling.size:
-        at = int(falling[0]) + 1
+                         f"offsets[{int(np.argmax(host > a.size))}] is {int(host[np.argmax(host > a.size)])}")
+    positions = np.ascontiguousarray(host, dtype=np.int64)
+    # one pass when they are good: non-decreasing positions lie in range when both ends do
+    falling = positions[1:] < positions[:-1]
+    if falling.any():
+        at = int(np.argmax(falling)) + 1
         raise ValueError(f"offsets: positions must be non-decreasing; offsets[{at}] = {int(positions[at])} "
                          f"comes after offsets[{at - 1}] = {int(positions[at - 1])}")
+    if positions[0] < 0 or positions[-1] > a.size:
+        at = 0 if positions[0] < 0 else len(positions) - 1
+        raise ValueError(f"offsets: positions must lie in [0, len(a)] = [0, {a.size}]; "
+                         f"offsets[{at}] is {int(positions[at])}")
     return positions
 
 
@@ -107,5 +108,6 @@ def segmented_reduce(a: ShardedArray, offsets, op, init, *, map_op=None,
         raise TypeError(f"init: a tuple, but the accumulator is a single {acc_dtype}")
     packed = acc.pack_init(init)
     out = ShardedArray.allocate(a.group, len(positions) - 1, acc_dtype)
-    _shim.segmented_reduce(libraries, a._impl, positions.tobytes(), out._impl, acc.itemsize, packed)
+    _shim.segmented_reduce(libraries, a._impl, positions.ctypes.data, len(positions), out._impl, acc.itemsize,
+                           packed)
     return out

@@ -1,7 +1,6 @@
 // Python bindings of the shim (nanobind). CUDA-free: compiled by the host compiler against the
 // shim's CUDA-free headers. Every call that can block on the GPU releases the GIL.
 #include <cstdint>
-#include <cstring>
 
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/optional.h>
@@ -233,19 +232,18 @@ NB_MODULE(_shim, m) {
         return result_tuple(result);
       },
       "op"_a, "a"_a, "init"_a);
+  // offsets: int64 positions in host memory, (address, count) as histogram_even's buffers
   m.def(
       "segmented_reduce",
       [](const std::vector<const csj::KernelLibrary*>& libraries, const csj::ShardedArray& in,
-         const nb::bytes& offsets, csj::ShardedArray& out, int acc_size, const nb::bytes& init) {
-        // offsets: the int64 positions' bytes
-        if (offsets.size() % sizeof(std::int64_t) != 0) throw nb::value_error("offsets: expected int64 bytes");
+         std::uintptr_t offsets, std::size_t num_offsets, csj::ShardedArray& out, int acc_size,
+         const nb::bytes& init) {
         std::string init_bytes = to_string(init);
-        std::vector<std::int64_t> positions(offsets.size() / sizeof(std::int64_t));
-        if (!positions.empty()) std::memcpy(positions.data(), offsets.c_str(), offsets.size());
         nb::gil_scoped_release release;
-        csj::segmented_reduce(libraries, in, positions.data(), positions.size(), out, acc_size, init_bytes);
+        csj::segmented_reduce(libraries, in, reinterpret_cast<const std::int64_t*>(offsets), num_offsets, out,
+                              acc_size, init_bytes);
       },
-      "libraries"_a, "a"_a, "offsets"_a, "out"_a, "acc_size"_a, "init"_a);
+      "libraries"_a, "a"_a, "offsets"_a, "num_offsets"_a, "out"_a, "acc_size"_a, "init"_a);
   m.def(
       "scan",
       [](const std::vector<const csj::KernelLibrary*>& libraries, const csj::ShardedArray& in,

@@ -66,11 +66,15 @@ void check_arguments(const std::vector<const KernelLibrary*>& libraries, const S
   if (num_offsets < 1 || (num_offsets > 1 && !offsets)) {
     throw std::invalid_argument("offsets: expected S + 1 positions, at least one");
   }
-  for (std::size_t s = 0; s < num_offsets; ++s) {
-    if (offsets[s] < 0 || offsets[s] > in.size() || (s > 0 && offsets[s] < offsets[s - 1])) {
-      throw std::invalid_argument("offsets: positions must be non-decreasing and within [0, len(a)]; "
-                                  "offsets[" + std::to_string(s) + "] is " + std::to_string(offsets[s]));
+  // non-decreasing positions lie in [0, len(a)] when both ends do
+  for (std::size_t s = 1; s < num_offsets; ++s) {
+    if (offsets[s] < offsets[s - 1]) {
+      throw std::invalid_argument("offsets: positions must be non-decreasing; offsets[" + std::to_string(s) +
+                                  "] is " + std::to_string(offsets[s]));
     }
+  }
+  if (offsets[0] < 0 || offsets[num_offsets - 1] > in.size()) {
+    throw std::invalid_argument("offsets: positions must lie in [0, len(a)]");
   }
   if (out.group() != in.group()) throw std::invalid_argument("out: belongs to another PlaceGroup");
   if (out.size() != static_cast<std::int64_t>(num_offsets - 1)) {
