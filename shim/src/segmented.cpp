@@ -85,11 +85,12 @@ void check_arguments(const std::vector<const KernelLibrary*>& libraries, const S
   }
 }
 
-// Average piece length below which a warp, not a block, folds each piece: less than one
-// block tile (8 warps x 32 lanes x 64 bytes) leaves most of a block idle.
+// Average piece length below which a warp, not a block, folds each piece: under half a
+// block tile (8 warps x 32 lanes x 64 bytes) most of a block's warps would sit idle; from
+// there on (4096 float32 a segment: one block tile) a block streams it with 16-byte loads.
 bool per_warp(long long elements, long long pieces, std::size_t itemsize) {
   const long long lane_items = k::reduce_lane_items(itemsize <= 8 ? static_cast<int>(itemsize) : 4);
-  return elements < pieces * k::kReduceWarps * 32 * lane_items;
+  return elements < pieces * k::kReduceWarps * 32 * lane_items / 2;
 }
 
 // The result place holding segment `s`, and its index there.
