@@ -31,6 +31,7 @@ from .algorithms.reduce import (
 from .algorithms.opaque import count, fill, histogram_even, sequence
 from .algorithms.search import searchsorted, top_k
 from .algorithms.select import partition, redistribute, select, three_way_partition
+from .algorithms.segmented import segmented_reduce
 from .algorithms.sort import argsort, sort, sort_by_key
 from .algorithms.transform import transform
 from .array import ShardedArray, ShardView
@@ -48,7 +49,7 @@ __all__ = [
     "op", "Op", "compile", "CompiledKernel", "transform", "ops",
     "reduce", "transform_reduce", "count_if", "argmin", "argmax",
     "inclusive_scan", "exclusive_scan", "transform_inclusive_scan", "transform_exclusive_scan",
-    "adjacent_difference",
+    "adjacent_difference", "segmented_reduce",
     "fill", "sequence", "count", "histogram_even", "sort", "sort_by_key", "argsort",
     "top_k", "searchsorted",
     "select", "partition", "three_way_partition", "redistribute",

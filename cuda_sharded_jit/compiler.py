@@ -247,7 +247,7 @@ _loaded = _cache.MemoryCache()      # key -> KernelLibrary (one load per process
 _ENTRY_POINTS = {
     "transform": ["csj_transform"],
     "transform_indexed": ["csj_transform_indexed"],
-    "reduce": ["csj_reduce", "csj_fold"],
+    "reduce": ["csj_reduce", "csj_fold", "csj_segmented_reduce"],
     "scan": ["csj_reduce", "csj_fold", "csj_scan"],
     "merge_sort": ["csj_merge_sort_block", "csj_merge_partition", "csj_merge", "csj_merge_search"],
     "select": ["csj_select_count", "csj_select_scan", "csj_select_scatter"],

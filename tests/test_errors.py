@@ -26,7 +26,8 @@ ARCH = "sm_90"
 # Every shim call an algorithm makes after its checks.
 _SHIM_ENTRY_POINTS = ("transform", "transform_builtin", "reduce", "reduce_builtin", "scan",
                       "scan_builtin", "count", "check_histogram_memory", "histogram_even",
-                      "adjacent_difference", "KernelLibrary", "sort", "sort_by_key", "copy_lanes")
+                      "adjacent_difference", "KernelLibrary", "sort", "sort_by_key", "copy_lanes",
+                      "segmented_reduce")
 
 
 @pytest.fixture

@@ -1,5 +1,7 @@
 // Python bindings of the shim (nanobind). CUDA-free: compiled by the host compiler against the
 // shim's CUDA-free headers. Every call that can block on the GPU releases the GIL.
+#include <cstdint>
+
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/pair.h>
@@ -13,6 +15,7 @@
 #include "csj/reduce.hpp"
 #include "csj/search.hpp"
 #include "csj/select.hpp"
+#include "csj/segmented.hpp"
 #include "csj/sharded_array.hpp"
 #include "csj/sort.hpp"
 #include "csj/sort_compare.hpp"
@@ -233,6 +236,18 @@ NB_MODULE(_shim, m) {
         return result_tuple(result);
       },
       "op"_a, "a"_a, "init"_a);
+  // offsets: int64 positions in host memory, (address, count) as histogram_even's buffers
+  m.def(
+      "segmented_reduce",
+      [](const std::vector<const csj::KernelLibrary*>& libraries, const csj::ShardedArray& in,
+         std::uintptr_t offsets, std::size_t num_offsets, csj::ShardedArray& out, int acc_size,
+         const nb::bytes& init) {
+        std::string init_bytes = to_string(init);
+        nb::gil_scoped_release release;
+        csj::segmented_reduce(libraries, in, reinterpret_cast<const std::int64_t*>(offsets), num_offsets, out,
+                              acc_size, init_bytes);
+      },
+      "libraries"_a, "a"_a, "offsets"_a, "num_offsets"_a, "out"_a, "acc_size"_a, "init"_a);
   m.def(
       "scan",
       [](const std::vector<const csj::KernelLibrary*>& libraries, const csj::ShardedArray& in,

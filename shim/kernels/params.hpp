@@ -78,6 +78,23 @@ struct FoldParams {
   alignas(8) unsigned char init[kMaxAccSize];
 };
 
+// Segmented reduce on one place: piece k of the shard is [offsets[k], offsets[k+1]) (global
+// positions) clamped to the shard, folded in element order by one block (or, per_warp, one
+// warp) into pieces[k]: init op fold, init for an empty piece, and the bare fold for piece 0
+// when `head` (the tail of a segment that began on an earlier shard; init went in there).
+struct SegmentedParams {
+  const void* in;
+  long long n;
+  long long index_base;     // global index of in[0]
+  const long long* offsets;  // count + 1 global positions, non-decreasing
+  long long count;           // pieces
+  void* pieces;              // count accumulators
+  int per_warp;
+  int head;
+  alignas(8) unsigned char init[kMaxAccSize];
+  alignas(8) unsigned char map_value[8];  // as ReduceParams::map_value
+};
+
 constexpr int kScanBlock = 256;
 // Items per thread: records over 16 bytes take 4 so that a tile's exchange and store fit the
 // 48 KiB of static shared memory (256 x 8 x 32 bytes would not).

@@ -364,6 +364,53 @@ struct Reduction {
   }
 };
 
+// One accumulator per segment piece of a shard (SegmentedParams): a block folds its piece
+// with Reduction::block_range (block tiles of 16-byte vectors, the reduce's association), or
+// for short pieces each warp folds one with Reduction::warp_range.
+template <class Map, class Op, int InSize, int AccSize>
+struct SegmentedReduction {
+  using R = Reduction<Map, Op, InSize, AccSize>;
+  using Acc = typename R::Acc;
+
+  __device__ __forceinline__ static void bounds(const SegmentedParams& s, long long piece, long long& begin,
+                                                long long& end) {
+    begin = min(max(s.offsets[piece] - s.index_base, 0LL), s.n);
+    end = min(max(s.offsets[piece + 1] - s.index_base, 0LL), s.n);
+  }
+
+  __device__ __forceinline__ static Acc finish(const SegmentedParams& s, long long piece, bool non_empty,
+                                               const Acc& folded) {
+    const Acc init = *reinterpret_cast<const Acc*>(s.init);
+    if (!non_empty) return init;
+    if (s.head && piece == 0) return folded;
+    return Combine<Op, Acc>()(init, folded);
+  }
+
+  __device__ static void run(const SegmentedParams& s) {
+    __shared__ typename R::TempStorage temp;
+    ReduceParams p{};
+    p.in = s.in;
+    p.n = s.n;
+    p.index_base = s.index_base;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) p.map_value[i] = s.map_value[i];
+    Acc* pieces = static_cast<Acc*>(s.pieces);
+    long long begin, end;
+    if (s.per_warp) {
+      const long long piece = static_cast<long long>(blockIdx.x) * kReduceWarps + threadIdx.x / 32;
+      if (piece >= s.count) return;  // the whole warp leaves together
+      bounds(s, piece, begin, end);
+      const Acc folded = R::warp_range(p, begin, end);
+      if ((threadIdx.x & 31) == 0) pieces[piece] = finish(s, piece, end > begin, folded);
+    } else {
+      const long long piece = blockIdx.x;
+      bounds(s, piece, begin, end);
+      const Acc folded = R::block_range(p, temp, begin, end);
+      if (threadIdx.x == 0) pieces[piece] = finish(s, piece, end > begin, folded);
+    }
+  }
+};
+
 template <class Op, int AccSize>
 __device__ void fold(const FoldParams& p) {
   using Acc = typename Word<AccSize>::type;

@@ -1,6 +1,6 @@
-// Reduce (and, with CSJ_WITH_SCAN, scan) kernels with their operators left undefined: built
-// to LTO-IR, one module per (CSJ_IN_SIZE, CSJ_ACC_SIZE), and linked at run time with the
-// operator wrappers numba compiled:
+// Reduce and segmented reduce (and, with CSJ_WITH_SCAN, scan) kernels with their operators
+// left undefined: built to LTO-IR, one module per (CSJ_IN_SIZE, CSJ_ACC_SIZE), and linked at
+// run time with the operator wrappers numba compiled:
 //   void csj_map(const In* value, long long global_index, Acc* out)
 //   void csj_op(const Acc* a, const Acc* b, Acc* out)
 //
@@ -81,6 +81,11 @@ constexpr int kReduceInSize = CSJ_IN_SIZE;
 extern "C" __global__ void __launch_bounds__(kReduceBlock)
     csj_reduce(const __grid_constant__ ReduceParams params) {
   Reduction<ReduceMap, LinkedOp, kReduceInSize, CSJ_ACC_SIZE>::run(params);
+}
+
+extern "C" __global__ void __launch_bounds__(kReduceBlock)
+    csj_segmented_reduce(const __grid_constant__ SegmentedParams params) {
+  SegmentedReduction<ReduceMap, LinkedOp, kReduceInSize, CSJ_ACC_SIZE>::run(params);
 }
 
 extern "C" __global__ void csj_fold(const __grid_constant__ FoldParams params) {

@@ -1,0 +1,113 @@
+"""Segmented reduce: one folded value per segment of a sharded array.
+
+Segments are given by S + 1 global positions; segment s is [offsets[s], offsets[s + 1]). It
+runs on the reduce's kernel modules (the same operator compile, accumulators and in-kernel
+combine): each place folds the pieces of the segments its shard holds, in element order with
+the reduce's association, and a segment that spans shards is finished from its pieces in
+place order, so any associative operator gives the sequential answer, deterministically.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .. import _shim
+from .._layout import layout_of
+from ..array import ShardedArray, check_array
+from ..compiler import kernel_libraries
+from .reduce import _PYTHON_OPS, _accumulator, _init_request, _map_operator, _operator, _refuse_tuples
+
+
+def _positions(offsets, a: ShardedArray) -> np.ndarray:
+    """offsets as validated int64 positions on the host; TypeError or ValueError naming it."""
+    if isinstance(offsets, ShardedArray):
+        if offsets.dtype != np.dtype(np.int64):
+            raise TypeError(f"offsets: a ShardedArray of offsets must hold int64, not {offsets.dtype}")
+        host = offsets.to_numpy()
+    elif isinstance(offsets, np.ndarray):
+        if offsets.dtype == np.bool_ or not np.issubdtype(offsets.dtype, np.integer):
+            raise TypeError(f"offsets: expected integer positions, got an array of {offsets.dtype}")
+        if offsets.ndim != 1:
+            raise ValueError(f"offsets: expected a 1-D array of S + 1 positions, got shape {offsets.shape}")
+        host = offsets
+    else:
+        raise TypeError(f"offsets: expected a numpy integer array or an int64 ShardedArray of "
+                        f"S + 1 positions, got {type(offsets).__name__}")
+    if host.size == 0:
+        raise ValueError("offsets: expected S + 1 positions (at least one), got none")
+    if host.dtype == np.uint64 and int(host.max()) > a.size:  # would wrap in int64
+        raise ValueError(f"offsets: positions must lie in [0, len(a)] = [0, {a.size}]; "
+                         f"offsets[{int(np.argmax(host > a.size))}] is {int(host[np.argmax(host > a.size)])}")
+    positions = np.ascontiguousarray(host, dtype=np.int64)
+    # one pass when they are good: non-decreasing positions lie in range when both ends do
+    falling = positions[1:] < positions[:-1]
+    if falling.any():
+        at = int(np.argmax(falling)) + 1
+        raise ValueError(f"offsets: positions must be non-decreasing; offsets[{at}] = {int(positions[at])} "
+                         f"comes after offsets[{at - 1}] = {int(positions[at - 1])}")
+    if positions[0] < 0 or positions[-1] > a.size:
+        at = 0 if positions[0] < 0 else len(positions) - 1
+        raise ValueError(f"offsets: positions must lie in [0, len(a)] = [0, {a.size}]; "
+                         f"offsets[{at}] is {int(positions[at])}")
+    return positions
+
+
+def segmented_reduce(a: ShardedArray, offsets, op, init, *, map_op=None,
+                     with_index: bool = False) -> ShardedArray:
+    """Fold each segment [offsets[s], offsets[s + 1]) of `a` with an associative operator, in
+    element order: result[s] = init op a[offsets[s]] op ... op a[offsets[s + 1] - 1].
+
+    `offsets`: S + 1 non-decreasing global positions in [0, len(a)], a numpy integer array or
+    an int64 ShardedArray. Segments may be empty (they give init) and may span shards. `op`:
+    an operator of two accumulators, or "sum", "min", "max". The accumulator is a's dtype (or
+    init's when init is a wider numpy value); with `map_op`, each element is mapped first
+    (`map_op(x)`, or `map_op(x, global_index)` with `with_index`), and a map returning a tuple
+    makes a tuple accumulator, as in transform_reduce: `op` then takes and returns tuples and
+    init is a tuple. A record array folds its records (init a tuple). Returns a ShardedArray
+    of S values split evenly over a's group (a record array for tuple accumulators).
+
+    >>> sums = sharded.segmented_reduce(a, np.array([0, 3, 3, 10]), "sum", 0.0)  # doctest: +SKIP
+    >>> sums.to_numpy()                          # a[0:3].sum(), 0.0, a[3:10].sum()  # doctest: +SKIP
+    >>> stats = sharded.segmented_reduce(a, offsets, lambda p, q: (p[0] + q[0], p[1] + q[1]),
+    ...                                  (0, 0.0), map_op=lambda x: (1, x))  # (count, sum)  # doctest: +SKIP
+    """
+    check_array(a)
+    values = layout_of(a.dtype)
+    if map_op is None:
+        if with_index:
+            raise ValueError("with_index: needs a map_op (it receives each element's global index)")
+        op = _operator(op, 2, "segmented_reduce", values)
+    else:
+        map_op = _map_operator(map_op, with_index, "segmented_reduce")
+        op = _operator(op, 2, "segmented_reduce")
+    if init is None:
+        raise ValueError("init: segmented_reduce needs an initial value (empty segments give it)")
+    if map_op is None and isinstance(init, tuple) and not values.is_record:
+        raise TypeError("init: a tuple accumulator is built from each element by a map: pass "
+                        "map_op= (e.g. lambda x: (1, x) for (count, sum))")
+    positions = _positions(offsets, a)
+    builtin = op if isinstance(op, str) else None
+    if builtin:
+        op = _PYTHON_OPS[builtin]
+    if map_op is None:
+        acc_dtype = _accumulator(a.dtype, values, init)
+        acc_dtype, libraries = kernel_libraries(op, "reduce", (("array", a.dtype),), acc_dtype, a.group.archs)
+    else:
+        try:
+            acc_dtype, libraries = kernel_libraries(op, "reduce", (("array", a.dtype),), _init_request(init),
+                                                    a.group.archs,
+                                                    ("call_index" if with_index else "call", map_op))
+        except TypeError as error:
+            if builtin and "tuple" in str(error):
+                raise TypeError(f"op: {builtin!r} combines single numbers, but the map returns tuples; "
+                                f"pass an operator that combines two tuples") from error
+            raise
+    acc = layout_of(acc_dtype)
+    _refuse_tuples(builtin, acc, "op")
+    if isinstance(init, tuple) and not acc.is_record:
+        raise TypeError(f"init: a tuple, but the accumulator is a single {acc_dtype}")
+    packed = acc.pack_init(init)
+    out = ShardedArray.allocate(a.group, len(positions) - 1, acc_dtype)
+    _shim.segmented_reduce(libraries, a._impl, positions.ctypes.data, len(positions), out._impl, acc.itemsize,
+                           packed)
+    return out
