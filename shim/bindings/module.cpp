@@ -193,7 +193,7 @@ NB_MODULE(_shim, m) {
   m.def("search_compare", &csj::search_compare, "libraries"_a, "sorted_a"_a, "values"_a, "out"_a, "right"_a,
         nb::call_guard<nb::gil_scoped_release>());
   m.def("adjacent_difference", &csj::adjacent_difference, "difference"_a, "first"_a, "a"_a,
-        "out"_a, nb::call_guard<nb::gil_scoped_release>());
+        "out"_a, "successor"_a = false, nb::call_guard<nb::gil_scoped_release>());
 
   nb::enum_<csj::BuiltinReduction>(m, "BuiltinReduction")
       .value("sum", csj::BuiltinReduction::sum)
