@@ -37,6 +37,7 @@ from .algorithms.by_key import (
 )
 from .algorithms.opaque import count, fill, histogram_even, sequence
 from .algorithms.search import searchsorted, top_k
+from .algorithms.select import partition, redistribute, select, three_way_partition
 from .algorithms.sort import argsort, sort, sort_by_key
 from .algorithms.transform import transform
 from .array import ShardedArray, ShardView
@@ -57,6 +58,7 @@ __all__ = [
     "adjacent_difference",
     "fill", "sequence", "count", "histogram_even", "sort", "sort_by_key", "argsort",
     "top_k", "searchsorted",
+    "select", "partition", "three_way_partition", "redistribute",
     "inclusive_scan_by_key", "exclusive_scan_by_key", "reduce_by_key", "unique_by_key", "unique",
     "cache_dir", "cache_info", "clear_cache", "CacheWarning", "VersionSkewError",
     "__version__",

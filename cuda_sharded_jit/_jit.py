@@ -531,6 +531,44 @@ def compile_compare(op, key_op, descending: bool, dtype, cc) -> bytes:
     return _compile_wrapper(source, op.name, "csj_less", namespace, signature, cc, op, arg_dtypes)
 
 
+def _check_predicate(op, argtypes, arg_dtypes, cc, dispatcher, argument: str) -> None:
+    """TypeError naming `argument` unless the predicate returns a bool or an integer."""
+    _, types, _ = _load_numba()
+    returned = types.unliteral(_return_type(op, argtypes, arg_dtypes, cc, dispatcher))
+    if returned != types.boolean and not isinstance(returned, types.Integer):
+        raise TypeError(f"{argument}: predicate {op.name} returns {returned} for argument types "
+                        f"{_describe(arg_dtypes)}; a predicate returns a bool (True keeps the element)")
+
+
+@_serialised
+def compile_select(first, second, with_index: bool, dtype, cc) -> bytes:
+    """LTO-IR of `int csj_select_class(const void* element, long long index)` (select_jit.cu):
+    the element's class, 0 where `first(x)` (or `first(x, index)` with `with_index`), else 1;
+    with a `second` predicate (three_way_partition), 1 where `second(x)` and 2 for the rest.
+    The element (a record field by field) is read behind a void pointer; each predicate
+    must return a bool or an integer (TypeError naming it otherwise)."""
+    _, types, _ = _load_numba()
+    layout = layout_of(dtype)
+    namespace = dict(_record_namespace())
+    element = layout.value_type()
+    argtypes = [element] + ([types.int64] if with_index else [])
+    arg_dtypes = [dtype] + ([np.dtype(np.int64)] if with_index else [])
+    call = "(x, index)" if with_index else "(x)"
+    lines = [f"def csj_select_class(value, index):\n",
+             f"    x = {layout.read_source('value', '_x_', namespace)}\n"]
+    for name, predicate, argument in (("_first", first, "first"), ("_second", second, "second")):
+        if predicate is None:
+            continue
+        dispatcher = _device_dispatcher(predicate, cc)
+        namespace[name] = dispatcher
+        _check_predicate(predicate, argtypes, arg_dtypes, cc, dispatcher, "pred" if second is None else argument)
+        lines.append(f"    if {name}{call}:\n        return {0 if name == '_first' else 1}\n")
+    lines.append(f"    return {1 if second is None else 2}\n")
+    signature = types.int32(types.voidptr, types.int64)
+    return _compile_wrapper("".join(lines), first.name, "csj_select_class", namespace, signature, cc, first,
+                            arg_dtypes)
+
+
 @_serialised
 def infer_map_dtype(map_spec, in_dtype, cc) -> np.dtype:
     """Accumulator dtype (a record for a map that returns a tuple) a map specification

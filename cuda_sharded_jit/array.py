@@ -417,6 +417,18 @@ class ShardedArray:
             raise IndexError(f"place: {place} out of range for {self.num_shards} shards")
         return ShardView(self, place)
 
+    def resharded(self, sizes=None) -> ShardedArray:
+        """A copy with other shard sizes: the even split (None) or `sizes`, one per place
+        adding up to len(self); elements move between places in global order
+        (`sharded.redistribute`).
+
+        >>> a.resharded([10, 0]).shard_sizes                                  # doctest: +SKIP
+        (10, 0)
+        """
+        from .algorithms.select import redistribute
+
+        return redistribute(self, sizes)
+
     def free(self) -> None:
         """Release device memory now (adopted buffers are let go once queued work has run).
         Idempotent; any later use raises ValueError."""

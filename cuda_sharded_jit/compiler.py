@@ -29,6 +29,10 @@ INDEX_MAP = ("index", None)  # transform: the operator also receives each elemen
 # or "descending", the key operator or None)
 SORT_ORDERS = ("ascending", "descending")
 MERGE_SORT_SIZES = (4, 8, 12, 16, 24, 32)  # element sizes with a merge_sort module
+# select (internal: select, partition, three_way_partition): the first predicate is the op;
+# the map specification holds whether the predicates take the index and the second predicate
+# (three_way_partition) or None. Modules exist for the merge sort's element sizes.
+SELECT_KINDS = ("select", "select_index")
 ENV_DUMP = "CUDA_SHARDED_JIT_DUMP"
 
 
@@ -159,6 +163,21 @@ def _merge_sort_module(dtype: np.dtype, argument: str = "a") -> str:
     return f"merge_sort_e{layout.itemsize}"
 
 
+def select_spec(second: Op | None, with_index: bool) -> tuple:
+    """The map specification of a select kernel: whether its predicates take the index, and
+    the second predicate (three_way_partition) or None."""
+    return (SELECT_KINDS[with_index], second)
+
+
+def _select_module(dtype: np.dtype, argument: str = "a") -> str:
+    layout = layout_of(dtype)
+    if layout.itemsize not in MERGE_SORT_SIZES:
+        raise TypeError(f"{argument}: a selection takes elements of "
+                        f"{', '.join(map(str, MERGE_SORT_SIZES))} bytes, not {layout.description} "
+                        f"({layout.itemsize} bytes)")
+    return f"select_e{layout.itemsize}"
+
+
 def _build(op: Op, key: tuple, map_spec) -> CompiledKernel:
     try:
         return _build_kernel(op, key, map_spec)
@@ -176,7 +195,12 @@ def _build_kernel(op: Op, key: tuple, map_spec) -> CompiledKernel:
     cc = _arch_cc(arch)
     started = time.perf_counter()
     map_ltoir = b""
-    if algorithm == "merge_sort":  # one wrapper: key, comparator and direction
+    if algorithm == "select":  # one wrapper: the element's class from the predicates
+        out_dtype = arg_kinds[0][1]
+        module = _select_module(out_dtype)
+        kind, second = map_spec
+        ltoirs = [_jit.compile_select(op, second, kind == "select_index", out_dtype, cc)]
+    elif algorithm == "merge_sort":  # one wrapper: key, comparator and direction
         out_dtype = arg_kinds[0][1]
         module = _merge_sort_module(out_dtype)
         order, key_op = map_spec
@@ -226,6 +250,7 @@ _ENTRY_POINTS = {
     "reduce": ["csj_reduce", "csj_fold"],
     "scan": ["csj_reduce", "csj_fold", "csj_scan"],
     "merge_sort": ["csj_merge_sort_block", "csj_merge_partition", "csj_merge", "csj_merge_search"],
+    "select": ["csj_select_count", "csj_select_scan", "csj_select_scatter"],
 }
 
 
@@ -246,6 +271,8 @@ def _module_for(op: Op, algorithm: str, arg_kinds: tuple, out_dtype: np.dtype, m
         return _transform_module(arg_kinds, out_dtype, map_spec)
     if algorithm == "merge_sort":
         return _merge_sort_module(out_dtype)
+    if algorithm == "select":
+        return _select_module(out_dtype)
     return _reduction_module(op, algorithm, map_spec, arg_kinds[0][1], out_dtype)[0]
 
 
@@ -253,7 +280,7 @@ def _known_out_dtype(algorithm: str, arg_kinds: tuple, out_request, map_spec) ->
     """The result dtype a call gets without typing the operator, where the call fixes it."""
     if out_request is not None:
         return out_request
-    if algorithm == "merge_sort" or (algorithm != "transform" and map_spec[0] == "value"):
+    if algorithm in ("merge_sort", "select") or (algorithm != "transform" and map_spec[0] == "value"):
         return arg_kinds[0][1]
     if map_spec[0] == "predicate":
         return np.dtype(np.int64)

@@ -12,6 +12,7 @@
 #include "csj/place_group.hpp"
 #include "csj/reduce.hpp"
 #include "csj/search.hpp"
+#include "csj/select.hpp"
 #include "csj/sharded_array.hpp"
 #include "csj/sort.hpp"
 #include "csj/sort_compare.hpp"
@@ -192,6 +193,9 @@ NB_MODULE(_shim, m) {
         nb::call_guard<nb::gil_scoped_release>());
   m.def("search_compare", &csj::search_compare, "libraries"_a, "sorted_a"_a, "values"_a, "out"_a, "right"_a,
         nb::call_guard<nb::gil_scoped_release>());
+  m.def("select", &csj::select, "libraries"_a, "a"_a, "outputs"_a, nb::call_guard<nb::gil_scoped_release>());
+  m.def("select_flagged", &csj::select_flagged, "flags"_a, "arrays"_a, nb::call_guard<nb::gil_scoped_release>());
+  m.def("redistribute", &csj::redistribute, "a"_a, "sizes"_a, nb::call_guard<nb::gil_scoped_release>());
   m.def("adjacent_difference", &csj::adjacent_difference, "difference"_a, "first"_a, "a"_a,
         "out"_a, "successor"_a = false, nb::call_guard<nb::gil_scoped_release>());
 

@@ -64,4 +64,13 @@ constexpr int kHistogramBlock = 256;
 constexpr int kHistogramWarps = kHistogramBlock / 32;
 constexpr int kHistogramSharedBytes = 48 * 1024;  // dynamic shared memory without opt-in
 
+// The flagged compaction (select_builtin.cu, SelectParams of select_params.hpp) for flags of
+// `flag_size` bytes (4 or 8): count, scan and scatter __global__ functions.
+struct SelectFlagKernels {
+  const void* count;
+  const void* scan;
+  const void* scatter;
+};
+SelectFlagKernels builtin_select_flag_kernels(int flag_size);
+
 }  // namespace csj::kernels

@@ -1,0 +1,53 @@
+// The selection engine's tile sizes and parameter block, shared by its kernels (select.cuh:
+// the JIT module select_jit.cu, one per element size, and the built-in flags kernels of
+// select_builtin.cu) and the host driver (select.cpp). Plain C++ (no CUDA types) so both
+// sides agree on the layout.
+//
+// Every element falls in one of three classes (0, 1, 2): select keeps class 0, partition
+// writes classes 0 and 1, three_way_partition all three. One place's shard takes three
+// launches: csj_select_count (per tile, how many elements of each class), csj_select_scan
+// (one block: the tiles' counts turned into their output offsets, and the place's totals,
+// which the host reads to size the outputs), csj_select_scatter (each element written to its
+// class's output at its tile's offset plus its rank in the tile: global order kept).
+#pragma once
+
+namespace csj::kernels {
+
+constexpr int kSelectBlock = 256;
+constexpr int kSelectScanBlock = 1024;
+constexpr int kSelectClasses = 3;
+constexpr int kMaxSelectPayloads = 4;  // arrays one flagged compaction moves
+
+// Items per thread: 16 of 4 bytes, 8 of 8, 64 bytes' worth of records (at least 2). A tile
+// holds at most 4096 elements, so that a thread's three class counts pack into one 64-bit
+// word, 21 bits each (select.cuh).
+constexpr int select_items(int element_size) {
+  return element_size <= 4 ? 16 : element_size <= 8 ? 8 : (64 / element_size < 2 ? 2 : 64 / element_size);
+}
+constexpr long long select_tile(int element_size) {
+  return static_cast<long long>(kSelectBlock) * select_items(element_size);
+}
+
+// One tile's elements per class; after csj_select_scan, the tile's first output position
+// in each class's output.
+struct SelectCounts {
+  long long count[kSelectClasses];
+};
+
+struct SelectParams {
+  const void* in;           // the shard the classes come from (the elements, or the flags)
+  long long n;
+  long long index_base;     // the shard's first global index (operators with the index)
+  long long tiles;
+  SelectCounts* tile_counts;  // one per tile (device scratch)
+  long long* totals;          // kSelectClasses: the place's count per class (pinned host)
+  void* out[kSelectClasses];  // each class's output shard; null: not written
+  // flagged compaction (select_builtin.cu): the class is 0 where the flag is nonzero, 1
+  // elsewhere, and class 0's elements of each payload array are written, not the flags
+  int payloads;
+  const void* payload_in[kMaxSelectPayloads];
+  void* payload_out[kMaxSelectPayloads];
+  int payload_size[kMaxSelectPayloads];  // bytes, a multiple of 4
+};
+
+}  // namespace csj::kernels

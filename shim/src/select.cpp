@@ -1,0 +1,254 @@
+// Selections, the flagged compaction and resharding (csj/select.hpp).
+//
+// The selection engine (kernels/select_params.hpp) runs per place in two halves around one
+// host read: the counting pass and the scan of the tiles' counts are queued on every place,
+// then each place's totals are read (its stream synchronised): only now are the output
+// shard sizes known, so the outputs are allocated here, with them; then the scatter pass
+// writes every element to its class's output. The tiles' offsets stay in stream-ordered
+// scratch between the halves. A place without elements takes part in no launch.
+//
+// Resharding needs no kernel: each output shard is a concatenation of pieces of the input
+// shards (their global ranges intersect), copied in global order with device-to-device or
+// peer copies on the output place's stream.
+#include "csj/select.hpp"
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <array>
+#include <stdexcept>
+#include <string>
+
+#include "../kernels/builtin_kernels.hpp"
+#include "../kernels/select_params.hpp"
+#include "cuda_check.hpp"
+#include "launch.hpp"
+#include "sort_common.hpp"
+
+namespace csj {
+namespace {
+
+namespace k = kernels;
+using detail::DeviceGuard;
+using detail::KernelHandle;
+
+struct SelectKernels {
+  KernelHandle count, scan, scatter;
+};
+
+struct SelectPlace {
+  int device = 0;
+  cudaStream_t stream = nullptr;
+  k::SelectParams params{};
+  detail::StreamScratch scratch;
+  SelectKernels kernels;
+};
+
+// Per place (in group order), after the counting half: the element count of each class.
+using ClassTotals = std::vector<std::array<std::int64_t, k::kSelectClasses>>;
+
+// The counting half on every place, then the host read of the totals.
+ClassTotals count_classes(const PlaceGroup& group, std::vector<SelectPlace>& places, long long tile) {
+  const std::size_t count = places.size();
+  detail::PinnedBuffer pinned(count * k::kSelectClasses * sizeof(long long));
+  auto* totals = reinterpret_cast<long long*>(pinned.data);
+  std::fill(totals, totals + count * k::kSelectClasses, 0LL);
+  for (std::size_t p = 0; p < count; ++p) {
+    SelectPlace& place = places[p];
+    if (place.params.n == 0) continue;
+    DeviceGuard guard(place.device);
+    place.params.tiles = (place.params.n + tile - 1) / tile;
+    place.scratch = detail::StreamScratch(static_cast<std::size_t>(place.params.tiles) * sizeof(k::SelectCounts),
+                                          place.stream, reinterpret_cast<cudaMemPool_t>(group.memory_pool(p)));
+    place.params.tile_counts = static_cast<k::SelectCounts*>(place.scratch.get());
+    place.params.totals = totals + p * k::kSelectClasses;
+    detail::launch(place.kernels.count, static_cast<unsigned>(place.params.tiles), k::kSelectBlock, place.stream,
+                   place.params, "launching select count");
+    detail::launch(place.kernels.scan, 1, k::kSelectScanBlock, place.stream, place.params,
+                   "launching select scan");
+  }
+  ClassTotals result(count);
+  for (std::size_t p = 0; p < count; ++p) {
+    SelectPlace& place = places[p];
+    if (place.params.n > 0) {
+      DeviceGuard guard(place.device);
+      detail::check(cudaStreamSynchronize(place.stream), "synchronising select counts");
+    }
+    for (int c = 0; c < k::kSelectClasses; ++c) result[p][c] = totals[p * k::kSelectClasses + c];
+    place.params.totals = nullptr;  // the pinned buffer goes back after this call
+  }
+  return result;
+}
+
+void scatter(std::vector<SelectPlace>& places) {
+  for (SelectPlace& place : places) {
+    if (place.params.n == 0) continue;
+    DeviceGuard guard(place.device);
+    detail::launch(place.kernels.scatter, static_cast<unsigned>(place.params.tiles), k::kSelectBlock, place.stream,
+                   place.params, "launching select scatter");
+    place.scratch.free();
+  }
+}
+
+std::vector<std::int64_t> class_sizes(const ClassTotals& totals, int cls) {
+  std::vector<std::int64_t> sizes(totals.size());
+  for (std::size_t p = 0; p < totals.size(); ++p) sizes[p] = totals[p][cls];
+  return sizes;
+}
+
+std::shared_ptr<ShardedArray> allocate_like(const ShardedArray& like, std::vector<std::int64_t> sizes) {
+  return ShardedArray::allocate(like.group(), std::move(sizes), like.dtype(), like.is_record() ? like.itemsize() : 0);
+}
+
+std::vector<SelectPlace> places_of(const ShardedArray& in) {
+  const PlaceGroup& group = *in.group();
+  std::vector<SelectPlace> places(group.size());
+  for (std::size_t p = 0; p < places.size(); ++p) {
+    places[p].device = group.device(p);
+    places[p].stream = reinterpret_cast<cudaStream_t>(group.stream(p));
+    places[p].params.in = reinterpret_cast<const void*>(in.shard_pointer(p));
+    places[p].params.n = in.shard_size(p);
+    places[p].params.index_base = in.shard_offset(p);
+  }
+  return places;
+}
+
+}  // namespace
+
+ArrayList select(const std::vector<const KernelLibrary*>& libraries, const ShardedArray& in, int outputs) {
+  const ArrayLeases leases({{&in, "a"}});
+  const PlaceGroup& group = *in.group();
+  if (outputs < 1 || outputs > k::kSelectClasses) {
+    throw std::invalid_argument("outputs: expected 1 to 3, got " + std::to_string(outputs));
+  }
+  if (libraries.size() != group.size()) {
+    throw std::invalid_argument("libraries: expected one per place (" + std::to_string(group.size()) + "), got " +
+                                std::to_string(libraries.size()));
+  }
+  for (const KernelLibrary* library : libraries) {
+    if (!library) throw std::invalid_argument("libraries: None");
+  }
+  const std::size_t item = in.itemsize();
+  if (item < 4 || item > kMaxRecordSize || item % 4 != 0) {
+    throw std::invalid_argument("a: cannot select elements of " + std::to_string(item) + " bytes");
+  }
+  std::vector<SelectPlace> places = places_of(in);
+  for (std::size_t p = 0; p < places.size(); ++p) {
+    if (places[p].params.n == 0) continue;
+    const int device = places[p].device;
+    places[p].kernels = {KernelHandle::linked(libraries[p]->kernel("csj_select_count", device)),
+                         KernelHandle::linked(libraries[p]->kernel("csj_select_scan", device)),
+                         KernelHandle::linked(libraries[p]->kernel("csj_select_scatter", device))};
+  }
+  const detail::SyncOnUnwind settle(group);
+  const ClassTotals totals = count_classes(group, places, k::select_tile(static_cast<int>(item)));
+  ArrayList result;
+  for (int c = 0; c < outputs; ++c) result.push_back(allocate_like(in, class_sizes(totals, c)));
+  for (std::size_t p = 0; p < places.size(); ++p) {
+    for (int c = 0; c < outputs; ++c) places[p].params.out[c] = reinterpret_cast<void*>(result[c]->shard_pointer(p));
+  }
+  scatter(places);
+  return result;
+}
+
+ArrayList select_flagged(const ShardedArray& flags, const ArrayList& arrays) {
+  std::vector<ArrayLeases::Use> uses{{&flags, "flags"}};
+  for (std::size_t i = 0; i < arrays.size(); ++i) {
+    if (!arrays[i]) throw std::invalid_argument("arrays: None");
+    uses.push_back({arrays[i].get(), "arrays[" + std::to_string(i) + "]"});
+  }
+  const ArrayLeases leases(std::move(uses));
+  const PlaceGroup& group = *flags.group();
+  if (flags.is_record() || (flags.dtype() != DType::int32 && flags.dtype() != DType::uint32 &&
+                            flags.dtype() != DType::int64 && flags.dtype() != DType::uint64)) {
+    throw std::invalid_argument("flags: expected an integer array (int32, uint32, int64 or uint64)");
+  }
+  if (arrays.empty() || arrays.size() > static_cast<std::size_t>(k::kMaxSelectPayloads)) {
+    throw std::invalid_argument("arrays: expected 1 to " + std::to_string(k::kMaxSelectPayloads) + " arrays, got " +
+                                std::to_string(arrays.size()));
+  }
+  for (std::size_t i = 0; i < arrays.size(); ++i) {
+    const std::string what = "arrays[" + std::to_string(i) + "]";
+    if (arrays[i]->group() != flags.group()) throw std::invalid_argument(what + ": belongs to another PlaceGroup");
+    if (arrays[i]->shard_sizes() != flags.shard_sizes()) {
+      throw std::invalid_argument(what + ": shard sizes differ from the flags'");
+    }
+    if (arrays[i]->itemsize() % 4 != 0) throw std::invalid_argument(what + ": elements are not a multiple of 4 bytes");
+  }
+  const k::SelectFlagKernels builtin = k::builtin_select_flag_kernels(static_cast<int>(flags.itemsize()));
+  std::vector<SelectPlace> places = places_of(flags);
+  for (std::size_t p = 0; p < places.size(); ++p) {
+    places[p].kernels = {KernelHandle::builtin(builtin.count), KernelHandle::builtin(builtin.scan),
+                         KernelHandle::builtin(builtin.scatter)};
+    places[p].params.payloads = static_cast<int>(arrays.size());
+    for (std::size_t i = 0; i < arrays.size(); ++i) {
+      places[p].params.payload_in[i] = reinterpret_cast<const void*>(arrays[i]->shard_pointer(p));
+      places[p].params.payload_size[i] = static_cast<int>(arrays[i]->itemsize());
+    }
+  }
+  const detail::SyncOnUnwind settle(group);
+  const ClassTotals totals = count_classes(group, places, static_cast<long long>(k::kSelectBlock) * 8);
+  ArrayList result;
+  for (const auto& array : arrays) result.push_back(allocate_like(*array, class_sizes(totals, 0)));
+  for (std::size_t p = 0; p < places.size(); ++p) {
+    for (std::size_t i = 0; i < arrays.size(); ++i) {
+      places[p].params.payload_out[i] = reinterpret_cast<void*>(result[i]->shard_pointer(p));
+    }
+  }
+  scatter(places);
+  return result;
+}
+
+std::shared_ptr<ShardedArray> redistribute(const ShardedArray& in, const std::vector<std::int64_t>& sizes) {
+  const ArrayLeases leases({{&in, "a"}});
+  const PlaceGroup& group = *in.group();
+  const std::size_t count = group.size();
+  if (sizes.size() != count) {
+    throw std::invalid_argument("sizes: expected one shard size per place (" + std::to_string(count) + "), got " +
+                                std::to_string(sizes.size()));
+  }
+  std::int64_t total = 0;
+  for (std::int64_t size : sizes) {
+    if (size < 0) throw std::invalid_argument("sizes: shard sizes must be non-negative");
+    total += size;
+  }
+  if (total != in.size()) {
+    throw std::invalid_argument("sizes: add up to " + std::to_string(total) + ", not a's size " +
+                                std::to_string(in.size()));
+  }
+  auto out = allocate_like(in, sizes);
+  const std::size_t item = in.itemsize();
+  const detail::SyncOnUnwind settle(group);
+  // which output places read each source place (its stream waits for them at the end)
+  std::vector<std::vector<std::size_t>> readers(count);
+  for (std::size_t q = 0; q < count; ++q) {
+    const std::int64_t begin = out->shard_offset(q), end = begin + out->shard_size(q);
+    if (begin == end) continue;
+    const int device = group.device(q);
+    const auto stream = reinterpret_cast<cudaStream_t>(group.stream(q));
+    DeviceGuard guard(device);
+    for (std::size_t p = 0; p < count; ++p) {
+      const std::int64_t source_begin = in.shard_offset(p), source_end = source_begin + in.shard_size(p);
+      const std::int64_t from = std::max(begin, source_begin), to = std::min(end, source_end);
+      if (from >= to) continue;
+      if (p != q) {
+        detail::wait_for(stream, reinterpret_cast<cudaStream_t>(group.stream(p)), group.device(p));
+        readers[p].push_back(q);
+      }
+      const auto* src = reinterpret_cast<const unsigned char*>(in.shard_pointer(p)) + (from - source_begin) * item;
+      auto* dst = reinterpret_cast<unsigned char*>(out->shard_pointer(q)) + (from - begin) * item;
+      detail::copy_keys(dst, device, src, group.device(p), static_cast<std::size_t>(to - from) * item, stream);
+    }
+  }
+  for (std::size_t p = 0; p < count; ++p) {
+    if (readers[p].empty()) continue;
+    DeviceGuard guard(group.device(p));
+    for (std::size_t q : readers[p]) {
+      detail::wait_for(reinterpret_cast<cudaStream_t>(group.stream(p)), reinterpret_cast<cudaStream_t>(group.stream(q)),
+                       group.device(q));
+    }
+  }
+  return out;
+}
+
+}  // namespace csj
