@@ -308,3 +308,32 @@ def test_equal_must_return_a_bool(shim_untouched):
         sharded.reduce_by_key(keys, keys, lambda x, y: x + y, equal=lambda x, y: (x, y))
     with pytest.raises(TypeError, match="equal"):
         sharded.inclusive_scan_by_key(keys, keys, lambda x, y: x + y, equal=lambda x: True)
+
+
+def test_generated_operators_compile_without_a_gpu():
+    """The operators the by-key algorithms generate (pack, segmented combine, unpack, the run
+    flags) type and link for sm_90 for numbers and named records, with and without a key."""
+    from cuda_sharded_jit.algorithms import by_key
+
+    flag = np.dtype(np.int32)
+    for value, key in ((np.dtype(np.int64), None), (AFFINE, None), (np.dtype(np.float32), np.dtype(np.float64)),
+                       (AFFINE, np.dtype(np.int32))):
+        acc = by_key._Accumulator(sharded.Op(_then if value == AFFINE else (lambda x, y: x + y)), value, key, "test")
+        assert acc.dtype.names[0] == "f0" and acc.dtype[0] == flag
+        assert sharded.compile(acc.combine(), "scan", (acc.dtype,), arch="sm_90").out_dtype == acc.dtype
+        arrays = (flag,) + ((key,) if key is not None else ()) + (value,)
+        assert sharded.compile(acc.pack(key is not None, False), "transform", arrays, arch="sm_90",
+                               out_dtype=acc.dtype).out_dtype == acc.dtype
+        assert sharded.compile(acc.unpack(False), "transform", (acc.dtype,), arch="sm_90",
+                               out_dtype=value).out_dtype == value
+        if key is None:
+            inits = acc.init_scalars((1, 0) if value == AFFINE else 0)
+            dtypes = arrays + tuple(np.dtype(type(item)) for item in inits)
+            scalars = tuple(range(len(arrays), len(dtypes)))
+            sharded.compile(acc.pack(False, True), "transform", dtypes, arch="sm_90", scalars=scalars,
+                            out_dtype=acc.dtype)
+            dtypes = (flag, acc.dtype) + dtypes[len(arrays):]
+            sharded.compile(acc.unpack(True), "transform", dtypes, arch="sm_90", scalars=scalars, out_dtype=value)
+    for flags in (by_key._head_flag(by_key._EQUAL_NAN), by_key._tail_flag(sharded.Op(lambda x, y: abs(x - y) < 1))):
+        assert sharded.compile(flags, "transform", (np.float32, np.float32), arch="sm_90",
+                               out_dtype=np.int32).out_dtype == np.int32

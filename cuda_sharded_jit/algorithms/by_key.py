@@ -30,6 +30,8 @@ from ..array import ShardedArray, check_array, check_numbers, check_out
 from ..compiler import VALUE_MAP, check_transform_counts, is_indexed_transform, kernel_libraries
 from ..op import Op, as_op
 from .reduce import _PYTHON_OPS, _operator
+from .select import select_flagged
+from .sort import sort
 from .transform import pack_scalars
 
 _FLAG = np.dtype(np.int32)
@@ -148,8 +150,8 @@ class _Accumulator:
     user's operator receives values as it would in a scan of `values` (numbers, or tuples,
     named ones when the record's fields have names)."""
 
-    def __init__(self, op: Op, values: ShardedArray, key_dtype: np.dtype | None, what: str):
-        self.layout = layout_of(values.dtype)
+    def __init__(self, op: Op, value_dtype: np.dtype, key_dtype: np.dtype | None, what: str):
+        self.layout = layout_of(value_dtype)
         self.fields = [field for _, field in self.layout.fields]
         self.count = len(self.fields)
         reserved = 1 + (key_dtype is not None)
@@ -280,7 +282,8 @@ def _scan_by_key(keys, values, op, init, out, equal, exclusive: bool, what: str)
     op = _check_op(op, values, what)
     out = _check_result_out(out, values)
     equal = _check_equal(equal, keys)
-    acc = _Accumulator(op, values, None, what)
+    # the scan runs in the result's dtype: out's when given, else values'
+    acc = _Accumulator(op, values.dtype if out is None else out.dtype, None, what)
     inits = acc.init_scalars(init) if exclusive else []
     archs = keys.group.archs
     out_dtype = values.dtype if out is None else out.dtype
@@ -308,8 +311,8 @@ def inclusive_scan_by_key(keys: ShardedArray, values: ShardedArray, op,
 
     `keys`: numbers; runs are consecutive keys with `equal(x, y)` (default ==). `values`:
     same group and shard sizes; numbers or records of up to 3 fields (op then takes and
-    returns tuples). `op` need only be associative; the result has values' dtype (out's when
-    given; `out` may be `values`). Stream-ordered: returns at once.
+    returns tuples). `op` need only be associative; the scan runs in, and returns, values'
+    dtype (out's when given; `out` may be `values`). Stream-ordered: returns at once.
 
     >>> k = sharded.ShardedArray.from_numpy(g, np.array([1, 1, 2, 2, 2], np.int32))  # doctest: +SKIP
     >>> v = sharded.ShardedArray.from_numpy(g, np.array([1, 2, 3, 4, 5], np.int32))  # doctest: +SKIP
@@ -351,9 +354,7 @@ def reduce_by_key(keys: ShardedArray, values: ShardedArray, op, equal=None):
     _check_values(values, keys)
     op = _check_op(op, values, "reduce_by_key")
     equal = _check_equal(equal, keys)
-    acc = _Accumulator(op, values, keys.dtype, "reduce_by_key")
-    from .select import select_flagged
-
+    acc = _Accumulator(op, values.dtype, keys.dtype, "reduce_by_key")
     archs = keys.group.archs
     heads, tails = _RunFlags(keys, equal, False), _RunFlags(keys, equal, True)
     pack = _Transform(acc.pack(True, False), (_FLAG, keys.dtype, values.dtype), [], acc.dtype, archs)
@@ -381,8 +382,6 @@ def unique_by_key(keys: ShardedArray, values: ShardedArray | None = None, equal=
     if values is not None:
         _check_values(values, keys)
     equal = _check_equal(equal, keys)
-    from .select import select_flagged
-
     heads = _RunFlags(keys, equal, False)
     kept = select_flagged([keys] if values is None else [keys, values], heads(keys))
     return kept[0] if values is None else (kept[0], kept[1])
@@ -395,12 +394,8 @@ def unique(a: ShardedArray) -> ShardedArray:
     >>> sharded.unique(a).to_numpy()                                                   # doctest: +SKIP
     """
     check_numbers(a, "unique")
-    from .sort import sort
-
     equal = _EQUAL_NAN if a.dtype.kind == "f" else _EQUAL
     heads = _RunFlags(a, equal, False)  # compiled before the sort runs
-    from .select import select_flagged
-
     ordered = sort(a, out=ShardedArray.allocate(a.group, list(a.shard_sizes), a.dtype))
     return select_flagged([ordered], heads(ordered))[0]
 
