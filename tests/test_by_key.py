@@ -168,7 +168,8 @@ def test_three_field_records_scan(three_places):
     v = sharded.ShardedArray.from_numpy(three_places, host)
     op = lambda p, q: (p.x + q.x, p.y + q.y, p.count + q.count)  # noqa: E731
     got = sharded.inclusive_scan_by_key(k, v, op).to_numpy()
-    expected = _scan_reference(keys, [tuple(r) for r in host.tolist()], op)
+    Point = collections.namedtuple("Point", "x y count")
+    expected = _scan_reference(keys, [Point(*r) for r in host.tolist()], lambda p, q: Point(*op(p, q)))
     assert [tuple(r) for r in got.tolist()] == [(float(x), float(y), int(c)) for x, y, c in expected]
     with pytest.raises(TypeError, match="values: reduce_by_key keeps each value"):
         sharded.reduce_by_key(k, v, op)
