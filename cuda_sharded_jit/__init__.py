@@ -28,6 +28,13 @@ from .algorithms.reduce import (
     transform_inclusive_scan,
     transform_reduce,
 )
+from .algorithms.by_key import (
+    exclusive_scan_by_key,
+    inclusive_scan_by_key,
+    reduce_by_key,
+    unique,
+    unique_by_key,
+)
 from .algorithms.opaque import count, fill, histogram_even, sequence
 from .algorithms.search import searchsorted, top_k
 from .algorithms.select import partition, redistribute, select, three_way_partition
@@ -53,6 +60,7 @@ __all__ = [
     "fill", "sequence", "count", "histogram_even", "sort", "sort_by_key", "argsort",
     "top_k", "searchsorted",
     "select", "partition", "three_way_partition", "redistribute",
+    "inclusive_scan_by_key", "exclusive_scan_by_key", "reduce_by_key", "unique_by_key", "unique",
     "cache_dir", "cache_info", "clear_cache", "CacheWarning", "VersionSkewError",
     "__version__",
 ]

@@ -200,7 +200,7 @@ NB_MODULE(_shim, m) {
   m.def("select_flagged", &csj::select_flagged, "flags"_a, "arrays"_a, nb::call_guard<nb::gil_scoped_release>());
   m.def("redistribute", &csj::redistribute, "a"_a, "sizes"_a, nb::call_guard<nb::gil_scoped_release>());
   m.def("adjacent_difference", &csj::adjacent_difference, "difference"_a, "first"_a, "a"_a,
-        "out"_a, nb::call_guard<nb::gil_scoped_release>());
+        "out"_a, "successor"_a = false, nb::call_guard<nb::gil_scoped_release>());
 
   nb::enum_<csj::BuiltinReduction>(m, "BuiltinReduction")
       .value("sum", csj::BuiltinReduction::sum)

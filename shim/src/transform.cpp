@@ -231,7 +231,7 @@ void transform(const std::vector<const KernelLibrary*>& libraries, const ArrayLi
 
 void adjacent_difference(const std::vector<const KernelLibrary*>& difference,
                          const std::vector<const KernelLibrary*>& first, const ShardedArray& in,
-                         ShardedArray& out) {
+                         ShardedArray& out, bool successor) {
   const PlaceGroup& group = *in.group();
   if (difference.size() != group.size() || first.size() != group.size()) {
     throw std::invalid_argument("libraries: expected one per place");
@@ -250,8 +250,11 @@ void adjacent_difference(const std::vector<const KernelLibrary*>& difference,
   in.check_scalar("a", "adjacent_difference");
   out.check_scalar("out", "adjacent_difference");
   const std::size_t element = in.itemsize();
-  long long previous = -1;  // last non-empty place so far
-  for (std::size_t place = 0; place < group.size(); ++place) {
+  const std::size_t places = group.size();
+  long long previous = -1;  // the last non-empty place visited so far (the neighbour's place)
+  for (std::size_t step = 0; step < places; ++step) {
+    // with `successor` the neighbour is the next shard's first element: visit places backwards
+    const std::size_t place = successor ? places - 1 - step : step;
     const long long n = in.shard_size(place);
     if (n == 0) continue;
     const int device = group.device(place);
@@ -271,12 +274,21 @@ void adjacent_difference(const std::vector<const KernelLibrary*>& difference,
       detail::launch(kernel, grid, kernels::kTransformBlock, stream, params, "launching adjacent_difference");
     };
     const auto out_element = out.itemsize();
+    // the element whose neighbour lives in another shard: this shard's first (or, with
+    // `successor`, last) one
+    const auto edge = successor ? static_cast<std::size_t>(n - 1) : std::size_t{0};
     detail::DeviceGuard guard(device);
-    if (n > 1) run(diff_kernel, data + element, data, result + out_element, n - 1);
+    if (n > 1) {
+      if (successor) {
+        run(diff_kernel, data, data + element, result, n - 1);
+      } else {
+        run(diff_kernel, data + element, data, result + out_element, n - 1);
+      }
+    }
     if (previous < 0) {
-      run(first_kernel, data, nullptr, result, 1);
+      run(first_kernel, data + edge * element, nullptr, result + edge * out_element, 1);
     } else {
-      // the predecessor of this shard's first element lives at the end of another shard
+      // the neighbour of the edge element lives at the end (start) of another shard
       const auto prior = static_cast<std::size_t>(previous);
       const int prior_device = group.device(prior);
       const auto prior_stream = reinterpret_cast<cudaStream_t>(group.stream(prior));
@@ -284,11 +296,11 @@ void adjacent_difference(const std::vector<const KernelLibrary*>& difference,
       {
         // freed on this stream after the kernel that reads it, even when a step throws
         detail::StreamScratch slot(16, stream, reinterpret_cast<cudaMemPool_t>(group.memory_pool(place)));
-        const auto* last = reinterpret_cast<const unsigned char*>(in.shard_pointer(prior)) +
-                           (in.shard_size(prior) - 1) * element;
-        check(cudaMemcpyPeerAsync(slot.get(), device, last, prior_device, element, stream),
-              "cudaMemcpyPeerAsync (predecessor)");
-        run(diff_kernel, data, slot.get(), result, 1);
+        const auto* neighbour = reinterpret_cast<const unsigned char*>(in.shard_pointer(prior)) +
+                                (successor ? 0 : (in.shard_size(prior) - 1) * element);
+        check(cudaMemcpyPeerAsync(slot.get(), device, neighbour, prior_device, element, stream),
+              "cudaMemcpyPeerAsync (neighbour)");
+        run(diff_kernel, data + edge * element, slot.get(), result + edge * out_element, 1);
       }
       // the prior shard's stream may reuse or overwrite its memory only after our read
       detail::wait_for(prior_stream, stream, device);

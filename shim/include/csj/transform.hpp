@@ -61,9 +61,12 @@ void transform_builtin(BuiltinOp op, const ArrayList& inputs, ShardedArray& out,
 // out[0] = first(in[0]); out[i] = difference(in[i], in[i-1]) across shard boundaries (shard i
 // reads the last element of the previous non-empty shard). `first` and `difference` are
 // linked unary and binary transforms, one library per place. `out` must not alias `in`.
+// With `successor`, each element meets its successor instead: out[i] = difference(in[i],
+// in[i+1]) and the last element out[n-1] = first(in[n-1]) (shard i reads the first element of
+// the next non-empty shard); the by-key algorithms find the ends of runs this way.
 void adjacent_difference(const std::vector<const KernelLibrary*>& difference,
                          const std::vector<const KernelLibrary*>& first, const ShardedArray& in,
-                         ShardedArray& out);
+                         ShardedArray& out, bool successor = false);
 
 // Throws std::invalid_argument unless every array shares `out`'s group and shard sizes.
 void check_conformable(const ArrayList& inputs, const ShardedArray& out,

@@ -1,0 +1,340 @@
+"""The by-key family (inclusive/exclusive_scan_by_key, reduce_by_key, unique_by_key, unique)
+against sequential Python and numpy answers: runs spanning two and three shards, empty
+shards, 1 to 4 places, records as values, a non-commutative operator, a custom `equal`; and,
+without a GPU, the argument errors on stand-in arrays (nothing compiles or runs first)."""
+
+from __future__ import annotations
+
+import collections
+
+import numpy as np
+import pytest
+
+import cuda_sharded_jit as sharded
+
+from conftest import ALL_DTYPES, uneven
+from test_errors import shim_untouched, stand_in_array, stand_in_group  # noqa: F401 - a fixture
+
+gpu = pytest.mark.gpu
+
+AFFINE = np.dtype([("a", np.int64), ("b", np.int64)], align=True)
+Affine = collections.namedtuple("Affine", "a b")
+
+
+def _then(p, q):
+    """x -> a x + b, then q: associative, not commutative (the answer changes with the order)."""
+    return (p.a * q.a, p.b * q.a + q.b)
+
+
+def _runs(n: int, seed: int, longest: int = 9) -> np.ndarray:
+    """Sorted-looking int32 keys in runs of 1..longest (equal keys never recur apart)."""
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(1, longest + 1, n)
+    keys = np.repeat(np.arange(lengths.size, dtype=np.int32) * 3, lengths)[:n]
+    return keys
+
+
+def _heads(keys, equal=lambda x, y: x == y) -> list[bool]:
+    return [index == 0 or not equal(keys[index - 1], keys[index]) for index in range(len(keys))]
+
+
+def _scan_reference(keys, values, op, init=None, equal=lambda x, y: x == y) -> list:
+    """The sequential answer: inclusive (init None) or exclusive scan restarting at each run."""
+    out, acc = [], None
+    for value, head in zip(values, _heads(keys, equal)):
+        if init is None:
+            acc = value if head else op(acc, value)
+            out.append(acc)
+        else:
+            if head:
+                acc = init
+            out.append(acc)
+            acc = op(acc, value)
+    return out
+
+
+def _reduce_reference(keys, values, op, equal=lambda x, y: x == y):
+    heads = _heads(keys, equal)
+    unique_keys, reduced = [], []
+    for key, value, head in zip(keys, values, heads):
+        if head:
+            unique_keys.append(key)
+            reduced.append(value)
+        else:
+            reduced[-1] = op(reduced[-1], value)
+    return unique_keys, reduced
+
+
+def _affine_values(n: int, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    host = np.zeros(n, AFFINE)
+    host["a"] = rng.choice([-1, 1], n)  # products stay exact
+    host["b"] = rng.integers(-50, 50, n)
+    return host
+
+
+def _as_affines(host) -> list:
+    return [Affine(int(record["a"]), int(record["b"])) for record in host]
+
+
+def _python_then(p, q):
+    return Affine(*_then(p, q))
+
+
+# ---- runs of equal keys across shards ---------------------------------------------------------
+
+@gpu
+@pytest.mark.parametrize("n", [1, 2, 37, 100_003])
+def test_inclusive_and_exclusive_sums_by_key(places, n):
+    keys = _runs(n, seed=n, longest=40)
+    values = np.random.default_rng(1).integers(-1000, 1000, n).astype(np.int64)
+    k = sharded.ShardedArray.from_numpy(places, keys, sizes=uneven(places, n))
+    v = sharded.ShardedArray.from_numpy(places, values, sizes=uneven(places, n))
+    add = lambda x, y: x + y  # noqa: E731
+    inclusive = sharded.inclusive_scan_by_key(k, v, add)
+    assert inclusive.dtype == np.int64 and inclusive.shard_sizes == v.shard_sizes
+    np.testing.assert_array_equal(inclusive.to_numpy(), _scan_reference(keys, values.tolist(), add))
+    np.testing.assert_array_equal(sharded.exclusive_scan_by_key(k, v, add, 5).to_numpy(),
+                                  _scan_reference(keys, values.tolist(), add, init=5))
+    np.testing.assert_array_equal(sharded.inclusive_scan_by_key(k, v, "sum").to_numpy(),
+                                  inclusive.to_numpy())
+
+
+@gpu
+@pytest.mark.parametrize("sizes", [[3, 4, 5], [2, 0, 9, 1], [0, 12, 0], [11, 1, 0, 0], [1, 1, 1, 9]])
+def test_runs_spanning_two_and_three_shards(sizes):
+    group = sharded.PlaceGroup.by_devices([0] * len(sizes))
+    keys = np.array([7, 7, 7, 7, 7, 7, 7, 7, 1, 1, 1, 2], np.int32)  # one run over up to three shards
+    values = np.arange(1, 13, dtype=np.int64)
+    k = sharded.ShardedArray.from_numpy(group, keys, sizes=sizes)
+    v = sharded.ShardedArray.from_numpy(group, values, sizes=sizes)
+    last = lambda x, y: y  # noqa: E731 - associative, not commutative
+    first = lambda x, y: x  # noqa: E731
+    for op in (last, first, lambda x, y: x + y):
+        np.testing.assert_array_equal(sharded.inclusive_scan_by_key(k, v, op).to_numpy(),
+                                      _scan_reference(keys, values.tolist(), op))
+        np.testing.assert_array_equal(sharded.exclusive_scan_by_key(k, v, op, 100).to_numpy(),
+                                      _scan_reference(keys, values.tolist(), op, init=100))
+        unique_keys, reduced = sharded.reduce_by_key(k, v, op)
+        expected_keys, expected = _reduce_reference(keys, values.tolist(), op)
+        np.testing.assert_array_equal(unique_keys.to_numpy(), expected_keys)
+        np.testing.assert_array_equal(reduced.to_numpy(), expected)
+        assert unique_keys.shard_sizes == reduced.shard_sizes
+    unique_keys, unique_values = sharded.unique_by_key(k, v)
+    np.testing.assert_array_equal(unique_keys.to_numpy(), [7, 1, 2])
+    np.testing.assert_array_equal(unique_values.to_numpy(), [1, 9, 12])
+    # shard i keeps the runs that start in shard i
+    starts = np.cumsum([0] + sizes[:-1])
+    expected_sizes = tuple(int(sum(1 for index in (0, 8, 11) if start <= index < start + size))
+                           for start, size in zip(starts, sizes))
+    assert unique_keys.shard_sizes == expected_sizes
+
+
+@gpu
+def test_non_commutative_records_as_values(places):
+    n = 50_021
+    keys = _runs(n, seed=3, longest=200)
+    host = _affine_values(n, seed=4)
+    k = sharded.ShardedArray.from_numpy(places, keys, sizes=uneven(places, n))
+    v = sharded.ShardedArray.from_numpy(places, host, sizes=uneven(places, n))
+    expected = _scan_reference(keys, _as_affines(host), _python_then)
+    got = sharded.inclusive_scan_by_key(k, v, _then).to_numpy()
+    assert got.dtype == AFFINE
+    assert _as_affines(got) == expected
+    expected = _scan_reference(keys, _as_affines(host), _python_then, init=Affine(1, 0))
+    assert _as_affines(sharded.exclusive_scan_by_key(k, v, _then, (1, 0)).to_numpy()) == expected
+    unique_keys, reduced = sharded.reduce_by_key(k, v, _then)
+    expected_keys, expected = _reduce_reference(keys, _as_affines(host), _python_then)
+    np.testing.assert_array_equal(unique_keys.to_numpy(), expected_keys)
+    assert _as_affines(reduced.to_numpy()) == expected
+    # a plain (unnamed) record reaches the operator as a plain tuple
+    plain = host.astype(np.dtype([("f0", np.int64), ("f1", np.int64)], align=True))
+    p = sharded.ShardedArray.from_numpy(places, plain, sizes=uneven(places, n))
+    got = sharded.inclusive_scan_by_key(k, p, lambda x, y: (x[0] * y[0], x[1] * y[0] + y[1])).to_numpy()
+    assert [Affine(int(a), int(b)) for a, b in got.tolist()] == \
+        _scan_reference(keys, _as_affines(host), _python_then)
+
+
+@gpu
+def test_three_field_records_scan(three_places):
+    record = np.dtype([("x", np.float64), ("y", np.float64), ("count", np.int32)], align=True)
+    n = 9_001
+    keys = _runs(n, seed=5)
+    host = np.zeros(n, record)
+    host["x"] = np.arange(n) % 7
+    host["y"] = np.arange(n) % 5
+    host["count"] = 1
+    k = sharded.ShardedArray.from_numpy(three_places, keys)
+    v = sharded.ShardedArray.from_numpy(three_places, host)
+    op = lambda p, q: (p.x + q.x, p.y + q.y, p.count + q.count)  # noqa: E731
+    got = sharded.inclusive_scan_by_key(k, v, op).to_numpy()
+    Point = collections.namedtuple("Point", "x y count")
+    expected = _scan_reference(keys, [Point(*r) for r in host.tolist()], lambda p, q: Point(*op(p, q)))
+    assert [tuple(r) for r in got.tolist()] == [(float(x), float(y), int(c)) for x, y, c in expected]
+    with pytest.raises(TypeError, match="values: reduce_by_key keeps each value"):
+        sharded.reduce_by_key(k, v, op)
+
+
+@gpu
+def test_custom_equal(three_places):
+    rng = np.random.default_rng(6)
+    keys = np.cumsum(rng.choice([0.1, 0.2, 2.0], 30_011)).astype(np.float64)
+    values = rng.integers(0, 100, keys.size).astype(np.int32)
+    near = lambda x, y: abs(x - y) < 1.0  # noqa: E731 - neighbours closer than 1 share a run
+    k = sharded.ShardedArray.from_numpy(three_places, keys)
+    v = sharded.ShardedArray.from_numpy(three_places, values)
+    add = lambda x, y: x + y  # noqa: E731
+    np.testing.assert_array_equal(sharded.inclusive_scan_by_key(k, v, add, equal=near).to_numpy(),
+                                  _scan_reference(keys, values.tolist(), add, equal=near))
+    unique_keys, reduced = sharded.reduce_by_key(k, v, add, equal=near)
+    expected_keys, expected = _reduce_reference(keys, values.tolist(), add, equal=near)
+    np.testing.assert_array_equal(unique_keys.to_numpy(), expected_keys)  # each run's first key
+    np.testing.assert_array_equal(reduced.to_numpy(), expected)
+    heads = np.array(_heads(keys, near))
+    np.testing.assert_array_equal(sharded.unique_by_key(k, equal=near).to_numpy(), keys[heads])
+
+
+@gpu
+def test_out_and_empty(three_places):
+    keys = _runs(1000, seed=7)
+    values = np.arange(1000, dtype=np.float32)
+    k = sharded.ShardedArray.from_numpy(three_places, keys)
+    v = sharded.ShardedArray.from_numpy(three_places, values)
+    out = sharded.ShardedArray.allocate(three_places, list(v.shard_sizes), np.float64)
+    result = sharded.inclusive_scan_by_key(k, v, lambda x, y: x + y, out=out)
+    assert result is out
+    np.testing.assert_array_equal(out.to_numpy(), _scan_reference(keys, values.astype(np.float64).tolist(),
+                                                                  lambda x, y: x + y))
+    sharded.exclusive_scan_by_key(k, v, lambda x, y: x + y, 0.0, out=v)  # in place
+    np.testing.assert_array_equal(v.to_numpy(), _scan_reference(keys, values.tolist(), lambda x, y: x + y, 0.0))
+    empty_keys = sharded.ShardedArray.from_numpy(three_places, np.zeros(0, np.int32))
+    empty_values = sharded.ShardedArray.from_numpy(three_places, np.zeros(0, np.float32))
+    assert sharded.inclusive_scan_by_key(empty_keys, empty_values, lambda x, y: x + y).size == 0
+    assert sharded.exclusive_scan_by_key(empty_keys, empty_values, lambda x, y: x + y, 0.0).size == 0
+    unique_keys, reduced = sharded.reduce_by_key(empty_keys, empty_values, lambda x, y: x + y)
+    assert unique_keys.size == reduced.size == 0
+    assert sharded.unique_by_key(empty_keys).size == 0
+    assert sharded.unique(empty_keys).size == 0
+
+
+@gpu
+@pytest.mark.parametrize("dtype", ALL_DTYPES)
+def test_unique_every_dtype(places, dtype):
+    rng = np.random.default_rng(8)
+    host = rng.integers(0, 500, 70_001).astype(dtype)
+    if np.dtype(dtype).kind == "f":
+        host[::997] = np.nan  # np.unique keeps one NaN
+    array = sharded.ShardedArray.from_numpy(places, host, sizes=uneven(places, host.size))
+    np.testing.assert_array_equal(sharded.unique(array).to_numpy(), np.unique(host))
+    np.testing.assert_array_equal(array.to_numpy(), host)  # left as it was
+
+
+@gpu
+def test_unique_by_key_of_sorted_keys_with_values(places):
+    keys = np.sort(np.random.default_rng(9).integers(0, 3000, 200_003)).astype(np.int32)
+    values = np.arange(keys.size, dtype=np.int32)
+    k = sharded.ShardedArray.from_numpy(places, keys, sizes=uneven(places, keys.size))
+    v = sharded.ShardedArray.from_numpy(places, values, sizes=uneven(places, keys.size))
+    unique_keys, first_values = sharded.unique_by_key(k, v)
+    expected_keys, first_index = np.unique(keys, return_index=True)
+    np.testing.assert_array_equal(unique_keys.to_numpy(), expected_keys)
+    np.testing.assert_array_equal(first_values.to_numpy(), values[first_index])
+    reduced_keys, counts = sharded.reduce_by_key(k, sharded.transform(lambda x: 1, v, out=sharded.ShardedArray.allocate(
+        places, list(v.shard_sizes), np.int64)), lambda x, y: x + y)
+    np.testing.assert_array_equal(reduced_keys.to_numpy(), expected_keys)
+    np.testing.assert_array_equal(counts.to_numpy(), np.unique(keys, return_counts=True)[1])
+
+
+# ---- argument errors, before anything compiles or runs (no GPU) --------------------------------
+
+def test_keys_and_values_must_match(shim_untouched):
+    group = stand_in_group()
+    keys = stand_in_array(group, dtype=np.int32)
+    add = lambda x, y: x + y  # noqa: E731
+    calls = {
+        "inclusive_scan_by_key": lambda values: sharded.inclusive_scan_by_key(keys, values, add),
+        "exclusive_scan_by_key": lambda values: sharded.exclusive_scan_by_key(keys, values, add, 0),
+        "reduce_by_key": lambda values: sharded.reduce_by_key(keys, values, add),
+        "unique_by_key": lambda values: sharded.unique_by_key(keys, values),
+    }
+    for name, call in calls.items():
+        with pytest.raises(ValueError, match="values: belongs to another PlaceGroup than keys"):
+            call(stand_in_array(stand_in_group(), dtype=np.int32))
+        with pytest.raises(ValueError, match=r"values: shard sizes \(5, 3, 2\) differ from keys': \(4, 3, 3\)"):
+            call(stand_in_array(group, (5, 3, 2), np.int32))
+        with pytest.raises(TypeError, match="values: expected a ShardedArray, got ndarray"):
+            call(np.zeros(10, np.int32))
+    record = np.dtype([("x", np.float32), ("y", np.float32)], align=True)
+    with pytest.raises(TypeError, match="keys: reduce_by_key takes arrays of numbers, not records"):
+        sharded.reduce_by_key(stand_in_array(group, dtype=record), keys, add)
+    with pytest.raises(TypeError, match="keys: expected a ShardedArray, got list"):
+        sharded.unique_by_key([1, 2, 3])
+    with pytest.raises(TypeError, match="a: unique takes arrays of numbers, not records"):
+        sharded.unique(stand_in_array(group, dtype=record))
+
+
+def test_operators_init_and_out(shim_untouched):
+    group = stand_in_group()
+    keys = stand_in_array(group, dtype=np.int32)
+    values = stand_in_array(group, dtype=np.int64)
+    pair = np.dtype([("x", np.int64), ("y", np.int64)], align=True)
+    pairs = stand_in_array(group, dtype=pair)
+    with pytest.raises(TypeError, match="op: 'sum' combines numbers, but values hold records"):
+        sharded.inclusive_scan_by_key(keys, pairs, "sum")
+    with pytest.raises(ValueError, match="init: an exclusive scan by key needs an initial value"):
+        sharded.exclusive_scan_by_key(keys, values, lambda x, y: x + y, None)
+    with pytest.raises(TypeError, match=r"init: values hold records \(x: int64, y: int64\), so init is a tuple"):
+        sharded.exclusive_scan_by_key(keys, pairs, lambda p, q: p, 0)
+    with pytest.raises(TypeError, match="init: values hold int64 numbers; got a tuple"):
+        sharded.exclusive_scan_by_key(keys, values, lambda x, y: x + y, (0, 0))
+    with pytest.raises(ValueError, match=r"out: shard sizes \(1, 1, 8\) differ from values"):
+        sharded.inclusive_scan_by_key(keys, values, lambda x, y: x + y,
+                                      out=stand_in_array(group, (1, 1, 8), np.int64))
+    with pytest.raises(TypeError, match=r"out: holds \(x: int64, y: int64\), values int64"):
+        sharded.inclusive_scan_by_key(keys, values, lambda x, y: x + y, out=pairs)
+    four = np.dtype([("a", np.int32), ("b", np.int32), ("c", np.int32), ("d", np.int32)], align=True)
+    with pytest.raises(TypeError, match="values: inclusive_scan_by_key keeps each value .* up to 3 fields"):
+        sharded.inclusive_scan_by_key(keys, stand_in_array(group, dtype=four), lambda p, q: p)
+    with pytest.raises(TypeError, match="values: reduce_by_key keeps each value .* up to 2 fields"):
+        sharded.reduce_by_key(keys, stand_in_array(group, dtype=np.dtype(
+            [("a", np.int32), ("b", np.int32), ("c", np.int32)], align=True)), lambda p, q: p)
+
+
+def test_equal_must_return_a_bool(shim_untouched):
+    group = stand_in_group()
+    keys = stand_in_array(group, dtype=np.float32)
+    with pytest.raises(TypeError, match="equal: operator .* returns float"):
+        sharded.unique_by_key(keys, equal=lambda x, y: x - y)
+    with pytest.raises(TypeError, match="equal: operator .* returns .*Tuple"):
+        sharded.reduce_by_key(keys, keys, lambda x, y: x + y, equal=lambda x, y: (x, y))
+    with pytest.raises(TypeError, match="equal"):
+        sharded.inclusive_scan_by_key(keys, keys, lambda x, y: x + y, equal=lambda x: True)
+
+
+def test_generated_operators_compile_without_a_gpu():
+    """The operators the by-key algorithms generate (pack, segmented combine, unpack, the run
+    flags) type and link for sm_90 for numbers and named records, with and without a key."""
+    from cuda_sharded_jit.algorithms import by_key
+
+    flag = np.dtype(np.int32)
+    for value, key in ((np.dtype(np.int64), None), (AFFINE, None), (np.dtype(np.float32), np.dtype(np.float64)),
+                       (AFFINE, np.dtype(np.int32))):
+        acc = by_key._Accumulator(sharded.Op(_then if value == AFFINE else (lambda x, y: x + y)), value, key, "test")
+        assert acc.dtype.names[0] == "f0" and acc.dtype[0] == flag
+        assert sharded.compile(acc.combine(), "scan", (acc.dtype,), arch="sm_90").out_dtype == acc.dtype
+        arrays = (flag,) + ((key,) if key is not None else ()) + (value,)
+        assert sharded.compile(acc.pack(key is not None, False), "transform", arrays, arch="sm_90",
+                               out_dtype=acc.dtype).out_dtype == acc.dtype
+        assert sharded.compile(acc.unpack(False), "transform", (acc.dtype,), arch="sm_90",
+                               out_dtype=value).out_dtype == value
+        if key is None:
+            inits = acc.init_scalars((1, 0) if value == AFFINE else 0)
+            dtypes = arrays + tuple(np.dtype(type(item)) for item in inits)
+            scalars = tuple(range(len(arrays), len(dtypes)))
+            sharded.compile(acc.pack(False, True), "transform", dtypes, arch="sm_90", scalars=scalars,
+                            out_dtype=acc.dtype)
+            dtypes = (flag, acc.dtype) + dtypes[len(arrays):]
+            sharded.compile(acc.unpack(True), "transform", dtypes, arch="sm_90", scalars=scalars, out_dtype=value)
+    for flags in (by_key._head_flag(by_key._EQUAL_NAN), by_key._tail_flag(sharded.Op(lambda x, y: abs(x - y) < 1))):
+        assert sharded.compile(flags, "transform", (np.float32, np.float32), arch="sm_90",
+                               out_dtype=np.int32).out_dtype == np.int32
