@@ -369,13 +369,13 @@ def reduce_by_key(keys: ShardedArray, values: ShardedArray, op, equal=None):
 
 def unique_by_key(keys: ShardedArray, values: ShardedArray | None = None, equal=None):
     """The first element of every run of consecutive equal keys (`equal(x, y)`, default
-    ==): the keys, or (keys, values) when values are given (the values of those elements).
+    ==): `(keys, values)`, the values of those elements (None when no values are given).
 
     Runs may cross shard boundaries; shard i of each result holds the runs that start in
     shard i. `values`: any dtype (records too), of keys' group and shard sizes.
 
     >>> k = sharded.ShardedArray.from_numpy(g, np.array([1, 1, 2, 3, 3], np.int32))  # doctest: +SKIP
-    >>> sharded.unique_by_key(k).to_numpy()                                            # doctest: +SKIP
+    >>> sharded.unique_by_key(k)[0].to_numpy()                                         # doctest: +SKIP
     array([1, 2, 3], dtype=int32)
     """
     check_numbers(keys, "unique_by_key", "keys")
@@ -384,7 +384,7 @@ def unique_by_key(keys: ShardedArray, values: ShardedArray | None = None, equal=
     equal = _check_equal(equal, keys)
     heads = _RunFlags(keys, equal, False)
     kept = select_flagged([keys] if values is None else [keys, values], heads(keys))
-    return kept[0] if values is None else (kept[0], kept[1])
+    return kept[0], (None if values is None else kept[1])
 
 
 def unique(a: ShardedArray) -> ShardedArray:
