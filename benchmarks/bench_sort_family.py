@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from common import Block, log2_label, place_devices, where
-from sweep import (Case, Data, Impl, NotApplicable, assert_equal, cccl_impl, copy_to_device, cuda_compute,
-                   measure_task, ours_teardown, peer_teardown, place_group, shard_view, template, use_peer_stream)
+import families
+from families import Family, Spec, gathered, refill
+from sweep import Impl, NotApplicable, assert_equal, cccl_impl, cuda_compute, shard_view
 
 TOP_K = 1024
 KEY_MASK = 0x5555  # sort_key's key: an order that is neither the elements' nor its reverse
@@ -75,15 +75,6 @@ def _reference(cp, algorithm: str, inputs: dict) -> dict:
 
 # ---- checks ---------------------------------------------------------------------------------
 
-def _gathered(data, name: str):
-    """A ShardedArray's shards (ours) concatenated on the first GPU."""
-    cp = data.cp
-    array = data.arrays[name]
-    with cp.cuda.Device(data.devices[0]):
-        return cp.concatenate([copy_to_device(cp, shard_view(cp, array, place), data.devices[0])
-                               for place in range(len(data.devices))])
-
-
 def _check(data, value) -> None:
     cp, reference, algorithm = data.cp, data.context["reference"], data.context["algorithm"]
     if algorithm == "top_k":
@@ -97,7 +88,7 @@ def _check(data, value) -> None:
         return
     if data.is_ours:
         for name, expected in reference.items():
-            assert_equal(cp, _gathered(data, name), expected, name)
+            assert_equal(cp, gathered(data, name), expected, name)
         return
     for name, actual in zip(reference, value if isinstance(value, tuple) else (value,)):
         assert_equal(cp, cp.asarray(actual), reference[name], name)
@@ -105,25 +96,13 @@ def _check(data, value) -> None:
 
 # ---- ours -----------------------------------------------------------------------------------
 
-def _refill(data, names) -> None:
-    """The in-place inputs back to their pristine values, the devices idle after."""
-    data.settle()
-    cp = data.cp
-    for name in names:
-        array = data.arrays[name]
-        for place, device in enumerate(data.devices):
-            with cp.cuda.Device(device):
-                cp.copyto(shard_view(cp, array, place), data.context["pristine"][name][place])
-    data.settle()
-
-
 def _ours(data) -> Impl:
     import cuda_sharded_jit as sharded
 
     algorithm, arrays = data.context["algorithm"], data.arrays
     if algorithm == "sort_by_key":
         return Impl(lambda: sharded.sort_by_key(arrays["keys"], arrays["values"]),
-                    prepare=lambda: _refill(data, ("keys", "values")))
+                    prepare=lambda: refill(data, ("keys", "values")))
     if algorithm == "argsort":
         def argsort():
             if "indices" in arrays:
@@ -131,9 +110,9 @@ def _ours(data) -> Impl:
             arrays["indices"] = sharded.argsort(arrays["x"])
         return Impl(argsort)
     if algorithm == "sort_compare":
-        return Impl(lambda: sharded.sort(arrays["x"], compare=_less), prepare=lambda: _refill(data, ("x",)))
+        return Impl(lambda: sharded.sort(arrays["x"], compare=_less), prepare=lambda: refill(data, ("x",)))
     if algorithm == "sort_key":
-        return Impl(lambda: sharded.sort(arrays["x"], key=_key), prepare=lambda: _refill(data, ("x",)))
+        return Impl(lambda: sharded.sort(arrays["x"], key=_key), prepare=lambda: refill(data, ("x",)))
     if algorithm == "searchsorted":
         def search():
             if "positions" in arrays:
@@ -153,11 +132,11 @@ def _ours_precomputed(data) -> Impl:
         raise NotApplicable
     arrays = data.arrays
     if "keys" not in arrays:
-        _refill(data, ("x",))  # the task before left x sorted
+        refill(data, ("x",))  # the task before left x sorted
         arrays["keys"] = sharded.transform(_key, arrays["x"])
         data.context["pristine"]["keys"] = [shard_view(data.cp, arrays["keys"], place).copy()
                                             for place in range(len(data.devices))]
-    return Impl(lambda: sharded.sort_by_key(arrays["keys"], arrays["x"]), prepare=lambda: _refill(data, ("keys", "x")))
+    return Impl(lambda: sharded.sort_by_key(arrays["keys"], arrays["x"]), prepare=lambda: refill(data, ("keys", "x")))
 
 
 # ---- peers ----------------------------------------------------------------------------------
@@ -207,107 +186,35 @@ def _cccl(data) -> Impl:
     raise NotApplicable
 
 
-# algorithm -> (dtype, elements counted, note, peers)
-SPECS = {
-    "sort_by_key": (np.int32, 1 << 28, "keys per second; int32 keys + int32 values, in place (refilled untimed)",
-                    {"cuda.compute": _cccl, "torch": _torch}),
-    "argsort": (np.float32, 1 << 28, "elements per second; int64 indices of a stable sort",
-                {"cupy": _cupy, "torch": _torch}),
-    "sort_compare": (np.int64, 1 << 26, "elements per second; compare=lambda x, y: x < y", {"cuda.compute": _cccl}),
-    "sort_key": (np.int64, 1 << 26, "elements per second; key=lambda x: x ^ 0x5555, in place", {}),
-    "searchsorted": (np.float32, 1 << 24, "queries per second into 2^28 sorted float32", {"cupy": _cupy}),
-    "top_k": (np.float32, 1 << 28, "elements per second; k = 1024, sorted", {"torch": _torch}),
-}
-ALGORITHMS = tuple(SPECS)
+def _peer_outputs(cp, algorithm: str, inputs: dict):
+    """The peers' output buffers: sorted keys (values and torch's int64 indices for sort_by_key)."""
+    first = next(iter(inputs.values()))
+    outputs = {"out_keys": cp.empty_like(first)}
+    tensors = {"out_keys": outputs["out_keys"]}
+    if algorithm == "sort_by_key":
+        outputs["out_values"] = cp.empty_like(inputs["values"])
+        tensors["indices"] = cp.empty(first.size, cp.int64)
+    return outputs, tensors
 
 
-def blocks(cp, sharded, options, chosen, groups: dict) -> list[Block]:
+FAMILY = Family(
+    specs={
+        "sort_by_key": Spec(np.int32, 1 << 28, "keys per second; int32 keys + int32 values, in place (refilled "
+                            "untimed)", {"cuda.compute": _cccl, "torch": _torch}, place_counts=None),
+        "argsort": Spec(np.float32, 1 << 28, "elements per second; int64 indices of a stable sort",
+                        {"cupy": _cupy, "torch": _torch}),
+        "sort_compare": Spec(np.int64, 1 << 26, "elements per second; compare=lambda x, y: x < y",
+                             {"cuda.compute": _cccl}),
+        "sort_key": Spec(np.int64, 1 << 26, "elements per second; key=lambda x: x ^ 0x5555, in place", {},
+                         extra=(("precomputed keys", "sort_by_key of precomputed keys", _ours_precomputed),)),
+        "searchsorted": Spec(np.float32, 1 << 24, "queries per second into 2^28 sorted float32", {"cupy": _cupy}),
+        "top_k": Spec(np.float32, 1 << 28, "elements per second; k = 1024, sorted", {"torch": _torch}),
+    },
+    inputs=_inputs, reference=_reference, ours=_ours, check=_check, peer_outputs=_peer_outputs)
+ALGORITHMS = tuple(FAMILY.specs)
+
+
+def blocks(cp, sharded, options, chosen, groups: dict):
     """Per algorithm: the peers on the first GPU, then ours on one place (sort_by_key also on
     every place count asked for), all on the same inputs."""
-    device = options.devices[0]
-    result = []
-    for algorithm in ALGORITHMS:
-        if algorithm not in chosen:
-            continue
-        dtype, elements, note, peers = SPECS[algorithm]
-        dtype = np.dtype(dtype)
-        case = Case(algorithm, 0, ours={"ours": _ours}, peers=peers, check=_check, note=note)
-        shared = {}
-        label = f"{log2_label(elements)}"
-
-        def inputs(algorithm=algorithm, shared=shared) -> dict:
-            if not shared:
-                with cp.cuda.Device(device):
-                    shared["inputs"] = _inputs(cp, algorithm, options.seed)
-                    shared["reference"] = _reference(cp, algorithm, shared["inputs"])
-                    cp.cuda.Device(device).synchronize()
-            return shared
-
-        def peers_setup(algorithm=algorithm, inputs=inputs, dtype=dtype) -> Data:
-            made = inputs()
-            cp.cuda.Device(device).use()
-            stream = cp.cuda.Stream(non_blocking=True)
-            context = dict(made, algorithm=algorithm)
-            first = next(iter(made["inputs"].values()))
-            context["out_keys"] = cp.empty_like(first)
-            if algorithm == "sort_by_key":
-                context["out_values"] = cp.empty_like(made["inputs"]["values"])
-            tensors = dict(made["inputs"], out_keys=context["out_keys"])
-            if algorithm == "sort_by_key":
-                tensors["indices"] = cp.empty(first.size, cp.int64)
-            cp.cuda.Device(device).synchronize()
-            data = Data(cp, dtype, [device], [first], stream=stream, context=context)
-            use_peer_stream(cp, options, data, tensors)
-            return data
-
-        def ours_setup(devices, algorithm=algorithm, inputs=inputs, dtype=dtype) -> Data:
-            made = inputs()
-            group = place_group(sharded, devices, groups)
-            arrays, pristine = {}, {}
-            for name, source in made["inputs"].items():
-                array = sharded.ShardedArray.allocate(group, int(source.size), source.dtype)
-                arrays[name] = array
-                pristine[name] = [copy_to_device(cp, source[offset:offset + size], place_device)
-                                  for offset, size, place_device in zip(array.shard_offsets, array.shard_sizes,
-                                                                         devices)]
-                for place, place_device in enumerate(devices):
-                    with cp.cuda.Device(place_device):
-                        cp.copyto(shard_view(cp, array, place), pristine[name][place])
-            data = Data(cp, dtype, list(devices), [], gpus=len(set(devices)), group=group, arrays=arrays,
-                        context=dict(made, algorithm=algorithm, pristine=pristine))
-            data.settle()
-            return data
-
-        reps = max(5, options.reps // 2)
-        tasks = [measure_task(case, impl, maker, template(case, impl, dtype, elements, 1, 1, label), reps,
-                              options.warmup)
-                 for impl, maker in peers.items() if impl in options.peers]
-        if tasks:
-            result.append(Block(f"{algorithm} {label} peers", tasks, peers_setup,
-                                lambda data: peer_teardown(cp, data)))
-        place_counts = options.places if algorithm == "sort_by_key" else [1]
-        for places in place_counts:
-            devices = place_devices(places, options.devices)
-            gpus = len(set(devices))
-            ours = [measure_task(case, "ours", _ours, template(case, "ours", dtype, elements, places, gpus, label),
-                                 reps, options.warmup)]
-            if algorithm == "sort_key":
-                row = template(case, "ours", dtype, elements, places, gpus, label)
-                row.variant = "precomputed keys"
-                row.name += " sort_by_key of precomputed keys"
-                ours.append(measure_task(case, "ours", _ours_precomputed, row, reps, options.warmup))
-            result.append(Block(f"{algorithm} {label} ours, {where(places, gpus)}", ours,
-                                lambda devices=devices, ours_setup=ours_setup: ours_setup(devices),
-                                lambda data: ours_teardown(cp, data)))
-        last = result[-1]
-
-        def release(data, teardown=last.teardown, shared=shared):
-            try:
-                teardown(data)
-            finally:
-                shared.clear()
-                with cp.cuda.Device(device):
-                    cp.get_default_memory_pool().free_all_blocks()
-
-        last.teardown = release
-    return result
+    return families.blocks(cp, sharded, options, chosen, groups, FAMILY)

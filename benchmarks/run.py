@@ -34,11 +34,13 @@ from common import Measure, Progress, parse_places, parse_sizes, run_blocks  # n
 
 ALGORITHMS = ("transform_unary", "transform_binary", "reduce", "transform_reduce", "inclusive_scan",
               "exclusive_scan", "sort", "histogram_even", "count", "adjacent_difference", "argmin",
-              "sort_by_key", "argsort", "sort_compare", "sort_key", "searchsorted", "top_k")
+              "sort_by_key", "argsort", "sort_compare", "sort_key", "searchsorted", "top_k",
+              "select", "segmented_reduce", "unique_by_key", "reduce_by_key", "scan_by_key", "resharded")
 SUITES = ("host", "compile")
 WATCHDOG_GRACE_S = 45  # past the budget, a call still running is taken for a hang
 ALIASES = {"transform": ("transform_unary", "transform_binary"), "scan": ("inclusive_scan", "exclusive_scan"),
            "sort_family": ("sort_by_key", "argsort", "sort_compare", "sort_key", "searchsorted", "top_k"),
+           "selection": ("select", "segmented_reduce", "unique_by_key", "reduce_by_key", "scan_by_key", "resharded"),
            "all": ALGORITHMS + SUITES}
 
 
@@ -188,6 +190,7 @@ def main(argv=None) -> int:
 
     import bench_compile
     import bench_reduce
+    import bench_selection
     import bench_sort
     import bench_sort_family
     import bench_transform
@@ -205,6 +208,7 @@ def main(argv=None) -> int:
     if "compile" in chosen:
         blocks += bench_compile.blocks(max(5, arguments.reps // 2), "cuda.compute" in peers)
     blocks += bench_sort_family.blocks(cp, sharded, options, chosen, groups)  # each at its target's size
+    blocks += bench_selection.blocks(cp, sharded, options, chosen, groups)
     sort_dtypes = list(dict.fromkeys([np.dtype(np.int32)] + dtypes))
     for size in reversed(sizes):  # the largest first: the targets are measured there
         if cases:
