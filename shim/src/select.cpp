@@ -51,6 +51,8 @@ using ClassTotals = std::vector<std::array<std::int64_t, k::kSelectClasses>>;
 ClassTotals count_classes(const PlaceGroup& group, std::vector<SelectPlace>& places, long long tile) {
   const std::size_t count = places.size();
   detail::PinnedBuffer pinned(count * k::kSelectClasses * sizeof(long long));
+  // after `pinned`: on a throw, the kernels already queued finish writing it before it goes
+  const detail::SyncOnUnwind settle(group);
   auto* totals = reinterpret_cast<long long*>(pinned.data);
   std::fill(totals, totals + count * k::kSelectClasses, 0LL);
   for (std::size_t p = 0; p < count; ++p) {
