@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import inspect
 import threading
 import types
 
@@ -152,10 +153,11 @@ def _device_dispatcher(op, cc):
 
     numba freezes globals when it compiles and keeps a compiled device function per
     signature; a changed global (in the operator or in a helper it calls) must be seen, so
-    each compile starts from the Python functions again. Helpers may be numba device
-    functions or other `sharded.op`s, reached by name, through a closure or through a module
-    (`helpers.h(x)`, also via a local alias); a numba helper keeps its own settings
-    (fastmath, opt, ...) and declared signatures. They compile for the same target.
+    each compile starts from the Python functions again. Helpers may be plain Python
+    functions, numba device functions or other `sharded.op`s, reached by name, through a
+    closure or through a module (`helpers.h(x)`, also via a local alias); a numba helper
+    keeps its own settings (fastmath, opt, ...) and declared signatures. They compile for
+    the same target.
     """
     return _fresh_function(op.func, {}, cc)
 
@@ -167,7 +169,9 @@ _HELPER_OPTIONS = ("device", "inline", "forceinline", "link", "debug", "opt", "l
 
 def _fresh_value(value, attributes, memo, cc):
     """A rebuilt stand-in for a helper (a fresh dispatcher), for a module holding helpers (a
-    shadow module whose helper attributes are rebuilt), or None when `value` needs none."""
+    shadow module whose helper attributes are rebuilt), or None when `value` needs none.
+    Helpers are `sharded.op`s, numba device functions, and plain Python functions of the
+    user's (a library's functions, numpy's among them, are numba's to type)."""
     from .op import Op, is_library_module, numba_helper_function
 
     if isinstance(value, Op):
@@ -175,6 +179,8 @@ def _fresh_value(value, attributes, memo, cc):
     py_func = numba_helper_function(value)
     if py_func is not None:
         return _fresh_function(py_func, memo, cc, value)
+    if inspect.isfunction(value) and not is_library_module(getattr(value, "__module__", None) or ""):
+        return _fresh_function(value, memo, cc)
     # a library module holds no helpers, and a shadow of it would hide it from numba's typing
     if isinstance(value, types.ModuleType) and not is_library_module(value.__name__):
         return _fresh_module(value, attributes, memo, cc)
