@@ -497,3 +497,19 @@ class ShardedArray:
 
     def __repr__(self) -> str:
         return self._impl.describe(layout_of(self._dtype).repr_label)
+
+    def _repr_html_(self) -> str:
+        """A notebook's view: size, dtype and storage, then a table of the shards (place,
+        device, size, bytes, first global index)."""
+        import html
+
+        itemsize = self._dtype.itemsize
+        devices = self._group.devices
+        rows = "".join(f"<tr><td>{place}</td><td>cuda:{devices[place]}</td><td>{size}</td>"
+                       f"<td>{size * itemsize}</td><td>{offset}</td></tr>"
+                       for place, (size, offset) in enumerate(zip(self._shard_sizes, self.shard_offsets)))
+        label = html.escape(layout_of(self._dtype).repr_label)
+        state = "freed" if self._impl.is_freed else f"{self._impl.storage} storage"
+        return (f"<b>ShardedArray</b> of {self.size} elements, {label}, {state}"
+                f"<table><tr><th>place</th><th>device</th><th>shard size</th><th>bytes</th>"
+                f"<th>first index</th></tr>{rows}</table>")

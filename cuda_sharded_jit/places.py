@@ -94,6 +94,15 @@ class PlaceGroup:
                                 (self._impl.compute_capability(place) for place in range(len(self))))
         return self._archs
 
+    def _repr_html_(self) -> str:
+        """A notebook's view: a table of the places (device, NUMA domain, architecture)."""
+        rows = "".join(f"<tr><td>{place}</td><td>cuda:{device}</td><td>{domain}</td><td>{arch}</td></tr>"
+                       for place, (device, domain, arch)
+                       in enumerate(zip(self.devices, self.locality_domains, self.archs)))
+        return (f"<b>PlaceGroup</b> of {len(self)} place{'' if len(self) == 1 else 's'}"
+                f"<table><tr><th>place</th><th>device</th><th>NUMA domain</th><th>arch</th></tr>"
+                f"{rows}</table>")
+
     def __repr__(self) -> str:
         places = ", ".join(
             f"{place}: cuda:{device} (numa {domain})"
