@@ -16,6 +16,13 @@ from ._layout import describe_dtype, layout_of
 from .places import PlaceGroup
 
 
+def _arithmetic():
+    """algorithms.arithmetic, imported at first use (it imports this module)."""
+    from .algorithms import arithmetic
+
+    return arithmetic
+
+
 def check_array(value, argument: str = "a") -> "ShardedArray":
     """TypeError naming `argument` unless `value` is a ShardedArray."""
     if not isinstance(value, ShardedArray):
@@ -497,6 +504,125 @@ class ShardedArray:
 
     def __repr__(self) -> str:
         return self._impl.describe(layout_of(self._dtype).repr_label)
+
+    # ---- arithmetic and NumPy-style methods (algorithms/arithmetic.py) ---------------------
+    # NumPy's result types; each returns a new array (the in-place forms write into this one).
+    __array_ufunc__ = None  # NumPy defers to these operators: np.float32(2) * a is a ShardedArray
+
+    def __add__(self, other) -> ShardedArray:
+        return _arithmetic().binary("add", self, other)
+
+    def __radd__(self, other) -> ShardedArray:
+        return _arithmetic().binary("add", other, self)
+
+    def __iadd__(self, other) -> ShardedArray:
+        return _arithmetic().binary("add", self, other, out=self)
+
+    def __sub__(self, other) -> ShardedArray:
+        return _arithmetic().binary("sub", self, other)
+
+    def __rsub__(self, other) -> ShardedArray:
+        return _arithmetic().binary("sub", other, self)
+
+    def __isub__(self, other) -> ShardedArray:
+        return _arithmetic().binary("sub", self, other, out=self)
+
+    def __mul__(self, other) -> ShardedArray:
+        return _arithmetic().binary("mul", self, other)
+
+    def __rmul__(self, other) -> ShardedArray:
+        return _arithmetic().binary("mul", other, self)
+
+    def __imul__(self, other) -> ShardedArray:
+        return _arithmetic().binary("mul", self, other, out=self)
+
+    def __truediv__(self, other) -> ShardedArray:
+        return _arithmetic().binary("truediv", self, other)
+
+    def __rtruediv__(self, other) -> ShardedArray:
+        return _arithmetic().binary("truediv", other, self)
+
+    def __itruediv__(self, other) -> ShardedArray:
+        return _arithmetic().binary("truediv", self, other, out=self)
+
+    def __pow__(self, other) -> ShardedArray:
+        return _arithmetic().binary("pow", self, other)
+
+    def __rpow__(self, other) -> ShardedArray:
+        return _arithmetic().binary("pow", other, self)
+
+    def __ipow__(self, other) -> ShardedArray:
+        return _arithmetic().binary("pow", self, other, out=self)
+
+    def __neg__(self) -> ShardedArray:
+        return _arithmetic().unary("neg", self)
+
+    def __abs__(self) -> ShardedArray:
+        return _arithmetic().unary("abs", self)
+
+    def __iter__(self):
+        raise TypeError("a ShardedArray is not iterated on the host, element by element: use "
+                        "to_numpy() for the values, shard(i) for a place's shard, or transform / "
+                        "reduce to work on the GPUs")
+
+    def copy(self) -> ShardedArray:
+        """A new array with the same group, shard sizes, dtype and elements.
+
+        >>> b = a.copy()                                                  # doctest: +SKIP
+        """
+        return _arithmetic().copy(self)
+
+    def astype(self, dtype) -> ShardedArray:
+        """A copy in another number dtype (a plain copy when it is the same).
+
+        >>> a.astype(np.float64)                                          # doctest: +SKIP
+        """
+        return _arithmetic().astype(self, dtype)
+
+    def sum(self):
+        """sharded.sum(self): the sum, a numpy value."""
+        from .algorithms import reduce
+
+        return reduce.sum(self)
+
+    def min(self):
+        """sharded.min(self)."""
+        from .algorithms import reduce
+
+        return reduce.min(self)
+
+    def max(self):
+        """sharded.max(self)."""
+        from .algorithms import reduce
+
+        return reduce.max(self)
+
+    def argmin(self) -> int:
+        """sharded.argmin(self): the global index of the first smallest element."""
+        from .algorithms import reduce
+
+        return reduce.argmin(self)
+
+    def argmax(self) -> int:
+        """sharded.argmax(self): the global index of the first largest element."""
+        from .algorithms import reduce
+
+        return reduce.argmax(self)
+
+    def mean(self):
+        """The mean in float64, one pass (Welford's accumulator); NaN when empty.
+
+        >>> a.mean(), a.var(), a.std()                                    # doctest: +SKIP
+        """
+        return _arithmetic().mean(self)
+
+    def var(self, ddof: int = 0):
+        """The variance M2 / (n - ddof) in float64, from the same one pass as mean."""
+        return _arithmetic().var(self, ddof)
+
+    def std(self, ddof: int = 0):
+        """The standard deviation, the square root of var."""
+        return _arithmetic().std(self, ddof)
 
     def _repr_html_(self) -> str:
         """A notebook's view: size, dtype and storage, then a table of the shards (place,
