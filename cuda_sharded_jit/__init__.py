@@ -43,6 +43,7 @@ from .algorithms.sort import argsort, sort, sort_by_key
 from .algorithms.transform import transform
 from .array import ShardedArray, ShardView
 from .compiler import CompiledKernel, cache_info, clear_cache, compile
+from .constructors import arange, asarray, empty, empty_like, full, full_like, linspace, ones, zeros, zeros_like
 from .op import Op, op
 from .places import PlaceGroup
 
@@ -61,6 +62,7 @@ __all__ = [
     "top_k", "searchsorted",
     "select", "partition", "three_way_partition", "redistribute",
     "inclusive_scan_by_key", "exclusive_scan_by_key", "reduce_by_key", "unique_by_key", "unique",
+    "empty", "zeros", "ones", "full", "arange", "linspace", "asarray", "empty_like", "zeros_like", "full_like",
     "cache_dir", "cache_info", "clear_cache", "CacheWarning", "VersionSkewError",
     "__version__",
 ]
