@@ -23,6 +23,31 @@ def _arithmetic():
     return arithmetic
 
 
+def _position(index: int, size: int) -> int:
+    """A host index (negative from the end) as a position; IndexError outside the array."""
+    position = index + size if index < 0 else index
+    if not 0 <= position < size:
+        raise IndexError(f"index {index} is out of bounds for a ShardedArray of {size} elements")
+    return position
+
+
+def _positions_of(index: np.ndarray, size: int) -> np.ndarray:
+    """The positions a numpy mask or integer array selects; IndexError or TypeError otherwise."""
+    if index.dtype == np.bool_:
+        if index.shape != (size,):
+            raise IndexError(f"mask: shape {index.shape} does not match the array's ({size},)")
+        return np.flatnonzero(index)
+    if index.size == 0:
+        return np.empty(0, np.int64)
+    if index.dtype.kind not in "iu" or index.ndim != 1:
+        raise TypeError(f"index: a 1-D integer array or a boolean mask, got a {index.ndim}-D {index.dtype} array")
+    positions = index.astype(np.int64)
+    positions = np.where(positions < 0, positions + size, positions)
+    if positions.min() < 0 or positions.max() >= size:
+        raise IndexError(f"index: values outside [-{size}, {size})")
+    return positions
+
+
 def check_array(value, argument: str = "a") -> "ShardedArray":
     """TypeError naming `argument` unless `value` is a ShardedArray."""
     if not isinstance(value, ShardedArray):
@@ -559,6 +584,64 @@ class ShardedArray:
 
     def __abs__(self) -> ShardedArray:
         return _arithmetic().unary("abs", self)
+
+    # ---- host indexing --------------------------------------------------------------------
+    def __getitem__(self, index):
+        """Reads to the host: `a[i]` (negative allowed) → a numpy scalar; `a[i:j:k]` → a numpy
+        array; `a[mask]` / `a[indices]` with a host numpy boolean mask or integer array → a
+        numpy array. Only the range of elements the index touches is copied, from the shards
+        that hold it. Device-side indexing is `select`, `transform` or `shard(i)`.
+
+        >>> a[0], a[-3:], a[np.array([1, 5])]                             # doctest: +SKIP
+        """
+        size = self.size
+        if is_integer(index):
+            position = _position(int(index), size)
+            return self._host_range(position, position + 1)[0]
+        if isinstance(index, slice):
+            positions = np.arange(*index.indices(size), dtype=np.int64)
+        elif isinstance(index, (np.ndarray, list)):
+            positions = _positions_of(np.asarray(index), size)
+        else:
+            raise TypeError(f"index: a ShardedArray is indexed on the host by an int, a slice or a numpy "
+                            f"mask / integer array, not {type(index).__name__}; on the GPUs use "
+                            f"sharded.select, transform or shard(i)")
+        if positions.size == 0:
+            return np.empty(0, self._dtype)
+        low, high = int(positions.min()), int(positions.max()) + 1
+        return self._host_range(low, high)[positions - low]
+
+    def __setitem__(self, index, value) -> None:
+        """Writes from the host: `a[i] = v`, `a[i:j] = values` (a number or an array of the
+        slice's length, cast to a's dtype as numpy casts). Other writes: `transform` (with
+        `with_index`) or `fill`.
+
+        >>> a[0] = 1.5; a[10:20] = np.zeros(10)                           # doctest: +SKIP
+        """
+        size = self.size
+        if is_integer(index):
+            start = _position(int(index), size)
+            stop = start + 1
+        elif isinstance(index, slice):
+            start, stop, step = index.indices(size)
+            if step != 1:
+                raise TypeError("index: a host write takes a slice without a step; on the GPUs use "
+                                "transform(..., with_index=True)")
+            stop = max(start, stop)
+        else:
+            raise TypeError(f"index: a host write takes an int or a slice, not {type(index).__name__}; "
+                            f"on the GPUs use transform or fill")
+        host = np.array(value, dtype=self._dtype).reshape(-1)
+        if host.size == 1 and stop - start != 1:
+            host = np.full(stop - start, host[0], self._dtype)
+        if host.size != stop - start:
+            raise ValueError(f"value: {host.size} elements for a slice of {stop - start}")
+        self._impl.copy_range_from_host(start, stop, host.ctypes.data, host.nbytes)
+
+    def _host_range(self, start: int, stop: int) -> np.ndarray:
+        host = np.empty(stop - start, self._dtype)
+        self._impl.copy_range_to_host(start, stop, host.ctypes.data, host.nbytes)
+        return host
 
     def __iter__(self):
         raise TypeError("a ShardedArray is not iterated on the host, element by element: use "

@@ -114,6 +114,10 @@ NB_MODULE(_shim, m) {
            nb::call_guard<nb::gil_scoped_release>())
       .def("copy_to_host", &csj::ShardedArray::copy_to_host, "host"_a, "nbytes"_a,
            nb::call_guard<nb::gil_scoped_release>())
+      .def("copy_range_from_host", &csj::ShardedArray::copy_range_from_host, "start"_a, "stop"_a, "host"_a,
+           "nbytes"_a, nb::call_guard<nb::gil_scoped_release>())
+      .def("copy_range_to_host", &csj::ShardedArray::copy_range_to_host, "start"_a, "stop"_a, "host"_a, "nbytes"_a,
+           nb::call_guard<nb::gil_scoped_release>())
       .def("free", &csj::ShardedArray::free, nb::call_guard<nb::gil_scoped_release>())
       .def("check_alive", &csj::ShardedArray::check_alive, "what"_a)
       .def("describe", &csj::ShardedArray::describe, "dtype_label"_a = "");

@@ -365,41 +365,59 @@ std::uintptr_t ShardedArray::base_pointer() const {
 }
 
 void ShardedArray::copy_from_host(std::uintptr_t host, std::size_t nbytes) {
-  ArrayLeases lease({{this, "copy_from_host"}});
-  const std::size_t element = itemsize_;
-  if (nbytes != static_cast<std::size_t>(size_) * element) {
-    throw std::invalid_argument("host: expected " + std::to_string(size_ * element) +
-                                " bytes, got " + std::to_string(nbytes));
-  }
-  for (std::size_t shard = 0; shard < num_shards(); ++shard) {
-    if (shard_sizes_[shard] == 0) continue;
-    detail::DeviceGuard guard(group_->device(shard));
-    check(cudaMemcpyAsync(reinterpret_cast<void*>(shard_pointers_[shard]),
-                          reinterpret_cast<const void*>(host + shard_offsets_[shard] * element),
-                          shard_sizes_[shard] * element, cudaMemcpyHostToDevice,
-                          reinterpret_cast<cudaStream_t>(group_->stream(shard))),
-          "cudaMemcpyAsync (host to device)");
-  }
-  group_->sync();
+  copy_range_from_host(0, size_, host, nbytes);
 }
 
 void ShardedArray::copy_to_host(std::uintptr_t host, std::size_t nbytes) const {
-  ArrayLeases lease({{this, "copy_to_host"}});
+  copy_range_to_host(0, size_, host, nbytes);
+}
+
+// Elements [start, stop) and host bytes, queued shard by shard (only the shards the range
+// touches), then those places' streams waited for.
+void ShardedArray::copy_range(std::int64_t start, std::int64_t stop, std::uintptr_t host, std::size_t nbytes,
+                              bool to_host) const {
   const std::size_t element = itemsize_;
-  if (nbytes != static_cast<std::size_t>(size_) * element) {
-    throw std::invalid_argument("host: expected " + std::to_string(size_ * element) +
-                                " bytes, got " + std::to_string(nbytes));
+  if (start < 0 || stop < start || stop > size_) {
+    throw std::invalid_argument("range: [" + std::to_string(start) + ", " + std::to_string(stop) +
+                                ") is not within the array's " + std::to_string(size_) + " elements");
   }
+  if (nbytes != static_cast<std::size_t>(stop - start) * element) {
+    throw std::invalid_argument("host: expected " + std::to_string((stop - start) * element) + " bytes, got " +
+                                std::to_string(nbytes));
+  }
+  std::vector<std::size_t> touched;
   for (std::size_t shard = 0; shard < num_shards(); ++shard) {
-    if (shard_sizes_[shard] == 0) continue;
+    const std::int64_t from = std::max(start, shard_offsets_[shard]);
+    const std::int64_t to = std::min(stop, shard_offsets_[shard] + shard_sizes_[shard]);
+    if (from >= to) continue;
     detail::DeviceGuard guard(group_->device(shard));
-    check(cudaMemcpyAsync(reinterpret_cast<void*>(host + shard_offsets_[shard] * element),
-                          reinterpret_cast<const void*>(shard_pointers_[shard]),
-                          shard_sizes_[shard] * element, cudaMemcpyDeviceToHost,
-                          reinterpret_cast<cudaStream_t>(group_->stream(shard))),
-          "cudaMemcpyAsync (device to host)");
+    auto* device = reinterpret_cast<unsigned char*>(shard_pointers_[shard]) + (from - shard_offsets_[shard]) * element;
+    auto* on_host = reinterpret_cast<unsigned char*>(host) + (from - start) * element;
+    const std::size_t bytes = static_cast<std::size_t>(to - from) * element;
+    const auto stream = reinterpret_cast<cudaStream_t>(group_->stream(shard));
+    if (to_host) {
+      check(cudaMemcpyAsync(on_host, device, bytes, cudaMemcpyDeviceToHost, stream), "cudaMemcpyAsync (device to host)");
+    } else {
+      check(cudaMemcpyAsync(device, on_host, bytes, cudaMemcpyHostToDevice, stream), "cudaMemcpyAsync (host to device)");
+    }
+    touched.push_back(shard);
   }
-  group_->sync();
+  for (const std::size_t shard : touched) {
+    detail::DeviceGuard guard(group_->device(shard));
+    check(cudaStreamSynchronize(reinterpret_cast<cudaStream_t>(group_->stream(shard))), "cudaStreamSynchronize");
+  }
+}
+
+void ShardedArray::copy_range_to_host(std::int64_t start, std::int64_t stop, std::uintptr_t host,
+                                      std::size_t nbytes) const {
+  ArrayLeases lease({{this, "copy_to_host"}});
+  copy_range(start, stop, host, nbytes, true);
+}
+
+void ShardedArray::copy_range_from_host(std::int64_t start, std::int64_t stop, std::uintptr_t host,
+                                        std::size_t nbytes) {
+  ArrayLeases lease({{this, "copy_from_host"}});
+  copy_range(start, stop, host, nbytes, false);
 }
 
 void copy_lanes(const ShardedArray& src, std::size_t src_offset, ShardedArray& dst, std::size_t dst_offset,

@@ -70,6 +70,10 @@ class ShardedArray {
   // Whole-array copies through host memory of size() * itemsize bytes (synchronous).
   void copy_from_host(std::uintptr_t host, std::size_t nbytes);
   void copy_to_host(std::uintptr_t host, std::size_t nbytes) const;
+  // The same for elements [start, stop) and (stop - start) * itemsize host bytes: only the
+  // shards the range touches are copied, and only their places waited for (host indexing).
+  void copy_range_from_host(std::int64_t start, std::int64_t stop, std::uintptr_t host, std::size_t nbytes);
+  void copy_range_to_host(std::int64_t start, std::int64_t stop, std::uintptr_t host, std::size_t nbytes) const;
 
   // Releases device memory now (owned storage); later use raises ValueError. Idempotent.
   // Waits for calls that hold a lease on the array (ArrayLeases) to finish queueing their
@@ -90,6 +94,7 @@ class ShardedArray {
   ShardedArray(std::shared_ptr<PlaceGroup> group, std::vector<std::int64_t> sizes, DType dtype,
                std::size_t record_size, Storage storage);
   void release_storage() noexcept;
+  void copy_range(std::int64_t start, std::int64_t stop, std::uintptr_t host, std::size_t nbytes, bool to_host) const;
 
   std::shared_ptr<PlaceGroup> group_;
   DType dtype_;
