@@ -39,10 +39,11 @@ std::size_t aligned(std::size_t bytes) { return (bytes + kAlign - 1) / kAlign * 
 
 long long ceil_div(long long a, long long b) { return (a + b - 1) / b; }
 
-// Whether kernels on `device` can read shard `p` of `sorted` where it lies. The library's
-// own memory (pool allocations, contiguous ranges) is mapped for every device its group
-// reaches by peer access; an adopted buffer's allocator is unknown, so it is read where it
-// lies only on its own device.
+}  // namespace
+
+// The library's own memory (pool allocations, contiguous ranges) is mapped for every device
+// its group reaches by peer access; an adopted buffer's allocator is unknown, so it is read
+// where it lies only on its own device.
 bool readable(const ShardedArray& sorted, std::size_t p, int device) {
   const PlaceGroup& group = *sorted.group();
   const int owner = group.device(p);
@@ -50,11 +51,7 @@ bool readable(const ShardedArray& sorted, std::size_t p, int device) {
   return sorted.storage() != Storage::adopted && group.can_access_peer(device, owner);
 }
 
-}  // namespace
-
-void search_with(const SearchKernelFor& kernel_for, const ShardedArray& sorted, const ShardedArray& values,
-                 ShardedArray& out, bool right) {
-  const ArrayLeases leases({{&sorted, "sorted_a"}, {&values, "values"}, {&out, "out"}});
+void check_search_arrays(const ShardedArray& sorted, const ShardedArray& values, const ShardedArray& out) {
   if (values.dtype() != sorted.dtype() || values.itemsize() != sorted.itemsize()) {
     throw std::invalid_argument(std::string("values: dtype ") + dtype_name(values.dtype()) +
                                 " differs from sorted_a's " + dtype_name(sorted.dtype()));
@@ -63,6 +60,12 @@ void search_with(const SearchKernelFor& kernel_for, const ShardedArray& sorted, 
   if (out.group() != values.group()) throw std::invalid_argument("out: belongs to another PlaceGroup than values");
   if (out.shard_sizes() != values.shard_sizes()) throw std::invalid_argument("out: shard sizes differ from values'");
   if (&out == &sorted || &out == &values) throw std::invalid_argument("out: must be an array of its own");
+}
+
+void search_with(const SearchKernelFor& kernel_for, const ShardedArray& sorted, const ShardedArray& values,
+                 ShardedArray& out, bool right) {
+  const ArrayLeases leases({{&sorted, "sorted_a"}, {&values, "values"}, {&out, "out"}});
+  check_search_arrays(sorted, values, out);
 
   const PlaceGroup& sorted_group = *sorted.group();
   const PlaceGroup& query_group = *values.group();

@@ -22,6 +22,7 @@
 #include "csj/search.hpp"
 #include "cuda_check.hpp"
 #include "merge_sort.hpp"
+#include "search_driver.hpp"
 
 namespace csj {
 namespace {
@@ -30,32 +31,18 @@ using detail::DeviceGuard;
 using detail::Event;
 using detail::check;
 
+using detail::readable;
+
 constexpr std::size_t kAlign = 256;
 
 std::size_t aligned(std::size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
-
-// As search.cpp: the library's own memory is mapped for every device its group reaches by
-// peer access; an adopted buffer is read where it lies only on its own device.
-bool readable(const ShardedArray& sorted, std::size_t p, int device) {
-  const PlaceGroup& group = *sorted.group();
-  const int owner = group.device(p);
-  if (owner == device) return true;
-  return sorted.storage() != Storage::adopted && group.can_access_peer(device, owner);
-}
 
 }  // namespace
 
 void search_compare(const std::vector<const KernelLibrary*>& libraries, const ShardedArray& sorted,
                     const ShardedArray& values, ShardedArray& out, bool right) {
   const ArrayLeases leases({{&sorted, "sorted_a"}, {&values, "values"}, {&out, "out"}});
-  if (values.dtype() != sorted.dtype() || values.itemsize() != sorted.itemsize()) {
-    throw std::invalid_argument(std::string("values: dtype ") + dtype_name(values.dtype()) +
-                                " differs from sorted_a's " + dtype_name(sorted.dtype()));
-  }
-  if (out.dtype() != DType::int64) throw std::invalid_argument("out: expected an int64 array for the positions");
-  if (out.group() != values.group()) throw std::invalid_argument("out: belongs to another PlaceGroup than values");
-  if (out.shard_sizes() != values.shard_sizes()) throw std::invalid_argument("out: shard sizes differ from values'");
-  if (&out == &sorted || &out == &values) throw std::invalid_argument("out: must be an array of its own");
+  detail::check_search_arrays(sorted, values, out);
   const PlaceGroup& sorted_group = *sorted.group();
   const PlaceGroup& query_group = *values.group();
   if (libraries.size() != query_group.size()) {

@@ -15,6 +15,13 @@ namespace csj::detail {
 // The search kernel a place of `values` launches (asked with the place's device current).
 using SearchKernelFor = std::function<KernelHandle(std::size_t place)>;
 
+// Whether kernels on `device` can read shard `p` of `sorted` where it lies.
+bool readable(const ShardedArray& sorted, std::size_t p, int device);
+
+// std::invalid_argument unless values has sorted's dtype and out is an int64 array of its
+// own with values' group and shard sizes (the checks of every searchsorted driver).
+void check_search_arrays(const ShardedArray& sorted, const ShardedArray& values, const ShardedArray& out);
+
 // csj::searchsorted with `kernel_for`'s kernels: checks values' dtype and out (int64, values'
 // group and shard sizes), then, per place of `values` with queries, lays out the shards of
 // `sorted` as that place reads them (in place or copied), fills the table of lasts and
