@@ -154,13 +154,19 @@ def sort_spec(key_op: Op | None, descending: bool) -> tuple:
     return (SORT_ORDERS[descending], key_op)
 
 
-def _merge_sort_module(dtype: np.dtype, argument: str = "a") -> str:
+def _element_module(prefix: str, what: str, dtype: np.dtype, argument: str) -> str:
+    """The module `<prefix>_e<size>` built per element size (those of MERGE_SORT_SIZES);
+    TypeError naming `argument` for another size."""
     layout = layout_of(dtype)
     if layout.itemsize not in MERGE_SORT_SIZES:
-        raise TypeError(f"{argument}: a sort with a comparator takes elements of "
+        raise TypeError(f"{argument}: {what} takes elements of "
                         f"{', '.join(map(str, MERGE_SORT_SIZES))} bytes, not {layout.description} "
                         f"({layout.itemsize} bytes)")
-    return f"merge_sort_e{layout.itemsize}"
+    return f"{prefix}_e{layout.itemsize}"
+
+
+def _merge_sort_module(dtype: np.dtype, argument: str = "a") -> str:
+    return _element_module("merge_sort", "a sort with a comparator", dtype, argument)
 
 
 def select_spec(second: Op | None, with_index: bool) -> tuple:
@@ -170,12 +176,7 @@ def select_spec(second: Op | None, with_index: bool) -> tuple:
 
 
 def _select_module(dtype: np.dtype, argument: str = "a") -> str:
-    layout = layout_of(dtype)
-    if layout.itemsize not in MERGE_SORT_SIZES:
-        raise TypeError(f"{argument}: a selection takes elements of "
-                        f"{', '.join(map(str, MERGE_SORT_SIZES))} bytes, not {layout.description} "
-                        f"({layout.itemsize} bytes)")
-    return f"select_e{layout.itemsize}"
+    return _element_module("select", "a selection", dtype, argument)
 
 
 def _build(op: Op, key: tuple, map_spec) -> CompiledKernel:
