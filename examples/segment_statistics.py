@@ -1,5 +1,5 @@
 """Per-segment mean and variance in one pass: `segmented_reduce` with Welford's (count, mean,
-M2) accumulator, combined pairwise (Chan et al.). Segments are any ranges of the global array:
+M2) accumulator, combined pairwise (Chan et al.; the operators of welford.py). Segments are any ranges of the global array:
 empty ones, ones that span GPUs.
 
     python examples/segment_statistics.py
@@ -11,19 +11,7 @@ import numpy as np
 
 import cuda_sharded_jit as sharded
 from _common import group_or_exit
-
-
-def one(x):
-    return 1.0, np.float64(x), 0.0  # count, mean, M2 of a single value, in float64
-
-
-def combine(p, q):
-    count = p[0] + q[0]
-    if count == 0.0:
-        return p
-    delta = q[1] - p[1]
-    mean = p[1] + delta * (q[0] / count)
-    return count, mean, p[2] + q[2] + delta * delta * (p[0] * q[0] / count)
+from welford import combine, one  # Welford's accumulator of examples/welford.py
 
 
 def main() -> int:
