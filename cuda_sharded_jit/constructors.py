@@ -106,7 +106,7 @@ def _linspace_element(x, start, step, stop, last, index):
 def linspace(g: PlaceGroup, start, stop, num, dtype=np.float64, *, sizes=None,
              contiguous: bool = False) -> ShardedArray:
     """`num` evenly spaced values from `start` to `stop` inclusive, as `np.linspace`: element
-    i is start + i * step in float64 (the last exactly `stop`), then cast to `dtype`.
+    i is start + i * step in float64 (the last exactly `stop`; one value is `start`), then cast to `dtype`.
 
     >>> sharded.linspace(g, 0.0, 1.0, 5).to_numpy()                          # doctest: +SKIP
     array([0.  , 0.25, 0.5 , 0.75, 1.  ])
@@ -117,7 +117,8 @@ def linspace(g: PlaceGroup, start, stop, num, dtype=np.float64, *, sizes=None,
     if num == 0:
         return out
     step = (stop - start) / (num - 1) if num > 1 else 0.0
-    return _transform.transform(_linspace_element, out, start, step, stop, np.int64(num - 1), with_index=True,
+    last = stop if num > 1 else start  # np.linspace(start, stop, 1) is [start]
+    return _transform.transform(_linspace_element, out, start, step, last, np.int64(num - 1), with_index=True,
                                 out=out)
 
 
