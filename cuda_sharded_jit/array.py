@@ -17,11 +17,18 @@ from ._layout import describe_dtype, layout_of
 from .places import PlaceGroup
 
 
-def _arithmetic():
-    """algorithms.arithmetic, imported at first use (it imports this module)."""
-    from .algorithms import arithmetic
+_arithmetic_module = None
 
-    return arithmetic
+
+def _arithmetic():
+    """algorithms.arithmetic, imported at first use (it imports this module) and kept: every
+    `a + b` asks for it, and an import statement costs more than the rest of the dispatch."""
+    global _arithmetic_module
+    if _arithmetic_module is None:
+        from .algorithms import arithmetic
+
+        _arithmetic_module = arithmetic
+    return _arithmetic_module
 
 
 def _position(index: int, size: int) -> int:
@@ -371,10 +378,21 @@ class ShardView:
 class ShardedArray:
     """A 1-D array whose shard i lives on place i of its group, in global index order.
 
+    Operators work elementwise on the GPUs, with NumPy's result types and values: `a + b`,
+    `a - 2`, `2.0 * a`, `a / b`, `a ** 2`, `-a`, `abs(a)`, the in-place forms (`a += b`), and
+    the comparisons `<`, `<=`, `>`, `>=`, `==`, `!=` between arrays of one group and shard
+    sizes or with a Python or NumPy number on either side. Comparisons return a new uint32
+    array of 1 (true) and 0 (false), where NumPy gives bool: arrays hold no bool. So
+    `(a > 0).sum()` counts (in uint32), and a host mask is `(a > 0).to_numpy().astype(bool)`;
+    as in NumPy, `==` is elementwise (arrays are unhashable; `is` tells them apart) and
+    `bool(a)` is an error unless `a` has one element.
+
     >>> g = PlaceGroup.by_devices([0, 0])                                 # doctest: +SKIP
     >>> a = ShardedArray.from_numpy(g, np.arange(10, dtype=np.float32))  # doctest: +SKIP
     >>> a.shard_sizes, a.to_numpy()[-1]                                   # doctest: +SKIP
     ((5, 5), 9.0)
+    >>> ((a * 2 + 1) / 3 > 2.5).to_numpy()                                # doctest: +SKIP
+    array([0, 0, 0, 0, 1, 1, 1, 1, 1, 1], dtype=uint32)
     """
 
     __slots__ = ("_impl", "_group", "_dtype", "_keepalive", "_shard_sizes", "__weakref__")
@@ -405,6 +423,13 @@ class ShardedArray:
         group = _check_group(group)
         dtype = as_array_dtype(dtype)
         return cls(_allocate(group, _shard_sizes(group, n), dtype, False), group, dtype)
+
+    @classmethod
+    def _new_like(cls, like: ShardedArray, dtype: np.dtype) -> ShardedArray:
+        """Internal (the algorithms' outputs): an uninitialised array with `like`'s group and
+        shard sizes, of a `dtype` the caller has already checked; no argument is re-checked."""
+        group = like._group
+        return cls(_allocate(group, list(like._shard_sizes), dtype, False), group, dtype)
 
     @classmethod
     def allocate_contiguous(cls, group: PlaceGroup, n, dtype) -> ShardedArray:
@@ -714,6 +739,41 @@ class ShardedArray:
     def __abs__(self) -> ShardedArray:
         return _arithmetic().unary("abs", self)
 
+    # Comparisons give uint32 arrays of 1 (true) and 0 (false): NumPy's values, in the
+    # smallest dtype arrays hold (there is no bool). `1 < a` is Python's reflection, a > 1.
+    def __lt__(self, other) -> ShardedArray:
+        return _arithmetic().compare("lt", self, other)
+
+    def __le__(self, other) -> ShardedArray:
+        return _arithmetic().compare("le", self, other)
+
+    def __gt__(self, other) -> ShardedArray:
+        return _arithmetic().compare("gt", self, other)
+
+    def __ge__(self, other) -> ShardedArray:
+        return _arithmetic().compare("ge", self, other)
+
+    def __eq__(self, other) -> ShardedArray:
+        return _arithmetic().compare("eq", self, other)
+
+    def __ne__(self, other) -> ShardedArray:
+        return _arithmetic().compare("ne", self, other)
+
+    # `==` is elementwise, so arrays are unhashable, as numpy's are; `a is b` still tells
+    # arrays apart, and `a in [a, b]` finds `a` by identity before comparing anything.
+    __hash__ = None
+
+    def __bool__(self) -> bool:
+        """As numpy: the truth of the one element of a 1-element array; ValueError otherwise."""
+        size = self._impl.size
+        if size == 1:
+            return bool(self._host_range(0, 1)[0])
+        if size == 0:
+            raise ValueError("the truth value of an empty ShardedArray is ambiguous: use a.size > 0 to "
+                             "check that it is not empty")
+        raise ValueError(f"the truth value of a ShardedArray of {size} elements is ambiguous: reduce it "
+                         f"first, e.g. (a > 0).max() == 1 for any, (a > 0).min() == 1 for all")
+
     # ---- host indexing --------------------------------------------------------------------
     def __getitem__(self, index):
         """Reads to the host: `a[i]` (negative allowed) → a numpy scalar; `a[i:j:k]` → a numpy
@@ -731,6 +791,10 @@ class ShardedArray:
             positions = np.arange(*index.indices(size), dtype=np.int64)
         elif isinstance(index, (np.ndarray, list)):
             positions = _positions_of(np.asarray(index), size)
+        elif isinstance(index, ShardedArray):
+            raise TypeError("index: a ShardedArray does not index on the host; a comparison's 1/0 flags "
+                            "select as a[(a > 0.5).to_numpy().astype(bool)] (without astype, a uint32 "
+                            "array reads positions 0 and 1), or on the GPUs sharded.select(a, lambda x: x > 0.5)")
         else:
             raise TypeError(f"index: a ShardedArray is indexed on the host by an int, a slice or a numpy "
                             f"mask / integer array, not {type(index).__name__}; on the GPUs use "
