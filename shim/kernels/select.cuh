@@ -53,12 +53,16 @@ __device__ __forceinline__ void count_tile(const SelectParams& p, ClassOf class_
 // [base_c, base_c + count_c) in tile order (base_0 = 0, base_1 = count_0, base_2 = count_0 +
 // count_1): `stage(i, slot)` puts item i there (in shared memory). Then, the block synced,
 // `emit(slot, cls, position)` is called for every filled slot, adjacent threads on adjacent
-// slots, with the position of its element in class `cls`'s output shard: the tile's offset
+// slots of the classes that have an output (SelectParams::out not null; the others are
+// neither staged nor emitted), with the position of its element in class `cls`'s output
+// shard: the tile's offset
 // (tile_counts, scanned) plus the rank in its class, so each class's stores are contiguous
 // and coalesced whatever the selectivity.
 template <int Items, class Stage, class Emit>
 __device__ __forceinline__ void scatter_tile(const SelectParams& p, const int (&classes)[Items], Stage stage,
                                              Emit emit) {
+  // classes 0 .. written - 1 have outputs (select: class 0; partition: 0 and 1; else all)
+  const int written = p.out[2] != nullptr ? 3 : p.out[1] != nullptr ? 2 : 1;
   using Scan = cub::BlockScan<unsigned long long, kSelectBlock>;
   __shared__ typename Scan::TempStorage storage;
   unsigned long long packed = 0;
@@ -74,14 +78,15 @@ __device__ __forceinline__ void scatter_tile(const SelectParams& p, const int (&
 #pragma unroll
   for (int item = 0; item < Items; ++item) {
     const int cls = classes[item];
-    if (cls < 0) continue;
+    if (cls < 0 || cls >= written) continue;
     const int base = cls == 0 ? 0 : cls == 1 ? base1 : base2;
     stage(item, base + static_cast<int>(class_field(rank, cls)));
     rank += class_unit(cls);
   }
   __syncthreads();
   const SelectCounts offset = p.tile_counts[blockIdx.x];
-  for (int slot = static_cast<int>(threadIdx.x); slot < filled; slot += kSelectBlock) {
+  const int end = written == 1 ? base1 : written == 2 ? base2 : filled;
+  for (int slot = static_cast<int>(threadIdx.x); slot < end; slot += kSelectBlock) {
     const int cls = slot < base1 ? 0 : slot < base2 ? 1 : 2;
     const int base = cls == 0 ? 0 : cls == 1 ? base1 : base2;
     emit(slot, cls, offset.count[cls] + (slot - base));
