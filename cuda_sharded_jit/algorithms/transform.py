@@ -7,6 +7,7 @@ import struct
 import numpy as np
 
 from .. import _shim
+from .._collective import begin, collective
 from .._dtypes import as_dtype, as_flag, exact_cast, is_scalar, scalar_dtype
 from .._layout import layout_of
 from ..array import ShardedArray, check_out
@@ -31,6 +32,7 @@ def pack_scalars(values, dtypes) -> bytes:
         raise ValueError(f"args: a scalar does not fit its dtype ({error})") from None
 
 
+@collective("transform")
 def transform(op, *args, out: ShardedArray | None = None, with_index: bool = False) -> ShardedArray:
     """out[i] = op(args[0][i], args[1][i], ...) for every element, on every place.
 
@@ -105,6 +107,8 @@ def run(prepared, out: ShardedArray | None) -> ShardedArray:
     arrays, packed, out_dtype, libraries, indexed = prepared
     if out is None:
         out = ShardedArray.allocate(arrays[0].group, list(arrays[0].shard_sizes), out_dtype)
+    begin(out.group, "transform", ("shard sizes", out.shard_sizes),
+          ("dtypes", tuple(array.dtype.str for array in arrays) + (out.dtype.str,)))
     _shim.transform(libraries, [array._impl for array in arrays], out._impl, packed, indexed)
     return out
 
@@ -135,6 +139,7 @@ def _transform_descriptor(descriptor: Descriptor, args, out):
         scalars = pack_scalars([value], [as_dtype(dtype)])
     if out is None:
         out = ShardedArray.allocate(first.group, list(first.shard_sizes), dtype)
+    begin(out.group, "transform", ("shard sizes", out.shard_sizes), ("ops", descriptor.name), ("dtype", dtype.str))
     _shim.transform_builtin(getattr(_shim.BuiltinOp, descriptor.name), [a._impl for a in args],
                             out._impl, scalars)
     return out

@@ -30,7 +30,7 @@ TransformParams params_for(const ArrayList& inputs, const ShardedArray& out, std
   }
   params.out = reinterpret_cast<void*>(out.shard_pointer(place));
   params.n = out.shard_size(place);
-  params.index_base = out.shard_offset(place);
+  params.index_base = out.index_base(place);
   std::memcpy(params.scalars.bytes, scalars.data(), scalars.size());
   return params;
 }

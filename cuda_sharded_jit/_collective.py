@@ -1,0 +1,80 @@
+"""Which public calls are collectives on a multi-process group (PlaceGroup.from_mpi), and the
+one test that sends them there.
+
+On a one-process group every call below passes straight through: the decorator looks at
+the arguments' groups (one attribute each) and calls the function. When an argument lives on
+a from_mpi group, the call runs as a collective (distributed/_agreement.py): every rank of
+the group must make it, in the same order, and an error that one rank hits alone is raised
+on every rank, the same exception with the same text, never a hang. Algorithms that do not
+run across processes yet say so, naming the argument, before anything runs (the same answer
+on every rank, so no rank waits for another).
+
+Nothing here imports mpi4py: the package imports, and runs on one process, without it.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+
+
+def _group_of(value):
+    """The from_mpi group `value` (an array or a group) lives on, else None."""
+    group = getattr(value, "_group", value)  # arrays: their group; groups: themselves
+    return group if getattr(group, "_distributed", False) else None
+
+
+def _distributed_argument(args, kwargs):
+    """(position or keyword, group) of the first argument on a from_mpi group, else None."""
+    for position, value in enumerate(args):
+        group = _group_of(value)
+        if group is not None:
+            return position, group
+    for keyword, value in kwargs.items():
+        group = _group_of(value)
+        if group is not None:
+            return keyword, group
+    return None
+
+
+def _argument_name(function, where) -> str:
+    if isinstance(where, str):
+        return where
+    try:
+        return list(inspect.signature(function).parameters)[where]
+    except (IndexError, TypeError, ValueError):
+        return f"args[{where}]"
+
+
+def collective(name: str, supported: bool = True):
+    """Marks a public call as a collective of from_mpi groups (`supported`), or as one that
+    refuses their arrays with a ValueError naming the argument (not across processes yet)."""
+
+    def wrap(function):
+        @functools.wraps(function)
+        def call(*args, **kwargs):
+            found = _distributed_argument(args, kwargs)
+            if found is None:
+                return function(*args, **kwargs)
+            where, group = found
+            if not supported:
+                raise ValueError(
+                    f"{_argument_name(function, where)}: lives on a PlaceGroup.from_mpi group, and "
+                    f"{name} does not run across processes yet; gather it with to_numpy(root=...) "
+                    f"or work on each rank's local_shards()")
+            from .distributed._agreement import run
+
+            return run(group, name, function, args, kwargs)
+
+        return call
+
+    return wrap
+
+
+def begin(group, *signature) -> None:
+    """Before a collective's kernels run: on a from_mpi group, every rank agrees that its
+    checks passed and that it makes the same call (`signature`); nothing on one process."""
+    if group._distributed:
+        from .distributed._agreement import begin as agree_to_begin
+
+        agree_to_begin(group, signature)
