@@ -96,6 +96,11 @@ class DistributedPlaceGroup(PlaceGroup):
         """The host NUMA domain of every place's device (of every rank)."""
         return self._all_domains
 
+    @property
+    def archs(self) -> tuple[str, ...]:
+        """The SASS architecture of each of this rank's places (the kernels it loads)."""
+        return self._local.archs
+
     def _local_index(self, place: int) -> int:
         """The index among this rank's places of global place `place`; ValueError when another
         rank holds it."""

@@ -48,6 +48,8 @@ def test_the_layout(group):
     assert len(group) == 2 * SIZE and group.nranks == SIZE and group.transport == "mpi"
     assert group.local_places == (2 * RANK, 2 * RANK + 1)
     assert group.place_ranks == tuple(rank for rank in range(SIZE) for _ in range(2))
+    assert group.archs == ("sm_90", "sm_90")  # this rank's places': the kernels it loads
+    assert group.devices == (0,) * len(group) and group.locality_domains == (0,) * len(group)
 
 
 def test_data_in_and_out(group):
