@@ -437,7 +437,7 @@ _SUBTRACT = Op(_subtract)
 _IDENTITY = Op(lambda x: x)
 
 
-@collective("adjacent_difference", supported=False)
+@collective("adjacent_difference")
 def adjacent_difference(a: ShardedArray, out: ShardedArray | None = None, op=None) -> ShardedArray:
     """out[0] = a[0]; out[i] = op(a[i], a[i-1]) (default a[i] - a[i-1]), across shards.
 
@@ -466,5 +466,10 @@ def adjacent_difference(a: ShardedArray, out: ShardedArray | None = None, op=Non
     _, first = kernel_libraries(_IDENTITY, "transform", kinds[:1], out_dtype, a.group.archs)
     if out is None:
         out = ShardedArray.allocate(a.group, list(a.shard_sizes), out_dtype)
-    _shim.adjacent_difference(difference, first, a._impl, out._impl)
+    if a.group._distributed:  # the first element of a rank's part meets the previous rank's last
+        from ..distributed import _algorithms
+
+        _algorithms.adjacent_difference(difference, first, a, out)
+    else:
+        _shim.adjacent_difference(difference, first, a._impl, out._impl)
     return out

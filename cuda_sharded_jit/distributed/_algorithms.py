@@ -11,6 +11,8 @@ by_devices with the same P places and shard sizes.
   folded into each place's seed (an exclusive prefix, with init), then the second pass
   seeded with it: one call of the shim, which calls back between the passes.
 - count and histogram_even: integer counts, added by an allreduce (any order, same sum).
+- adjacent_difference: every rank's last element allgathered; a rank's first non-empty
+  place takes its neighbour (the halo plan's, across empty shards and ranks) from there.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import numpy as np
 from .. import _shim
 from ._agreement import begin, gather, moving
 from ._mpi import mpi
-from ._plans import in_place_order, present, reduce_result, scan_seeds
+from ._plans import halo_plan, in_place_order, present, rank_counts, reduce_result, scan_seeds
 
 
 def _fold(a, acc_size: int, libraries, builtin):
@@ -79,3 +81,22 @@ def histogram_even(a, num_bins: int, edges: np.ndarray, counts: np.ndarray) -> n
     with moving(a.group):
         a.group.comm.Allreduce(MPI.IN_PLACE, counts, op=MPI.SUM)
     return counts
+
+
+def adjacent_difference(difference, first, a, out) -> None:
+    """The shim's adjacent_difference over every rank: the neighbour of a rank's first
+    element is the last element of the nearest earlier rank that holds any."""
+    group = a.group
+    rank = group.rank
+    counts, _ = rank_counts(a.shard_sizes, group.place_ranks, group.nranks)
+    last = None
+    if counts[rank]:
+        element = np.empty(1, a.dtype)
+        a._impl.copy_range_to_host(counts[rank] - 1, counts[rank], element.ctypes.data, element.nbytes)
+        last = element.tobytes()
+    gathered = gather(group, last, _signature("adjacent_difference", a, ("out dtype", out.dtype.str)))
+    halo = b""
+    for needed in halo_plan(a.shard_sizes, group.place_ranks):
+        if needed.rank == rank and needed.source_rank != rank:
+            halo = gathered[needed.source_rank]
+    _shim.adjacent_difference(difference, first, a._impl, out._impl, False, halo)

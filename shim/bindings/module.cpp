@@ -205,8 +205,15 @@ NB_MODULE(_shim, m) {
   m.def("select", &csj::select, "libraries"_a, "a"_a, "outputs"_a, nb::call_guard<nb::gil_scoped_release>());
   m.def("select_flagged", &csj::select_flagged, "flags"_a, "arrays"_a, nb::call_guard<nb::gil_scoped_release>());
   m.def("redistribute", &csj::redistribute, "a"_a, "sizes"_a, nb::call_guard<nb::gil_scoped_release>());
-  m.def("adjacent_difference", &csj::adjacent_difference, "difference"_a, "first"_a, "a"_a,
-        "out"_a, "successor"_a = false, nb::call_guard<nb::gil_scoped_release>());
+  m.def(
+      "adjacent_difference",
+      [](const std::vector<const csj::KernelLibrary*>& difference, const std::vector<const csj::KernelLibrary*>& first,
+         const csj::ShardedArray& in, csj::ShardedArray& out, bool successor, const nb::bytes& halo) {
+        const std::string halo_bytes = to_string(halo);
+        nb::gil_scoped_release release;
+        csj::adjacent_difference(difference, first, in, out, successor, halo_bytes);
+      },
+      "difference"_a, "first"_a, "a"_a, "out"_a, "successor"_a = false, "halo"_a = nb::bytes(""));
 
   nb::enum_<csj::BuiltinReduction>(m, "BuiltinReduction")
       .value("sum", csj::BuiltinReduction::sum)

@@ -261,6 +261,28 @@ def test_transform_and_sequence_see_global_indices(groups):
     assert np.array_equal(arithmetic, host * 3.0 - host)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.int64])
+def test_adjacent_difference_meets_the_previous_rank_s_last_element(groups, dtype):
+    group, reference = groups
+    host = _sample(dtype, 20000, seed=9)
+    layouts = [_uneven(len(group), host.size), [0] * (len(group) - 1) + [host.size],
+               [host.size] + [0] * (len(group) - 1)]
+    layouts.append([host.size // len(group) if place % 2 else 0 for place in range(len(group))])
+    layouts[-1][-1] += host.size - sum(layouts[-1])  # every other shard empty
+    results = []
+    for sizes in layouts:
+        a = sharded.ShardedArray.from_numpy(group, host, sizes=sizes, root=None)
+        r = sharded.ShardedArray.from_numpy(reference, host, sizes=sizes)
+        results.append((sharded.adjacent_difference(a).to_numpy(root=None),
+                        sharded.adjacent_difference(r).to_numpy(),
+                        sharded.adjacent_difference(a, op=lambda x, previous: x * 2 - previous).to_numpy(root=None),
+                        sharded.adjacent_difference(r, op=lambda x, previous: x * 2 - previous).to_numpy()))
+    for ours, theirs, ours_op, theirs_op in results:
+        assert ours.tobytes() == theirs.tobytes() and ours_op.tobytes() == theirs_op.tobytes()
+        assert np.array_equal(ours, np.concatenate([host[:1], np.diff(host)]))
+        assert np.array_equal(ours_op, np.concatenate([host[:1], host[1:] * 2 - host[:-1]]))
+
+
 def test_resharded_moves_elements_between_ranks(groups):
     host, a, _ = _pair(groups, np.int32, seed=6)
     places = len(a.group)
@@ -325,7 +347,7 @@ def test_an_allocation_failure_on_one_rank_is_a_memory_error_everywhere(groups):
 def test_calls_not_across_processes_yet_say_so(groups):
     _, a, _ = _pair(groups, np.float32, n=100)
     outcomes = [_outcome(lambda: sharded.sort(a)), _outcome(lambda: a[3]),
-                _outcome(lambda: sharded.adjacent_difference(a))]
+                _outcome(lambda: sharded.top_k(a, 3))]
     assert outcomes[0] == ("ValueError", "a: lives on a PlaceGroup.from_mpi group, and sort does not run across "
                                          "processes yet; gather it with to_numpy(root=...) or work on each "
                                          "rank's local_shards()")

@@ -124,7 +124,6 @@ def _fake_distributed_array():
     (lambda a: sharded.select(a, lambda x: x > 0), "a", "select"),
     (lambda a: sharded.unique(a), "a", "unique"),
     (lambda a: sharded.segmented_reduce(a, [0, 1], "sum", 0), "a", "segmented_reduce"),
-    (lambda a: sharded.adjacent_difference(a), "a", "adjacent_difference"),
     (lambda a: sharded.searchsorted(a, a), "sorted_a", "searchsorted"),
 ])
 def test_calls_not_across_processes_yet_refuse_from_mpi_arrays_first(call, argument, name):
