@@ -103,9 +103,8 @@ def mismatch_message(signatures: list) -> str:
     contract = ("every rank must make the same collective calls, in the same order, on arrays "
                 "of the same shard sizes")
     if not first or not other or first[0] != other[0]:
-        called = lambda signature: signature[0] if signature else "nothing"  # noqa: E731
-        return (f"collective: rank {rank} called {called(other)} where rank 0 called "
-                f"{called(first)}: {contract}")
+        at = lambda signature: signature[0] if signature else "no collective"  # noqa: E731
+        return f"collective: rank {rank} is at {at(other)} where rank 0 is at {at(first)}: {contract}"
     mine, theirs = _fields(first), _fields(other)
     labels = [label for label in dict.fromkeys([*mine, *theirs]) if mine.get(label) != theirs.get(label)]
     differences = "; ".join(f"{label} {theirs.get(label)!r} on rank {rank}, {mine.get(label)!r} on rank 0"
@@ -179,14 +178,14 @@ def run(group, name: str, function, args=(), kwargs=None):
         calls.append(call)
         try:
             result = function(*args, **(kwargs or {}))
-            agree(comm, None, ("end of", name))
+            agree(comm, None, (f"the end of {name}",))
             return result
         except BaseException as error:
             if is_agreed(error) or isinstance(error, (SystemExit, GeneratorExit)):
                 raise
             if call.moving:
                 abort(comm, name, error)
-            agree(comm, error, ("end of", name))
+            agree(comm, error, (f"the end of {name}",))
             raise  # agree raised already; kept for readers
         finally:
             calls.pop()

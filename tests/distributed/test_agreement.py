@@ -100,7 +100,7 @@ def test_different_calls_are_a_value_error_naming_the_difference():
     assert "same collective calls, in the same order" in text
     names = ["reduce" if RANK == 0 else "inclusive_scan"]
     outcomes = allgather(_outcome(lambda: agree(WORLD, None, (names[0],))))
-    assert outcomes == [("ValueError", "collective: rank 1 called inclusive_scan where rank 0 called reduce: "
+    assert outcomes == [("ValueError", "collective: rank 1 is at inclusive_scan where rank 0 is at reduce: "
                          "every rank must make the same collective calls, in the same order, on arrays of "
                          "the same shard sizes", True)] * SIZE
 
@@ -175,3 +175,40 @@ def test_agreement_statuses_are_one_allreduce_of_three_int64():
     assert 0 <= code < 1 << 61
     assert allgather(code) == [code] * SIZE  # the same in every process (not Python's salted hash)
     assert np.int64(-code) == -code
+
+
+_ABORTING_JOB = '''
+import threading, types
+from mpi4py import MPI
+from cuda_sharded_jit.distributed._agreement import begin, moving, run
+comm = MPI.COMM_WORLD
+group = types.SimpleNamespace(comm=comm.Dup(), _lock=threading.RLock())
+def body():
+    begin(group, ("to_numpy",))
+    with moving(group):
+        if comm.Get_rank() == 1:
+            raise OSError("the link went down")
+        group.comm.recv(source=1)  # rank 0 waits for data that never comes
+run(group, "to_numpy", body)
+'''
+
+
+def test_an_error_while_data_moves_ends_the_job_rather_than_hangs(tmp_path):
+    # A job of its own (two ranks under the mpiexec beside this Python), started by rank 0.
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    mpiexec = Path(sys.executable).parent / "mpiexec"
+    if RANK != 0 or not mpiexec.exists():
+        return
+    script = tmp_path / "aborting_job.py"
+    script.write_text(_ABORTING_JOB)
+    environment = {name: value for name, value in os.environ.items()
+                   if not name.startswith(("PMI_", "PMIX_", "HYDRA_", "MPIR_", "MPICH_"))}
+    result = subprocess.run([str(mpiexec), "-n", "2", sys.executable, str(script)], capture_output=True, text=True,
+                            env=environment, timeout=120)
+    assert result.returncode != 0
+    assert "rank 1 of 2: to_numpy failed while data moved between the ranks" in result.stderr
+    assert "OSError: the link went down" in result.stderr

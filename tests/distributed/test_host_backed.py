@@ -186,3 +186,17 @@ def test_a_rank_with_other_shard_sizes_gets_a_value_error_everywhere(group):
     assert all(seen == outcomes[0] for seen in outcomes)
     for kind, text in outcomes[0]:
         assert kind == "ValueError" and f"on rank {SIZE - 1}" in text and "shard sizes" in text
+
+
+def test_ranks_calling_different_collectives_get_a_value_error_not_a_hang(group):
+    a = sharded.ShardedArray.from_numpy(group, _host(50), root=None)
+    call = (lambda: sharded.sum(a)) if RANK == SIZE - 1 else (lambda: sharded.inclusive_scan(a))
+    outcomes = allgather(_outcome(call))
+    after = sharded.sum(a)
+    if SIZE == 1:
+        assert outcomes == [None]
+        return
+    assert all(seen == outcomes[0] for seen in outcomes)
+    kind, text = outcomes[0]
+    assert kind == "ValueError" and text.startswith(f"collective: rank {SIZE - 1} is at reduce where rank 0 is at ")
+    assert allgather(after) == [after] * SIZE
