@@ -1,11 +1,12 @@
 """Which public calls are collectives on a multi-process group (PlaceGroup.from_mpi), and the
 one test that sends them there.
 
-On a one-process group every call below passes straight through: the decorator looks at
-the arguments' groups (one attribute each) and calls the function. When an argument lives on
-a from_mpi group, the call runs as a collective (distributed/_agreement.py): every rank of
-the group must make it, in the same order, and an error that one rank hits alone is raised
-on every rank, the same exception with the same text, never a hang. Algorithms that do not
+On a one-process group every call passes straight through: until a from_mpi array exists
+the decorator tests one module variable, after that the type of each argument. When an
+argument is an array of a from_mpi group, the call runs as a collective
+(distributed/_agreement.py): every rank of the group must make it, in the same order, and an
+error that one rank hits alone is raised on every rank, the same exception with the same
+text, never a hang. Algorithms that do not
 run across processes yet say so, naming the argument, before anything runs (the same answer
 on every rank, so no rank waits for another).
 
@@ -17,23 +18,27 @@ from __future__ import annotations
 import functools
 import inspect
 
+# The array class of from_mpi groups, once distributed/_arrays.py is imported (by the first
+# from_mpi group's array): until then every call takes the one-process path at the cost of
+# one test, and after it, one type test an argument (an attribute lookup that fails, on an
+# operator or a scalar, would cost a caught exception).
+_array_type = None
 
-def _group_of(value):
-    """The from_mpi group `value` (an array or a group) lives on, else None."""
-    group = getattr(value, "_group", value)  # arrays: their group; groups: themselves
-    return group if getattr(group, "_distributed", False) else None
+
+def register_array_type(cls) -> None:
+    """Called once by distributed/_arrays.py with its DistributedArray."""
+    global _array_type
+    _array_type = cls
 
 
 def _distributed_argument(args, kwargs):
-    """(position or keyword, group) of the first argument on a from_mpi group, else None."""
+    """(position or keyword, group) of the first argument that is a from_mpi array, else None."""
     for position, value in enumerate(args):
-        group = _group_of(value)
-        if group is not None:
-            return position, group
+        if type(value) is _array_type:
+            return position, value._group
     for keyword, value in kwargs.items():
-        group = _group_of(value)
-        if group is not None:
-            return keyword, group
+        if type(value) is _array_type:
+            return keyword, value._group
     return None
 
 
@@ -53,7 +58,7 @@ def collective(name: str, supported: bool = True):
     def wrap(function):
         @functools.wraps(function)
         def call(*args, **kwargs):
-            found = _distributed_argument(args, kwargs)
+            found = None if _array_type is None else _distributed_argument(args, kwargs)
             if found is None:
                 return function(*args, **kwargs)
             where, group = found
@@ -72,9 +77,9 @@ def collective(name: str, supported: bool = True):
 
 
 def begin(group, *signature) -> None:
-    """Before a collective's kernels run: on a from_mpi group, every rank agrees that its
-    checks passed and that it makes the same call (`signature`); nothing on one process."""
-    if group._distributed:
-        from .distributed._agreement import begin as agree_to_begin
+    """Before a collective's kernels run, on a from_mpi group (callers test
+    `group._distributed` first, so that one process builds no signature): every rank agrees
+    that its checks passed and that it makes the same call (`signature`)."""
+    from .distributed._agreement import begin as agree_to_begin
 
-        agree_to_begin(group, signature)
+    agree_to_begin(group, signature)

@@ -28,7 +28,8 @@ def fill(a: ShardedArray, value) -> ShardedArray:
     """
     check_numbers(a, "fill")
     packed = exact_cast(value, a.dtype, "value").tobytes().ljust(8, b"\0")
-    begin(a.group, "fill", ("shard sizes", a.shard_sizes), ("dtype", a.dtype.str))
+    if a.group._distributed:
+        begin(a.group, "fill", ("shard sizes", a.shard_sizes), ("dtype", a.dtype.str))
     _shim.transform_builtin(_shim.BuiltinOp.fill, [], a._impl, packed)
     return a
 
@@ -44,7 +45,8 @@ def sequence(a: ShardedArray, start=0, step=1) -> ShardedArray:
     check_numbers(a, "sequence")
     wide = _wide(a.dtype)
     packed = (exact_cast(start, wide, "start").tobytes() + exact_cast(step, wide, "step").tobytes())
-    begin(a.group, "sequence", ("shard sizes", a.shard_sizes), ("dtype", a.dtype.str))
+    if a.group._distributed:
+        begin(a.group, "sequence", ("shard sizes", a.shard_sizes), ("dtype", a.dtype.str))
     _shim.transform_builtin(_shim.BuiltinOp.sequence, [], a._impl, packed)
     return a
 

@@ -107,8 +107,9 @@ def run(prepared, out: ShardedArray | None) -> ShardedArray:
     arrays, packed, out_dtype, libraries, indexed = prepared
     if out is None:
         out = ShardedArray.allocate(arrays[0].group, list(arrays[0].shard_sizes), out_dtype)
-    begin(out.group, "transform", ("shard sizes", out.shard_sizes),
-          ("dtypes", tuple(array.dtype.str for array in arrays) + (out.dtype.str,)))
+    if out.group._distributed:  # every rank's checks passed, and it makes the same call
+        begin(out.group, "transform", ("shard sizes", out.shard_sizes),
+              ("dtypes", tuple(array.dtype.str for array in arrays) + (out.dtype.str,)))
     _shim.transform(libraries, [array._impl for array in arrays], out._impl, packed, indexed)
     return out
 
@@ -139,7 +140,9 @@ def _transform_descriptor(descriptor: Descriptor, args, out):
         scalars = pack_scalars([value], [as_dtype(dtype)])
     if out is None:
         out = ShardedArray.allocate(first.group, list(first.shard_sizes), dtype)
-    begin(out.group, "transform", ("shard sizes", out.shard_sizes), ("ops", descriptor.name), ("dtype", dtype.str))
+    if out.group._distributed:
+        begin(out.group, "transform", ("shard sizes", out.shard_sizes), ("ops", descriptor.name),
+              ("dtype", dtype.str))
     _shim.transform_builtin(getattr(_shim.BuiltinOp, descriptor.name), [a._impl for a in args],
                             out._impl, scalars)
     return out

@@ -16,6 +16,7 @@ import weakref
 
 import numpy as np
 
+from .._collective import register_array_type
 from .._dtypes import as_array_dtype, is_integer
 from .._layout import layout_of
 from ..array import ShardedArray, ShardView, _shard_sizes, from_local_parts
@@ -130,6 +131,9 @@ class DistributedArray(ShardedArray):
                 f"rank {group.rank} of {group.nranks} (* this rank's)"
                 f"<table><tr><th>place</th><th>rank</th><th>device</th><th>shard size</th><th>bytes</th>"
                 f"<th>first index</th></tr>{rows}</table>")
+
+
+register_array_type(DistributedArray)
 
 
 # ---- making arrays -----------------------------------------------------------------------------

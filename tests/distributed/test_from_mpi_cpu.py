@@ -113,8 +113,12 @@ def test_nccl_loader_reads_the_version_where_nccl_is_installed(monkeypatch):
 
 
 def _fake_distributed_array():
-    """An object the collective decorator takes for an array of a from_mpi group."""
-    return types.SimpleNamespace(_group=types.SimpleNamespace(_distributed=True))
+    """A ShardedArray the collective decorator takes for one of a from_mpi group."""
+    from cuda_sharded_jit.distributed._arrays import DistributedArray
+
+    array = object.__new__(DistributedArray)
+    array._group = types.SimpleNamespace(_distributed=True)
+    return array
 
 
 @pytest.mark.parametrize("call, argument, name", [
