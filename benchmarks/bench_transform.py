@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import cuda_sharded_jit as sharded
 
-from sweep import Case, Impl, check_each_shard, cuda_compute
+from sweep import Case, Impl, assert_equal, check_each_shard, cuda_compute, shard_view
 
 # The targets' "user lambda": a Python lambda the library JIT-compiles, as a user would write it.
 USER_ADD = sharded.op(lambda a, b: a + b)
@@ -93,4 +93,32 @@ TRANSFORM_BINARY = Case(
     check=lambda data, value: check_each_shard(data, lambda x, y: x + y, "a + b"),
     note="a + b; built-in: sharded.ops.add")
 
-CASES = [TRANSFORM_UNARY, TRANSFORM_BINARY]
+
+
+# ---- a + b, which allocates its result, against the transform call that also does -------------
+# Host time only (benchmarks/run.py's host suite): at 2^28 elements a new array per call would
+# time the allocator, not the transform.
+
+def _ours_operator(data) -> Impl:
+    x, y = data.arrays["x"], data.arrays["y"]
+    return Impl(lambda: x + y)
+
+
+def _ours_builtin_new_array(data) -> Impl:
+    x, y = data.arrays["x"], data.arrays["y"]
+    return Impl(lambda: sharded.transform(sharded.ops.add, x, y))
+
+
+def _check_returned(data, value) -> None:
+    """The returned array's every shard equals x + y."""
+    for place, (x, y) in enumerate(zip(data.x, data.y)):
+        with data.cp.cuda.Device(data.devices[place]):
+            assert_equal(data.cp, shard_view(data.cp, value, place), x + y, f"a + b, shard {place}")
+
+
+TRANSFORM_BINARY_NEW_ARRAY = Case(
+    "transform_binary", 3,
+    ours={"ours a + b": _ours_operator, "ours built-in, new array": _ours_builtin_new_array},
+    peers={}, check=_check_returned, note="a + b and transform(sharded.ops.add, a, b): a new array per call")
+
+CASES = [TRANSFORM_UNARY, TRANSFORM_BINARY]  # the throughput sweep's (TRANSFORM_BINARY_NEW_ARRAY: host time only)

@@ -20,6 +20,8 @@ import time
 
 CALLS = {  # name -> (statement, calls per batch)
     "transform(op, a, b, out=c)": ("sharded.transform(add, a, b, out=c)", 20000),
+    "a + b (a new array)": ("a + b", 20000),
+    "transform(ops.add, a, b) (a new array)": ("sharded.transform(sharded.ops.add, a, b)", 20000),
     "reduce(a, op) -> host": ("sharded.reduce(a, add)", 5000),
     "sum(a) -> host": ("sharded.sum(a)", 5000),
 }

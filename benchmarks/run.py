@@ -203,6 +203,7 @@ def main(argv=None) -> int:
     blocks = []
     if "host" in chosen:
         selections = [(bench_transform.TRANSFORM_BINARY, ("ours", "ours built-in") + sweep.PEERS),
+                      (bench_transform.TRANSFORM_BINARY_NEW_ARRAY, ("ours a + b", "ours built-in, new array")),
                       (bench_reduce.INCLUSIVE_SCAN, ("ours",)), (bench_reduce.REDUCE, ("ours",))]
         blocks += sweep.host_blocks(cp, sharded, selections, options, groups)
     if "compile" in chosen:

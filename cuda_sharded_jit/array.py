@@ -6,21 +6,29 @@ import math
 import operator
 import weakref
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import numpy as np
 from numpy.lib.format import descr_to_dtype
 
-from . import _shim
+from . import _dlpack, _shim
 from ._dtypes import as_array_dtype, check_record, is_integer, is_record
 from ._layout import describe_dtype, layout_of
 from .places import PlaceGroup
 
 
-def _arithmetic():
-    """algorithms.arithmetic, imported at first use (it imports this module)."""
-    from .algorithms import arithmetic
+_arithmetic_module = None
 
-    return arithmetic
+
+def _arithmetic():
+    """algorithms.arithmetic, imported at first use (it imports this module) and kept: every
+    `a + b` asks for it, and an import statement costs more than the rest of the dispatch."""
+    global _arithmetic_module
+    if _arithmetic_module is None:
+        from .algorithms import arithmetic
+
+        _arithmetic_module = arithmetic
+    return _arithmetic_module
 
 
 def _position(index: int, size: int) -> int:
@@ -203,6 +211,61 @@ def _interface_stream(interface: dict, argument: str) -> int:
     return stream
 
 
+class _Part(NamedTuple):
+    """One adopted buffer, checked: where its data starts, its element count, the producer
+    stream to wait for (0: none), its dtype (None: an empty shard that any dtype fits), its
+    shape, and what keeps its memory alive (the buffer, or a DLPack producer's tensor)."""
+
+    pointer: int
+    count: int
+    stream: int
+    dtype: np.dtype | None
+    shape: tuple[int, ...]
+    keep: object
+
+
+_EMPTY_SHARD = _Part(0, 0, 0, None, (0,), None)
+
+
+def _interface_part(interface: dict, requested: np.dtype | None, argument: str) -> _Part:
+    """A __cuda_array_interface__ buffer's part: everything read from the interface alone."""
+    itemsize = np.dtype(interface["typestr"]).itemsize
+    shape, count = _interface_extent(interface, itemsize, argument)
+    buffer_dtype = _interface_dtype(interface, requested, argument)
+    strides = interface.get("strides")
+    if strides is not None:
+        expected, step = [], itemsize
+        for extent in reversed(shape):
+            expected.append(step)
+            step *= extent
+        if tuple(reversed(expected)) != tuple(strides) and count > 1:
+            raise ValueError(f"{argument}: not C-contiguous (strides {tuple(strides)})")
+    if interface.get("mask") is not None:
+        raise ValueError(f"{argument}: masked arrays are not supported")
+    return _Part(int(interface["data"][0]), count, _interface_stream(interface, argument), buffer_dtype, shape,
+                 None)
+
+
+def _common_dtype(parts: list[_Part], requested: np.dtype | None, arguments: list[str],
+                  one_dimensional: bool) -> np.dtype:
+    """The one dtype of the parts (TypeError naming the first that differs); 1-D shapes only
+    where `one_dimensional`."""
+    dtype, first = None, None
+    for index, part in enumerate(parts):
+        if one_dimensional and len(part.shape) > 1:
+            raise ValueError(f"{arguments[index]}: expected a 1-D array, got shape {part.shape}")
+        if part.dtype is None:
+            continue
+        if dtype is None:
+            dtype, first = part.dtype, index
+        elif part.dtype != dtype:
+            raise TypeError(f"{arguments[index]}: dtype {describe_dtype(part.dtype)} differs from "
+                            f"{arguments[first]}'s {describe_dtype(dtype)}")
+    if dtype is None:  # no buffer names one (only empty shards)
+        dtype = requested if requested is not None else np.dtype(np.float64)
+    return dtype
+
+
 def _release_contiguous(impl) -> None:
     """Frees a contiguous array when its wrapper goes. Unmapping waits for the places' streams:
     `free()` waits with the GIL released, where the C++ destructor (run when the last reference
@@ -228,9 +291,7 @@ def _host_part(value, argument: str) -> np.ndarray | None:
     if not isinstance(value, np.ndarray) and hasattr(value, "__dlpack__"):
         device = value.__dlpack_device__()[0] if hasattr(value, "__dlpack_device__") else _DLPACK_CPU
         if device != _DLPACK_CPU:
-            raise TypeError(f"{argument}: a DLPack tensor on device type {device} without "
-                            f"__cuda_array_interface__; pass its CUDA array interface (CuPy, numba, "
-                            f"torch have one) or a host copy")
+            return None  # a device tensor: adopt takes it through DLPack
         value = np.from_dlpack(value)
     host = np.asarray(value)
     if host.ndim != 1:
@@ -277,10 +338,12 @@ class ShardView:
     ours. The view keeps its array alive. `array` and `place` say whose shard it is. A record
     shard's interface has typestr `|V<itemsize>` and a `descr` naming the fields; consumers
     that read only typestr (numba, CuPy) see raw void elements, so `field(name)` gives a
-    strided view of one field, which they all take.
+    strided view of one field, which they all take. DLPack too (`__dlpack__`,
+    `__dlpack_device__`): `torch.from_dlpack(view)`, `jax.dlpack.from_dlpack(view)`.
 
     >>> view = a.shard(0)                                                 # doctest: +SKIP
     >>> cupy.asarray(view).sum()                                          # doctest: +SKIP
+    >>> torch.from_dlpack(view)                                           # doctest: +SKIP
     """
 
     __slots__ = ("array", "place", "field_name", "__cuda_array_interface__")
@@ -323,6 +386,34 @@ class ShardView:
             raise ValueError(f"name: no field {name!r} (fields: {', '.join(dtype.names)})")
         return ShardView(self.array, self.place, name)
 
+    def __dlpack__(self, *, stream=None, max_version=None, dl_device=None, copy=None):
+        """The shard as a DLPack capsule, which consumers read in place: `torch.from_dlpack`,
+        `cupy.from_dlpack`, `jax.dlpack.from_dlpack` (array API standard 2023.12, DLPack 1.x).
+        Called by the consumer, not by you.
+
+        `max_version` (1, 0) or later gets a versioned capsule (writable), None the legacy one.
+        `stream` is the consumer's, numbered as the standard does for CUDA: None the legacy
+        default stream, 1 legacy, 2 per-thread, another int a cudaStream_t of the shard's
+        device, -1 no synchronisation (0 is refused); it is made to wait for the work queued on
+        the place's stream. Nothing is ever copied: `dl_device` other than `__dlpack_device__()`
+        and `copy=True` raise BufferError. Records have no DLPack type (BufferError): export a
+        field, `field(name)`, strided by the record size. The capsule keeps the array alive
+        until the consumer lets go, but `free()` releases the memory at once: drop the
+        consumer's tensor first.
+
+        >>> t = torch.from_dlpack(a.shard(0))                              # doctest: +SKIP
+        >>> x = jax.dlpack.from_dlpack(a.shard(1))                         # doctest: +SKIP
+        """
+        return _dlpack.export_capsule(self, stream, max_version, dl_device, copy)
+
+    def __dlpack_device__(self) -> tuple:
+        """(DLDeviceType.kDLCUDA, device id): where the shard lives, as DLPack names it.
+
+        >>> a.shard(0).__dlpack_device__()                                 # doctest: +SKIP
+        (<DLDeviceType.kDLCUDA: 2>, 0)
+        """
+        return _dlpack.DLDeviceType.kDLCUDA, self.device
+
     @property
     def device(self) -> int:
         """The CUDA device id the shard lives on."""
@@ -352,10 +443,21 @@ class ShardView:
 class ShardedArray:
     """A 1-D array whose shard i lives on place i of its group, in global index order.
 
+    Operators work elementwise on the GPUs, with NumPy's result types and values: `a + b`,
+    `a - 2`, `2.0 * a`, `a / b`, `a ** 2`, `-a`, `abs(a)`, the in-place forms (`a += b`), and
+    the comparisons `<`, `<=`, `>`, `>=`, `==`, `!=` between arrays of one group and shard
+    sizes or with a Python or NumPy number on either side. Comparisons return a new uint32
+    array of 1 (true) and 0 (false), where NumPy gives bool: arrays hold no bool. So
+    `(a > 0).sum()` counts (in uint32), and a host mask is `(a > 0).to_numpy().astype(bool)`;
+    as in NumPy, `==` is elementwise (arrays are unhashable; `is` tells them apart) and
+    `bool(a)` is an error unless `a` has one element.
+
     >>> g = PlaceGroup.by_devices([0, 0])                                 # doctest: +SKIP
     >>> a = ShardedArray.from_numpy(g, np.arange(10, dtype=np.float32))  # doctest: +SKIP
     >>> a.shard_sizes, a.to_numpy()[-1]                                   # doctest: +SKIP
     ((5, 5), 9.0)
+    >>> ((a * 2 + 1) / 3 > 2.5).to_numpy()                                # doctest: +SKIP
+    array([0, 0, 0, 0, 1, 1, 1, 1, 1, 1], dtype=uint32)
     """
 
     __slots__ = ("_impl", "_group", "_dtype", "_keepalive", "_shard_sizes", "__weakref__")
@@ -388,6 +490,15 @@ class ShardedArray:
             return _distributed().allocate(group, n, dtype)
         dtype = as_array_dtype(dtype)
         return cls(_allocate(group, _shard_sizes(group, n), dtype, False), group, dtype)
+
+    @classmethod
+    def _new_like(cls, like: ShardedArray, dtype: np.dtype) -> ShardedArray:
+        """Internal (the algorithms' outputs): an uninitialised array with `like`'s group and
+        shard sizes, of a `dtype` the caller has already checked; no argument is re-checked."""
+        group = like._group
+        if group._distributed:  # a collective there: every rank allocates its part, then agrees
+            return _distributed().allocate(group, list(like._shard_sizes), dtype)
+        return cls(_allocate(group, list(like._shard_sizes), dtype, False), group, dtype)
 
     @classmethod
     def allocate_contiguous(cls, group: PlaceGroup, n, dtype) -> ShardedArray:
@@ -452,19 +563,28 @@ class ShardedArray:
     @classmethod
     def adopt(cls, group: PlaceGroup, buffers: Sequence, dtype=None) -> ShardedArray:
         """Zero-copy array over device buffers you own, one per place, each on that place's
-        device: any object with `__cuda_array_interface__` (CuPy, numba, torch), contiguous,
-        of one supported dtype. The buffers are kept alive and never freed by us.
+        device, contiguous, of one supported dtype: objects with `__cuda_array_interface__`
+        (CuPy, numba, torch), else DLPack producers (`__dlpack__`: JAX, or any array of the
+        array API standard). The buffers (a producer's DLPack tensor) are kept alive and never
+        freed by us (handed back to their producer, its deleter called, when the array goes).
 
         Records: an interface's typestr (`|V16`) does not name fields, so pass `dtype` (the
-        record; its itemsize must match) unless the interface carries a `descr`.
+        record; its itemsize must match) unless the interface carries a `descr`. DLPack has no
+        record types.
 
         Each buffer must lie whole inside one allocation of its place's device (its pointer
         and all `shape` elements after it). Its interface's `stream` is waited for before our
         work on the place: None (or none given) for no synchronisation, 1 or 2 for the legacy
         or per-thread default stream, else a live stream of the place's device; 0, which CAI
-        v3 disallows, is refused. Nothing is adopted or queued unless every buffer passes.
+        v3 disallows, is refused. A DLPack producer is asked for its tensor with the place's
+        stream (`__dlpack__(stream=..., max_version=(1, 0))`), which orders its work before
+        ours; the tensor must be writable. A refusal adopts nothing, and every interface and
+        every producer's device are checked before any producer exports (past that, a refused
+        tensor goes back to its producer, whose export may have made the place's stream wait
+        for its queued work: later, never different, results).
 
         >>> a = ShardedArray.adopt(g, [cupy.zeros(5, cupy.float32)])      # doctest: +SKIP
+        >>> a = ShardedArray.adopt(g, [jnp.zeros(5, jnp.float32)])        # doctest: +SKIP
         """
         group = _check_group(group)
         if group._distributed:
@@ -474,50 +594,87 @@ class ShardedArray:
         if len(buffers) != len(group):
             raise ValueError(f"buffers: expected one buffer per place ({len(group)}), got {len(buffers)}")
         requested = None if dtype is None else as_array_dtype(dtype)
-        pointers, sizes, streams, dtype = [], [], [], None
+        return cls._adopt(group, buffers, requested, [f"buffers[{index}]" for index in range(len(buffers))])
+
+    @classmethod
+    def from_dlpack(cls, group: PlaceGroup, objects: Sequence) -> ShardedArray:
+        """Zero-copy array over DLPack producers (objects with `__dlpack__`: torch, CuPy and JAX
+        arrays), one per place, each a contiguous CUDA tensor of a supported dtype on that
+        place's device; `adopt` through the DLPack protocol only (also for objects that have
+        `__cuda_array_interface__` too). Each producer is asked for its tensor with the place's
+        stream, so its queued work runs before ours; its memory stays alive until the array is
+        let go, then the producer's deleter runs.
+
+        >>> t = torch.arange(10, dtype=torch.float32, device="cuda")       # doctest: +SKIP
+        >>> a = ShardedArray.from_dlpack(PlaceGroup.by_devices([0]), [t])  # doctest: +SKIP
+        >>> sharded.sum(a)                                                 # doctest: +SKIP
+        np.float32(45.0)
+        """
+        group = _check_group(group)
+        if group._distributed:
+            raise ValueError("group: a PlaceGroup.from_mpi group's buffers are each rank's own: pass "
+                             "them with ShardedArray.from_local(group, objects)")
+        if hasattr(objects, "__dlpack__") or isinstance(objects, (str, bytes)):
+            raise TypeError(f"objects: expected a list of DLPack producers, one per place, got one "
+                            f"{type(objects).__name__}: pass [x]")
+        objects = list(objects)
+        if len(objects) != len(group):
+            raise ValueError(f"objects: expected one object per place ({len(group)}), got {len(objects)}")
+        return cls._adopt(group, objects, None, [f"objects[{index}]" for index in range(len(objects))],
+                          dlpack_only=True)
+
+    @classmethod
+    def _adopt(cls, group: PlaceGroup, buffers: list, requested: np.dtype | None, arguments: list[str],
+               dlpack_only: bool = False, one_dimensional: bool = False) -> ShardedArray:
+        """adopt's work: `buffers` (None for an empty shard), each named by `arguments`."""
+        devices = group.devices
+        # First what each buffer says without exporting anything: a refusal here has asked no
+        # producer for its memory. DLPack producers wait for the second pass (None here).
+        parts: list[_Part | None] = []
         for index, buffer in enumerate(buffers):
-            interface = getattr(buffer, "__cuda_array_interface__", None)
-            if interface is None:
-                raise TypeError(
-                    f"buffers[{index}]: {type(buffer).__name__} has no __cuda_array_interface__"
-                )
-            itemsize = np.dtype(interface["typestr"]).itemsize
-            shape, count = _interface_extent(interface, itemsize, f"buffers[{index}]")
-            buffer_dtype = _interface_dtype(interface, requested, f"buffers[{index}]")
-            strides = interface.get("strides")
-            if strides is not None:
-                expected, step = [], itemsize
-                for extent in reversed(shape):
-                    expected.append(step)
-                    step *= extent
-                if tuple(reversed(expected)) != tuple(strides) and count > 1:
-                    raise ValueError(f"buffers[{index}]: not C-contiguous (strides {tuple(strides)})")
-            if interface.get("mask") is not None:
-                raise ValueError(f"buffers[{index}]: masked arrays are not supported")
-            if dtype is None:
-                dtype = buffer_dtype
-            elif buffer_dtype != dtype:
-                raise TypeError(f"buffers[{index}]: dtype {describe_dtype(buffer_dtype)} differs from "
-                                f"buffers[0]'s {describe_dtype(dtype)}")
-            pointers.append(int(interface["data"][0]))
-            sizes.append(count)
-            streams.append(_interface_stream(interface, f"buffers[{index}]"))
-        if dtype is None:  # no buffers to name one (an empty group cannot be made)
-            dtype = requested
-        # The shim checks every buffer's memory and stream before it adopts anything, then
-        # makes our streams start after whatever the producers queued on theirs (CAI v3).
-        impl = _shim.ShardedArray.adopt(group._impl, pointers, sizes, *layout_of(dtype).shim_dtype, streams)
+            interface = None if dlpack_only or buffer is None else getattr(buffer, "__cuda_array_interface__", None)
+            if buffer is None:
+                parts.append(_EMPTY_SHARD)
+            elif interface is not None:
+                parts.append(_interface_part(interface, requested, arguments[index]))
+            elif dlpack_only or hasattr(buffer, "__dlpack__"):
+                _dlpack.check_producer(buffer, devices[index], index, arguments[index])
+                parts.append(None)
+            else:
+                raise TypeError(f"{arguments[index]}: {type(buffer).__name__} has no __cuda_array_interface__ "
+                                f"and no __dlpack__")
+        # Then each producer exports its tensor for a consumer on the place's stream: its work
+        # is ordered before ours there, so the shim has no stream of its to wait for. From here
+        # on a refusal gives every tensor taken back to its producer at once.
+        try:
+            for index, buffer in enumerate(buffers):
+                if parts[index] is None:
+                    imported = _dlpack.import_tensor(buffer, devices[index], index, group.stream(index),
+                                                     requested, arguments[index])
+                    parts[index] = _Part(imported.pointer, imported.count, 0, imported.dtype, imported.shape,
+                                         imported.owner)
+            dtype = _common_dtype(parts, requested, arguments, one_dimensional)
+            # The shim checks every buffer's memory and stream before it adopts anything, then
+            # makes our streams start after whatever the producers queued on theirs (CAI v3).
+            impl = _shim.ShardedArray.adopt(group._impl, [part.pointer for part in parts],
+                                            [part.count for part in parts], *layout_of(dtype).shim_dtype,
+                                            [part.stream for part in parts])
+        except BaseException:
+            _dlpack.release(part.keep for part in parts if part is not None)
+            raise
         array = cls(impl, group, dtype)
-        # The buffers live as long as the array, and are let go only after the work queued
-        # on them has run (their owner may reuse the memory at once).
-        array._keepalive = weakref.finalize(array, _release_adopted, group._impl, tuple(buffers))
+        # The buffers (and DLPack producers' tensors) live as long as the array, and are let go
+        # only after the work queued on them has run (their owner may reuse the memory at once).
+        keep = tuple(buffer if part.keep is None else part.keep for buffer, part in zip(buffers, parts))
+        array._keepalive = weakref.finalize(array, _release_adopted, group._impl, keep)
         return array
 
     @classmethod
     def from_local(cls, group: PlaceGroup, arrays: Sequence) -> ShardedArray:
         """An array from this process's own shards, one per place it holds, in order: numpy
-        arrays (copied) or device buffers with `__cuda_array_interface__` (adopted, zero-copy,
-        as `adopt` takes them), not mixed. Shard i has the size of the array given for it.
+        arrays (copied) or device buffers (`__cuda_array_interface__` or DLPack producers,
+        adopted without a copy, as `adopt` takes them), not mixed. Shard i has the size of
+        the array given for it.
 
         On a PlaceGroup.from_mpi group (a collective) each rank passes the shards of its
         `local_places`, and the shard sizes are gathered from every rank; on a one-process
@@ -565,7 +722,8 @@ class ShardedArray:
         return host if dtype is None else host.astype(dtype, copy=False)
 
     def shard(self, place: int) -> ShardView:
-        """Zero-copy view of shard `place` with `__cuda_array_interface__` (v3, with stream)."""
+        """Zero-copy view of shard `place` with `__cuda_array_interface__` (v3, with stream)
+        and DLPack (`__dlpack__`, `__dlpack_device__`)."""
         place = operator.index(place)
         if not 0 <= place < self.num_shards:
             raise IndexError(f"place: {place} out of range for {self.num_shards} shards")
@@ -707,6 +865,41 @@ class ShardedArray:
     def __abs__(self) -> ShardedArray:
         return _arithmetic().unary("abs", self)
 
+    # Comparisons give uint32 arrays of 1 (true) and 0 (false): NumPy's values, in the
+    # smallest dtype arrays hold (there is no bool). `1 < a` is Python's reflection, a > 1.
+    def __lt__(self, other) -> ShardedArray:
+        return _arithmetic().compare("lt", self, other)
+
+    def __le__(self, other) -> ShardedArray:
+        return _arithmetic().compare("le", self, other)
+
+    def __gt__(self, other) -> ShardedArray:
+        return _arithmetic().compare("gt", self, other)
+
+    def __ge__(self, other) -> ShardedArray:
+        return _arithmetic().compare("ge", self, other)
+
+    def __eq__(self, other) -> ShardedArray:
+        return _arithmetic().compare("eq", self, other)
+
+    def __ne__(self, other) -> ShardedArray:
+        return _arithmetic().compare("ne", self, other)
+
+    # `==` is elementwise, so arrays are unhashable, as numpy's are; `a is b` still tells
+    # arrays apart, and `a in [a, b]` finds `a` by identity before comparing anything.
+    __hash__ = None
+
+    def __bool__(self) -> bool:
+        """As numpy: the truth of the one element of a 1-element array; ValueError otherwise."""
+        size = self.size
+        if size == 1:
+            return bool(self._host_range(0, 1)[0])
+        if size == 0:
+            raise ValueError("the truth value of an empty ShardedArray is ambiguous: use a.size > 0 to "
+                             "check that it is not empty")
+        raise ValueError(f"the truth value of a ShardedArray of {size} elements is ambiguous: reduce it "
+                         f"first, e.g. (a > 0).max() == 1 for any, (a > 0).min() == 1 for all")
+
     # ---- host indexing --------------------------------------------------------------------
     def __getitem__(self, index):
         """Reads to the host: `a[i]` (negative allowed) → a numpy scalar; `a[i:j:k]` → a numpy
@@ -724,6 +917,10 @@ class ShardedArray:
             positions = np.arange(*index.indices(size), dtype=np.int64)
         elif isinstance(index, (np.ndarray, list)):
             positions = _positions_of(np.asarray(index), size)
+        elif isinstance(index, ShardedArray):
+            raise TypeError("index: a ShardedArray does not index on the host; a comparison's 1/0 flags "
+                            "select as a[(a > 0.5).to_numpy().astype(bool)] (without astype, a uint32 "
+                            "array reads positions 0 and 1), or on the GPUs sharded.select(a, lambda x: x > 0.5)")
         else:
             raise TypeError(f"index: a ShardedArray is indexed on the host by an int, a slice or a numpy "
                             f"mask / integer array, not {type(index).__name__}; on the GPUs use "

@@ -251,7 +251,7 @@ _ENTRY_POINTS = {
     "reduce": ["csj_reduce", "csj_fold", "csj_segmented_reduce"],
     "scan": ["csj_reduce", "csj_fold", "csj_scan"],
     "merge_sort": ["csj_merge_sort_block", "csj_merge_partition", "csj_merge", "csj_merge_search"],
-    "select": ["csj_select_count", "csj_select_scan", "csj_select_scatter"],
+    "select": ["csj_select_count", "csj_select_scatter"],
 }
 
 

@@ -13,10 +13,11 @@ import math
 
 import numpy as np
 
+from . import _dlpack
 from ._dtypes import as_array_dtype, is_integer
 from .algorithms import transform as _transform
 from .algorithms.opaque import fill, sequence
-from .array import ShardedArray, check_array
+from .array import ShardedArray, _check_group, _shard_sizes, check_array
 from .places import PlaceGroup
 
 
@@ -106,7 +107,7 @@ def _linspace_element(x, start, step, stop, last, index):
 def linspace(g: PlaceGroup, start, stop, num, dtype=np.float64, *, sizes=None,
              contiguous: bool = False) -> ShardedArray:
     """`num` evenly spaced values from `start` to `stop` inclusive, as `np.linspace`: element
-    i is start + i * step in float64 (the last exactly `stop`), then cast to `dtype`.
+    i is start + i * step in float64 (the last exactly `stop`; one value is `start`), then cast to `dtype`.
 
     >>> sharded.linspace(g, 0.0, 1.0, 5).to_numpy()                          # doctest: +SKIP
     array([0.  , 0.25, 0.5 , 0.75, 1.  ])
@@ -117,8 +118,52 @@ def linspace(g: PlaceGroup, start, stop, num, dtype=np.float64, *, sizes=None,
     if num == 0:
         return out
     step = (stop - start) / (num - 1) if num > 1 else 0.0
-    return _transform.transform(_linspace_element, out, start, step, stop, np.int64(num - 1), with_index=True,
+    last = stop if num > 1 else start  # np.linspace(start, stop, 1) is [start]
+    return _transform.transform(_linspace_element, out, start, step, last, np.int64(num - 1), with_index=True,
                                 out=out)
+
+
+def _device_of(obj) -> tuple[int, int] | None:
+    """(DLPack device type, id) of a DLPack producer on a GPU; None for anything else."""
+    if not callable(getattr(obj, "__dlpack__", None)):
+        return None
+    found = _dlpack.producer_device(obj, "obj")
+    if found is None or found[0] not in (_dlpack.DLDeviceType.kDLCUDA, _dlpack.DLDeviceType.kDLCUDAManaged):
+        return None
+    return found
+
+
+def _from_device(g: PlaceGroup, obj, device: tuple[int, int], dtype, sizes) -> ShardedArray:
+    """A 1-D device array `obj` on `g`: adopted on the first place of its device, then copied
+    onto the even split (or `sizes`) and cast, unless it is there already."""
+    g = _check_group(g)
+    target = None if dtype is None else as_array_dtype(dtype)
+    device_type, device_id = device
+    if device_type == _dlpack.DLDeviceType.kDLCUDAManaged or device_id in g.devices:
+        place = 0 if device_type == _dlpack.DLDeviceType.kDLCUDAManaged else g.devices.index(device_id)
+    else:
+        raise ValueError(f"obj: lives on cuda:{device_id}, a device no place of g uses (devices {g.devices}): "
+                         f"make the group with a place there, or copy it through the host")
+    buffers = [None] * len(g)
+    buffers[place] = obj
+    # DLPack even where obj has __cuda_array_interface__ too: its producer then orders its own
+    # pending work before our copies (torch's interface names no stream to wait for).
+    adopted = ShardedArray._adopt(g, buffers, None, ["obj"] * len(g), dlpack_only=True, one_dimensional=True)
+    try:
+        wanted = _shard_sizes(g, len(adopted) if sizes is None else sizes, "sizes")
+        if sum(wanted) != len(adopted):
+            raise ValueError(f"sizes: {wanted} add up to {sum(wanted)}, not obj's {len(adopted)} elements")
+        in_place = tuple(wanted) == adopted.shard_sizes
+        if in_place and (target is None or target == adopted.dtype):
+            return adopted  # already where it belongs: a zero-copy view of obj
+        result = adopted if in_place else adopted.resharded(wanted)
+        if target is not None and target != result.dtype:
+            result = result.astype(target)
+    except BaseException:
+        adopted.free()
+        raise
+    adopted.free()  # waits for the copies out of obj, then lets obj's memory go
+    return result
 
 
 def asarray(g: PlaceGroup, obj, dtype=None, sizes=None) -> ShardedArray:
@@ -126,7 +171,15 @@ def asarray(g: PlaceGroup, obj, dtype=None, sizes=None) -> ShardedArray:
     `np.asarray` reads it), or a ShardedArray (itself when its group, sizes and dtype already
     fit; otherwise resharded, cast, or, from another group, copied through the host).
 
+    A 1-D GPU array with `__dlpack__` (torch, CuPy, JAX) on a device of g is read in place
+    on the first place of its device (as `ShardedArray.from_dlpack` reads it), then copied
+    onto the even split (or `sizes`) and cast to `dtype`; when it already sits there (a group
+    of one place, no cast), the result is a zero-copy view of it, as `np.asarray` makes no
+    copy it need not. A copy is complete when asarray returns: later writes to `obj` do not
+    reach it.
+
     >>> sharded.asarray(g, [1.0, 2.0, 3.0])                                  # doctest: +SKIP
+    >>> sharded.asarray(g, torch.arange(10, device="cuda"))                  # doctest: +SKIP
     """
     if isinstance(obj, ShardedArray):
         check_array(obj, "obj")
@@ -139,9 +192,13 @@ def asarray(g: PlaceGroup, obj, dtype=None, sizes=None) -> ShardedArray:
         if dtype is not None and np.dtype(dtype) != result.dtype:
             result = result.astype(dtype)
         return result
-    if hasattr(obj, "__cuda_array_interface__") or hasattr(obj, "__dlpack__"):
-        raise TypeError(f"obj: a device array ({type(obj).__name__}); ShardedArray.adopt(g, buffers) takes "
-                        f"one buffer per place without a copy, or copy it to the host first")
+    device = _device_of(obj)
+    if device is not None:
+        return _from_device(g, obj, device, dtype, sizes)
+    if hasattr(obj, "__cuda_array_interface__"):
+        raise TypeError(f"obj: a device array ({type(obj).__name__}) with __cuda_array_interface__ but no "
+                        f"DLPack device to place it by; ShardedArray.adopt(g, buffers) takes one buffer per "
+                        f"place without a copy, or copy it to the host first")
     host = np.asarray(obj) if dtype is None else np.asarray(obj, dtype=as_array_dtype(dtype))
     return ShardedArray.from_numpy(g, host.reshape(-1) if host.ndim == 0 else host, sizes=sizes)
 

@@ -404,6 +404,25 @@ class Op:
         return f"<sharded.op {self.name}>"
 
 
+class LibraryOp(Op):
+    """An operator the library defines for itself (ShardedArray's `a + b`, `a < b`, ...).
+
+    Its code and everything it reads (numpy, the library's own helpers, the values its
+    closure was made with) are fixed for the life of the process, so its identity is
+    computed at first use and reused: operators called once per `a + 1` must not pay for
+    re-reading their globals and closure cells on every call, as a user's operator does.
+    """
+
+    __slots__ = ("_identity",)
+
+    def identity(self) -> tuple:
+        try:
+            return self._identity
+        except AttributeError:
+            self._identity = identity = super().identity()
+            return identity
+
+
 def _check_function(func, argument: str) -> None:
     """TypeError naming `argument` unless `func` is a plain Python function an operator can be."""
     if not inspect.isfunction(func):

@@ -28,9 +28,13 @@ def _doc(obj) -> str:
     return inspect.cleandoc(obj.__doc__ or "(undocumented)")
 
 
+# Dunder methods that are API: the interchange protocols consumers call (ShardView's DLPack).
+_PROTOCOL_METHODS = ("__dlpack__", "__dlpack_device__")
+
+
 def _members(cls):
     for name, value in vars(cls).items():
-        if name.startswith("_"):
+        if name.startswith("_") and name not in _PROTOCOL_METHODS:
             continue
         if isinstance(value, property):
             yield name, "property", value.fget

@@ -221,6 +221,10 @@ def fake_measures() -> list[Measure]:
                 elements=1024, places=1, gpus=1, timer="host"),
         Measure("host 2", [14e-6], algorithm="transform_binary", impl="ours", dtype="float32",
                 elements=2048, places=2, gpus=2, timer="host"),
+        Measure("a + b", [12e-6, 12.4e-6], algorithm="transform_binary", impl="ours a + b", dtype="float32",
+                elements=1024, places=1, gpus=1, timer="host"),
+        Measure("ops.add", [10e-6], algorithm="transform_binary", impl="ours built-in, new array",
+                dtype="float32", elements=1024, places=1, gpus=1, timer="host"),
         Measure("warm", [0.07, 0.08], algorithm="compile", impl="ours", variant="warm process", timer="process",
                 places=1, gpus=1),
         Measure("disk", [], algorithm="compile", impl="ours", variant="new process, warm disk cache",
@@ -270,6 +274,8 @@ def test_targets_read_both_figures_from_the_same_run():
 
     host = _target(results, "host time per call")
     assert host.ours == pytest.approx(9.25e-6) and host.status == "pass" and host.elements is None
+    operator = _target(results, "a + b host time")
+    assert operator.ratio == pytest.approx(12.2 / 10) and operator.status == "pass"
     assert _target(results, "first call of a new operator").status == "pass"
     assert "child process failed" in _target(results, "first call in a new process").status
     assert _target(results, "argmin ≥ 1.0").status.startswith("not measured")

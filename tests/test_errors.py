@@ -294,7 +294,10 @@ class _Buffer:
 
 @pytest.mark.parametrize("buffers, error, message", [
     ([_Buffer()], ValueError, r"buffers: expected one buffer per place \(3\), got 1"),
-    ([_Buffer(), np.zeros(8), _Buffer()], TypeError, r"buffers\[1\]: ndarray has no __cuda_array_interface__"),
+    ([_Buffer(), object(), _Buffer()], TypeError,
+     r"buffers\[1\]: object has no __cuda_array_interface__ and no __dlpack__"),
+    # numpy arrays are DLPack producers, in host memory: refused before they export anything
+    ([_Buffer(), np.zeros(8), _Buffer()], ValueError, r"buffers\[1\]: ndarray lives in host memory \(kDLCPU\)"),
     ([_Buffer(), _Buffer(strides=(8,)), _Buffer()], ValueError, r"buffers\[1\]: not C-contiguous \(strides \(8,\)\)"),
     ([_Buffer(shape=(4, 4), strides=(4, 16)), _Buffer(), _Buffer()], ValueError, r"buffers\[0\]: not C-contiguous"),
     ([_Buffer(), _Buffer(), _Buffer(mask=object())], ValueError, r"buffers\[2\]: masked arrays are not supported"),

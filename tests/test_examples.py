@@ -18,7 +18,7 @@ def _run(name: str) -> subprocess.CompletedProcess:
 @pytest.mark.parametrize("name", ["quickstart.py", "black_scholes.py", "reductions.py", "scans.py",
                                   "sort_and_histogram.py", "interop.py", "argmin.py", "welford.py",
                                   "log_sum_exp.py", "sorting_records.py", "filter_and_rebalance.py",
-                                  "group_by.py", "segment_statistics.py"])
+                                  "group_by.py", "segment_statistics.py", "notebook_tour.py"])
 def test_gpu_example(name):
     result = _run(name)
     assert result.returncode == 0, result.stderr
@@ -39,3 +39,14 @@ def test_gpu_examples_explain_a_missing_gpu():
         pytest.skip("a GPU is visible")
     result = _run("reductions.py")
     assert result.returncode == 2 and "needs a CUDA GPU" in result.stderr
+
+
+def test_notebook_tour_explains_a_missing_gpu_and_succeeds():
+    """A notebook's cells stop quietly where there is no GPU: status 0, and why on stdout."""
+    from conftest import DEVICE_COUNT
+
+    if DEVICE_COUNT:
+        pytest.skip("a GPU is visible")
+    result = _run("notebook_tour.py")
+    assert result.returncode == 0, result.stderr
+    assert "no CUDA GPU is visible, so there is nothing to run" in result.stdout

@@ -12,14 +12,13 @@ from .._dtypes import as_dtype, as_flag, exact_cast, is_scalar, scalar_dtype
 from .._layout import layout_of
 from ..array import ShardedArray, check_out
 from ..compiler import INDEX_MAP, VALUE_MAP, check_transform_counts, is_indexed_transform, kernel_libraries
-from ..op import as_op
+from ..op import Op, as_op
 from ..ops import Descriptor
 
-_PACK = {
-    "float32": struct.Struct("<f4x"), "float64": struct.Struct("<d"),
-    "int32": struct.Struct("<i4x"), "int64": struct.Struct("<q"),
-    "uint32": struct.Struct("<I4x"), "uint64": struct.Struct("<Q"),
-}
+# keyed by the dtype itself: dtype.name is computed anew (in Python) at every read
+_PACK = {np.dtype(name): struct.Struct(layout) for name, layout in (
+    ("float32", "<f4x"), ("float64", "<d"), ("int32", "<i4x"), ("int64", "<q"),
+    ("uint32", "<I4x"), ("uint64", "<Q"))}
 
 
 def pack_scalars(values, dtypes) -> bytes:
@@ -27,9 +26,14 @@ def pack_scalars(values, dtypes) -> bytes:
     if not values:
         return b""
     try:
-        return b"".join(_PACK[dtype.name].pack(dtype.type(value)) for value, dtype in zip(values, dtypes))
+        return b"".join(_PACK[dtype].pack(dtype.type(value)) for value, dtype in zip(values, dtypes))
     except (OverflowError, struct.error) as error:
         raise ValueError(f"args: a scalar does not fit its dtype ({error})") from None
+
+
+def scalar_packer(dtype: np.dtype):
+    """`pack(value) -> bytes`: the 8-byte slot of one scalar already of `dtype`."""
+    return _PACK[dtype].pack
 
 
 @collective("transform")
@@ -106,11 +110,28 @@ def run(prepared, out: ShardedArray | None) -> ShardedArray:
     """Launches a transform `prepare` checked and compiled; allocates `out` when None."""
     arrays, packed, out_dtype, libraries, indexed = prepared
     if out is None:
-        out = ShardedArray.allocate(arrays[0].group, list(arrays[0].shard_sizes), out_dtype)
+        out = ShardedArray._new_like(arrays[0], out_dtype)
     if out.group._distributed:  # every rank's checks passed, and it makes the same call
         begin(out.group, "transform", ("shard sizes", out.shard_sizes),
               ("dtypes", tuple(array.dtype.str for array in arrays) + (out.dtype.str,)))
     _shim.transform(libraries, [array._impl for array in arrays], out._impl, packed, indexed)
+    return out
+
+
+def launch(op: Op, arrays: list, kinds: tuple, packed: bytes, out: ShardedArray) -> ShardedArray:
+    """`transform(op, ...)` for a caller that made its checks itself, once per operand types
+    (ShardedArray's operators): `arrays` share a group and shard sizes, `kinds` are the
+    operator's (kind, dtype) arguments in order, `packed` the scalars (pack_scalars), `out`
+    is allocated. Compiles or fetches the kernel, launches it, returns `out`."""
+    out_dtype, libraries = kernel_libraries(op, "transform", kinds, out.dtype, arrays[0].group.archs, VALUE_MAP)
+    return run((arrays, packed, out_dtype, libraries, is_indexed_transform(kinds, out_dtype, VALUE_MAP)), out)
+
+
+def launch_builtin(name: str, arrays: list, out: ShardedArray, scalars: bytes = b"") -> ShardedArray:
+    """The built-in transform `name` (a descriptor's) on arrays already checked; returns `out`."""
+    if out.group._distributed:  # every rank's checks passed, and it makes the same call
+        begin(out.group, "transform", ("shard sizes", out.shard_sizes), ("ops", name), ("dtype", out.dtype.str))
+    _shim.transform_builtin(getattr(_shim.BuiltinOp, name), [array._impl for array in arrays], out._impl, scalars)
     return out
 
 
@@ -139,10 +160,5 @@ def _transform_descriptor(descriptor: Descriptor, args, out):
         value = exact_cast(descriptor.scalar, dtype, f"ops.{descriptor.name}")
         scalars = pack_scalars([value], [as_dtype(dtype)])
     if out is None:
-        out = ShardedArray.allocate(first.group, list(first.shard_sizes), dtype)
-    if out.group._distributed:
-        begin(out.group, "transform", ("shard sizes", out.shard_sizes), ("ops", descriptor.name),
-              ("dtype", dtype.str))
-    _shim.transform_builtin(getattr(_shim.BuiltinOp, descriptor.name), [a._impl for a in args],
-                            out._impl, scalars)
-    return out
+        out = ShardedArray._new_like(first, dtype)
+    return launch_builtin(descriptor.name, args, out, scalars)

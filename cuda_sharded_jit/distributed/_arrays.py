@@ -99,6 +99,10 @@ class DistributedArray(ShardedArray):
     def _shim_place(self, place: int) -> int:
         return self._group._local_index(place)
 
+    def _host_range(self, start: int, stop: int) -> np.ndarray:
+        # bool(a) of a one-element array reads its element: every rank does (a collective)
+        return self.to_numpy(root=None)[start:stop]
+
     def __getitem__(self, index):
         raise TypeError("index: host indexing of a PlaceGroup.from_mpi array is not a collective yet; "
                         "gather with to_numpy(root=...), or read local_shards()")

@@ -20,6 +20,7 @@
 #include "csj/sort.hpp"
 #include "csj/sort_compare.hpp"
 #include "csj/transform.hpp"
+#include "dlpack.hpp"
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -68,6 +69,8 @@ NB_MODULE(_shim, m) {
       .def("can_access_peer", &csj::PlaceGroup::can_access_peer, "from_device"_a, "to_device"_a)
       .def("compute_capability", &csj::PlaceGroup::compute_capability, "place"_a)
       .def("wait_for_stream", &csj::PlaceGroup::wait_for_stream, "place"_a, "stream"_a,
+           nb::call_guard<nb::gil_scoped_release>())
+      .def("make_foreign_stream_wait", &csj::PlaceGroup::make_foreign_stream_wait, "place"_a, "stream"_a,
            nb::call_guard<nb::gil_scoped_release>())
       .def("sync", &csj::PlaceGroup::sync, nb::call_guard<nb::gil_scoped_release>())
       .def("release_cached_memory", &csj::PlaceGroup::release_cached_memory,
@@ -395,4 +398,6 @@ NB_MODULE(_shim, m) {
         csj::transform_builtin(op, inputs, out, packed);
       },
       "op"_a, "inputs"_a, "out"_a, "scalars"_a);
+
+  csj::bindings::bind_dlpack(m);
 }

@@ -1,6 +1,8 @@
 // Host-visible handles of the kernels compiled into the shim at build time.
 #pragma once
 
+#include <cuda_runtime_api.h>
+
 #include <cstdint>
 
 namespace csj::kernels {
@@ -65,12 +67,18 @@ constexpr int kHistogramWarps = kHistogramBlock / 32;
 constexpr int kHistogramSharedBytes = 48 * 1024;  // dynamic shared memory without opt-in
 
 // The flagged compaction (select_builtin.cu, SelectParams of select_params.hpp) for flags of
-// `flag_size` bytes (4 or 8): count, scan and scatter __global__ functions.
+// `flag_size` bytes (4 or 8): count and scatter __global__ functions.
 struct SelectFlagKernels {
   const void* count;
-  const void* scan;
   const void* scatter;
 };
 SelectFlagKernels builtin_select_flag_kernels(int flag_size);
+
+// Every selection's middle step, queued on `stream`: `counts` (tiles + 1 of them, the last
+// zero) replaced by their exclusive prefix, so entry t is tile t's first output position in
+// each class and entry `tiles` the shard's totals (CUB's decoupled look-back scan; its
+// scratch from `pool`, freed in stream order).
+struct SelectCounts;  // select_params.hpp
+cudaError_t scan_select_counts(SelectCounts* counts, long long tiles, cudaStream_t stream, cudaMemPool_t pool);
 
 }  // namespace csj::kernels

@@ -2,10 +2,11 @@
 // by the JIT module (select_jit.cu: classes from a linked predicate, elements of one size) and
 // the built-in flagged compaction (select_builtin.cu: classes from 0/1 flags, several arrays
 // moved). Each caller says how an element gets its class and how it is written; counting,
-// the scan of the tiles' counts and the ranks within a tile live here once.
+// the ranks within a tile live here once.
 //
 // A thread's counts of the three classes travel packed in one 64-bit word, 21 bits each (a
-// tile holds at most 4096 elements), so one block reduction or scan counts all three.
+// tile holds at most 4096 elements), so one block reduction or scan counts all three. The
+// tiles' counts are scanned between the two passes by CUB's device scan (select_builtin.cu).
 #pragma once
 
 #include <cub/block/block_reduce.cuh>
@@ -46,46 +47,18 @@ __device__ __forceinline__ void count_tile(const SelectParams& p, ClassOf class_
   }
 }
 
-struct AddCounts {
-  __device__ __forceinline__ SelectCounts operator()(const SelectCounts& a, const SelectCounts& b) const {
-    SelectCounts sum;
-#pragma unroll
-    for (int c = 0; c < kSelectClasses; ++c) sum.count[c] = a.count[c] + b.count[c];
-    return sum;
-  }
-};
-
-// csj_select_scan, one block of kSelectScanBlock threads: the tiles' counts replaced by their
-// exclusive prefix (each tile's first position in every class's output), and the totals.
-__device__ __forceinline__ void scan_tiles(const SelectParams& p) {
-  using Scan = cub::BlockScan<SelectCounts, kSelectScanBlock>;
-  __shared__ typename Scan::TempStorage storage;
-  __shared__ SelectCounts carry;
-  const SelectCounts zero = {{0, 0, 0}};
-  if (threadIdx.x == 0) carry = zero;
-  __syncthreads();
-  for (long long base = 0; base < p.tiles; base += kSelectScanBlock) {
-    const long long tile = base + threadIdx.x;
-    const SelectCounts counts = tile < p.tiles ? p.tile_counts[tile] : zero;
-    SelectCounts prefix, aggregate;
-    Scan(storage).ExclusiveScan(counts, prefix, zero, AddCounts(), aggregate);
-    if (tile < p.tiles) p.tile_counts[tile] = AddCounts()(carry, prefix);
-    __syncthreads();
-    if (threadIdx.x == 0) carry = AddCounts()(carry, aggregate);
-    __syncthreads();
-  }
-  if (threadIdx.x == 0) {
-#pragma unroll
-    for (int c = 0; c < kSelectClasses; ++c) p.totals[c] = carry.count[c];
-  }
-}
-
-// csj_select_scatter's ranks: thread t holds the tile's items t * Items ... t * Items +
+// csj_select_scatter's slots: thread t holds the tile's items t * Items ... t * Items +
 // Items - 1 (blocked: ranks in a thread's items follow the tile's order), `classes[i]` the
-// class of its item i (-1 past the shard's end). `write(i, cls, position)` stores item i at
-// `position` of class `cls`'s output shard.
-template <int Items, class Write>
-__device__ __forceinline__ void scatter_tile(const SelectParams& p, const int (&classes)[Items], Write write) {
+// class of its item i (-1 past the shard's end). Class c's items of the tile take the slots
+// [base_c, base_c + count_c) in tile order (base_0 = 0, base_1 = count_0, base_2 = count_0 +
+// count_1): `stage(i, slot)` puts item i there (in shared memory). Then, the block synced,
+// `emit(slot, cls, position)` is called for every filled slot, adjacent threads on adjacent
+// slots, with the position of its element in class `cls`'s output shard: the tile's offset
+// (tile_counts, scanned) plus the rank in its class, so each class's stores are contiguous
+// and coalesced whatever the selectivity.
+template <int Items, class Stage, class Emit>
+__device__ __forceinline__ void scatter_tile(const SelectParams& p, const int (&classes)[Items], Stage stage,
+                                             Emit emit) {
   using Scan = cub::BlockScan<unsigned long long, kSelectBlock>;
   __shared__ typename Scan::TempStorage storage;
   unsigned long long packed = 0;
@@ -93,15 +66,25 @@ __device__ __forceinline__ void scatter_tile(const SelectParams& p, const int (&
   for (int item = 0; item < Items; ++item) {
     if (classes[item] >= 0) packed += class_unit(classes[item]);
   }
-  unsigned long long rank;
-  Scan(storage).ExclusiveSum(packed, rank);
-  const SelectCounts offset = p.tile_counts[blockIdx.x];
+  unsigned long long rank, tile_total;
+  Scan(storage).ExclusiveSum(packed, rank, tile_total);
+  const int base1 = static_cast<int>(class_field(tile_total, 0));
+  const int base2 = base1 + static_cast<int>(class_field(tile_total, 1));
+  const int filled = base2 + static_cast<int>(class_field(tile_total, 2));
 #pragma unroll
   for (int item = 0; item < Items; ++item) {
     const int cls = classes[item];
     if (cls < 0) continue;
-    write(item, cls, offset.count[cls] + class_field(rank, cls));
+    const int base = cls == 0 ? 0 : cls == 1 ? base1 : base2;
+    stage(item, base + static_cast<int>(class_field(rank, cls)));
     rank += class_unit(cls);
+  }
+  __syncthreads();
+  const SelectCounts offset = p.tile_counts[blockIdx.x];
+  for (int slot = static_cast<int>(threadIdx.x); slot < filled; slot += kSelectBlock) {
+    const int cls = slot < base1 ? 0 : slot < base2 ? 1 : 2;
+    const int base = cls == 0 ? 0 : cls == 1 ? base1 : base2;
+    emit(slot, cls, offset.count[cls] + (slot - base));
   }
 }
 

@@ -3,7 +3,10 @@
 // (4- or 8-byte integers: 0 where the flag is nonzero, 1 elsewhere) and, in place of the
 // flags, up to kMaxSelectPayloads arrays of the same shard sizes moved, each of its own
 // element size (a multiple of 4 bytes, copied a 4-byte word at a time). The by-key
-// algorithms compact their run heads (keys and values) with it.
+// algorithms compact their run heads (keys and values) with it. Also here, for every
+// selection: the scan of the tiles' counts between the two passes (CUB's device scan).
+#include <cub/device/device_scan.cuh>
+
 #include "builtin_kernels.hpp"
 #include "select.cuh"
 
@@ -18,31 +21,41 @@ __global__ void __launch_bounds__(kSelectBlock) select_flags_count(const __grid_
   count_tile<kFlagItems>(params, [&](long long local) { return flags[local] != 0 ? 0 : 1; });
 }
 
-__global__ void __launch_bounds__(kSelectScanBlock) select_flags_scan(const __grid_constant__ SelectParams params) {
-  scan_tiles(params);
-}
+struct AddCounts {
+  __device__ __forceinline__ SelectCounts operator()(const SelectCounts& a, const SelectCounts& b) const {
+    SelectCounts sum;
+#pragma unroll
+    for (int c = 0; c < kSelectClasses; ++c) sum.count[c] = a.count[c] + b.count[c];
+    return sum;
+  }
+};
 
+// Class 0's elements are staged by their shard index (each payload has its own element
+// size), then every payload is copied from those indices to consecutive output positions.
 template <class Flag>
 __global__ void __launch_bounds__(kSelectBlock) select_flags_scatter(const __grid_constant__ SelectParams params) {
+  __shared__ int staged[kSelectBlock * kFlagItems];  // tile-local index by slot
   const Flag* flags = static_cast<const Flag*>(params.in);
-  const long long first = static_cast<long long>(blockIdx.x) * kSelectBlock * kFlagItems +
-                          static_cast<long long>(threadIdx.x) * kFlagItems;
+  const long long tile_first = static_cast<long long>(blockIdx.x) * kSelectBlock * kFlagItems;
+  const int first = static_cast<int>(threadIdx.x) * kFlagItems;
   int classes[kFlagItems];
 #pragma unroll
   for (int item = 0; item < kFlagItems; ++item) {
-    const long long local = first + item;
+    const long long local = tile_first + first + item;
     classes[item] = local < params.n ? (flags[local] != 0 ? 0 : 1) : -1;
   }
-  scatter_tile<kFlagItems>(params, classes, [&](int item, int cls, long long position) {
-    if (cls != 0) return;
-    const long long local = first + item;
-    for (int k = 0; k < params.payloads; ++k) {
-      const int words = params.payload_size[k] / 4;
-      const unsigned* from = static_cast<const unsigned*>(params.payload_in[k]) + local * words;
-      unsigned* to = static_cast<unsigned*>(params.payload_out[k]) + position * words;
-      for (int w = 0; w < words; ++w) to[w] = from[w];
-    }
-  });
+  scatter_tile<kFlagItems>(
+      params, classes, [&](int item, int slot) { staged[slot] = first + item; },
+      [&](int slot, int cls, long long position) {
+        if (cls != 0) return;
+        const long long local = tile_first + staged[slot];
+        for (int k = 0; k < params.payloads; ++k) {
+          const int words = params.payload_size[k] / 4;
+          const unsigned* from = static_cast<const unsigned*>(params.payload_in[k]) + local * words;
+          unsigned* to = static_cast<unsigned*>(params.payload_out[k]) + position * words;
+          for (int w = 0; w < words; ++w) to[w] = from[w];
+        }
+      });
 }
 
 }  // namespace
@@ -50,12 +63,24 @@ __global__ void __launch_bounds__(kSelectBlock) select_flags_scatter(const __gri
 SelectFlagKernels builtin_select_flag_kernels(int flag_size) {
   if (flag_size == 8) {
     return {reinterpret_cast<const void*>(&select_flags_count<unsigned long long>),
-            reinterpret_cast<const void*>(&select_flags_scan),
             reinterpret_cast<const void*>(&select_flags_scatter<unsigned long long>)};
   }
   return {reinterpret_cast<const void*>(&select_flags_count<unsigned>),
-          reinterpret_cast<const void*>(&select_flags_scan),
           reinterpret_cast<const void*>(&select_flags_scatter<unsigned>)};
+}
+
+cudaError_t scan_select_counts(SelectCounts* counts, long long tiles, cudaStream_t stream, cudaMemPool_t pool) {
+  const SelectCounts zero = {{0, 0, 0}};
+  const int items = static_cast<int>(tiles + 1);
+  std::size_t bytes = 0;
+  cudaError_t status = cub::DeviceScan::ExclusiveScan(nullptr, bytes, counts, counts, AddCounts(), zero, items, stream);
+  if (status != cudaSuccess) return status;
+  void* temp = nullptr;
+  status = cudaMallocFromPoolAsync(&temp, bytes, pool, stream);
+  if (status != cudaSuccess) return status;
+  status = cub::DeviceScan::ExclusiveScan(temp, bytes, counts, counts, AddCounts(), zero, items, stream);
+  const cudaError_t freed = cudaFreeAsync(temp, stream);
+  return status != cudaSuccess ? status : freed;
 }
 
 }  // namespace csj::kernels

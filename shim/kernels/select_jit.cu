@@ -7,7 +7,8 @@
 //   1 where second(x), else 2 (the index reaches operators that asked for it)
 // The kernels move elements as opaque words of their size; after linking the wrapper is
 // inlined, the pointer gone. The scatter loads its tile through CUB's warp-transposing block
-// load (coalesced reads into the blocked order the ranks need).
+// load (coalesced reads into the blocked order the ranks need) and stores it from shared
+// memory, each class's elements in one contiguous run.
 #include <cub/block/block_load.cuh>
 
 #include "select.cuh"
@@ -38,15 +39,11 @@ extern "C" __global__ void __launch_bounds__(kSelectBlock)
   });
 }
 
-extern "C" __global__ void __launch_bounds__(kSelectScanBlock)
-    csj_select_scan(const __grid_constant__ SelectParams params) {
-  scan_tiles(params);
-}
-
 extern "C" __global__ void __launch_bounds__(kSelectBlock)
     csj_select_scatter(const __grid_constant__ SelectParams params) {
   using Load = cub::BlockLoad<Element, kSelectBlock, kItems, cub::BLOCK_LOAD_WARP_TRANSPOSE>;
   __shared__ typename Load::TempStorage load_storage;
+  __shared__ Element staged[kTile];  // the tile's elements by slot (select.cuh)
   const long long first = static_cast<long long>(blockIdx.x) * kTile;
   const long long left = params.n - first;
   const int valid = left < kTile ? static_cast<int>(left) : kTile;
@@ -63,8 +60,10 @@ extern "C" __global__ void __launch_bounds__(kSelectBlock)
     const int local = static_cast<int>(threadIdx.x) * kItems + item;
     classes[item] = local < valid ? csj_select_class(&items[item], params.index_base + first + local) : -1;
   }
-  scatter_tile<kItems>(params, classes, [&](int item, int cls, long long position) {
-    Element* out = static_cast<Element*>(params.out[cls]);
-    if (out != nullptr) out[position] = items[item];
-  });
+  scatter_tile<kItems>(
+      params, classes, [&](int item, int slot) { staged[slot] = items[item]; },
+      [&](int slot, int cls, long long position) {
+        Element* out = static_cast<Element*>(params.out[cls]);
+        if (out != nullptr) out[position] = staged[slot];
+      });
 }

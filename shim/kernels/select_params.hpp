@@ -5,16 +5,16 @@
 //
 // Every element falls in one of three classes (0, 1, 2): select keeps class 0, partition
 // writes classes 0 and 1, three_way_partition all three. One place's shard takes three
-// launches: csj_select_count (per tile, how many elements of each class), csj_select_scan
-// (one block: the tiles' counts turned into their output offsets, and the place's totals,
-// which the host reads to size the outputs), csj_select_scatter (each element written to its
-// class's output at its tile's offset plus its rank in the tile: global order kept).
+// steps: csj_select_count (per tile, how many elements of each class), the device scan of
+// the tiles' counts (scan_select_counts in builtin_kernels.hpp: their output offsets, and
+// the place's totals, which the host reads to size the outputs), csj_select_scatter (each
+// element written to its class's output at its tile's offset plus its rank in the tile:
+// global order kept).
 #pragma once
 
 namespace csj::kernels {
 
 constexpr int kSelectBlock = 256;
-constexpr int kSelectScanBlock = 1024;
 constexpr int kSelectClasses = 3;
 constexpr int kMaxSelectPayloads = 4;  // arrays one flagged compaction moves
 
@@ -28,8 +28,8 @@ constexpr long long select_tile(int element_size) {
   return static_cast<long long>(kSelectBlock) * select_items(element_size);
 }
 
-// One tile's elements per class; after csj_select_scan, the tile's first output position
-// in each class's output.
+// One tile's elements per class; after the scan, the tile's first output position in each
+// class's output.
 struct SelectCounts {
   long long count[kSelectClasses];
 };
@@ -39,8 +39,7 @@ struct SelectParams {
   long long n;
   long long index_base;     // the shard's first global index (operators with the index)
   long long tiles;
-  SelectCounts* tile_counts;  // one per tile (device scratch)
-  long long* totals;          // kSelectClasses: the place's count per class (pinned host)
+  SelectCounts* tile_counts;  // one per tile and one more, the totals (device scratch)
   void* out[kSelectClasses];  // each class's output shard; null: not written
   // flagged compaction (select_builtin.cu): the class is 0 where the flag is nonzero, 1
   // elsewhere, and class 0's elements of each payload array are written, not the flags

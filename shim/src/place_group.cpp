@@ -385,16 +385,35 @@ void PlaceGroup::wait_for_stream(std::size_t place, std::uintptr_t foreign_strea
   wait_for_checked_stream(place, foreign_stream);
 }
 
+namespace {
+
+// Streams as CAI v3 and DLPack number them: 1 is the legacy default stream, 2 the per-thread
+// default stream (of the calling thread), anything else a cudaStream_t.
+cudaStream_t as_cuda_stream(std::uintptr_t foreign_stream) {
+  return foreign_stream == 1   ? cudaStreamLegacy
+         : foreign_stream == 2 ? cudaStreamPerThread
+                               : reinterpret_cast<cudaStream_t>(foreign_stream);
+}
+
+}  // namespace
+
 void PlaceGroup::wait_for_checked_stream(std::size_t place, std::uintptr_t foreign_stream) const {
   const int id = device(place);
   if (foreign_stream == 0 || foreign_stream == streams_[place]) return;
   check_alive();
   detail::DeviceGuard guard(id);
-  // CAI streams: 1 is the legacy default stream, 2 the per-thread default stream.
-  cudaStream_t producer = foreign_stream == 1   ? cudaStreamLegacy
-                          : foreign_stream == 2 ? cudaStreamPerThread
-                                                : reinterpret_cast<cudaStream_t>(foreign_stream);
-  detail::wait_for(reinterpret_cast<cudaStream_t>(streams_[place]), producer, id);
+  detail::wait_for(reinterpret_cast<cudaStream_t>(streams_[place]), as_cuda_stream(foreign_stream), id);
+}
+
+void PlaceGroup::make_foreign_stream_wait(std::size_t place, std::uintptr_t foreign_stream) const {
+  const int id = device(place);
+  if (foreign_stream == 0 || foreign_stream == streams_[place]) return;
+  check_alive();
+  check_foreign_stream(place, foreign_stream, "stream");
+  detail::DeviceGuard guard(id);
+  // The event is recorded on our stream (of device `id`); the default streams are those of
+  // `id` too, the device the guard makes current.
+  detail::wait_for(as_cuda_stream(foreign_stream), reinterpret_cast<cudaStream_t>(streams_[place]), id);
 }
 
 void PlaceGroup::sync() const {

@@ -1,8 +1,8 @@
 // Selections, the flagged compaction and resharding (csj/select.hpp).
 //
 // The selection engine (kernels/select_params.hpp) runs per place in two halves around one
-// host read: the counting pass and the scan of the tiles' counts are queued on every place,
-// then each place's totals are read (its stream synchronised): only now are the output
+// host read: the counting pass and the device scan of the tiles' counts are queued on every
+// place, then each place's totals are read (its stream synchronised): only now are the output
 // shard sizes known, so the outputs are allocated here, with them; then the scatter pass
 // writes every element to its class's output. The tiles' offsets stay in stream-ordered
 // scratch between the halves. A place without elements takes part in no launch.
@@ -33,7 +33,7 @@ using detail::DeviceGuard;
 using detail::KernelHandle;
 
 struct SelectKernels {
-  KernelHandle count, scan, scatter;
+  KernelHandle count, scatter;
 };
 
 struct SelectPlace {
@@ -59,15 +59,21 @@ ClassTotals count_classes(const PlaceGroup& group, std::vector<SelectPlace>& pla
     SelectPlace& place = places[p];
     if (place.params.n == 0) continue;
     DeviceGuard guard(place.device);
-    place.params.tiles = (place.params.n + tile - 1) / tile;
-    place.scratch = detail::StreamScratch(static_cast<std::size_t>(place.params.tiles) * sizeof(k::SelectCounts),
-                                          place.stream, reinterpret_cast<cudaMemPool_t>(group.memory_pool(p)));
+    const long long tiles = (place.params.n + tile - 1) / tile;
+    const auto pool = reinterpret_cast<cudaMemPool_t>(group.memory_pool(p));
+    place.params.tiles = tiles;
+    place.scratch = detail::StreamScratch(static_cast<std::size_t>(tiles + 1) * sizeof(k::SelectCounts),
+                                          place.stream, pool);
     place.params.tile_counts = static_cast<k::SelectCounts*>(place.scratch.get());
-    place.params.totals = totals + p * k::kSelectClasses;
-    detail::launch(place.kernels.count, static_cast<unsigned>(place.params.tiles), k::kSelectBlock, place.stream,
+    k::SelectCounts* shard_totals = place.params.tile_counts + tiles;
+    detail::check(cudaMemsetAsync(shard_totals, 0, sizeof(k::SelectCounts), place.stream), "clearing select totals");
+    detail::launch(place.kernels.count, static_cast<unsigned>(tiles), k::kSelectBlock, place.stream,
                    place.params, "launching select count");
-    detail::launch(place.kernels.scan, 1, k::kSelectScanBlock, place.stream, place.params,
-                   "launching select scan");
+    detail::check(k::scan_select_counts(place.params.tile_counts, tiles, place.stream, pool),
+                  "scanning select counts");
+    detail::check(cudaMemcpyAsync(totals + p * k::kSelectClasses, shard_totals, sizeof(k::SelectCounts),
+                                  cudaMemcpyDeviceToHost, place.stream),
+                  "reading select totals");
   }
   ClassTotals result(count);
   for (std::size_t p = 0; p < count; ++p) {
@@ -77,7 +83,6 @@ ClassTotals count_classes(const PlaceGroup& group, std::vector<SelectPlace>& pla
       detail::check(cudaStreamSynchronize(place.stream), "synchronising select counts");
     }
     for (int c = 0; c < k::kSelectClasses; ++c) result[p][c] = totals[p * k::kSelectClasses + c];
-    place.params.totals = nullptr;  // the pinned buffer goes back after this call
   }
   return result;
 }
@@ -139,7 +144,6 @@ ArrayList select(const std::vector<const KernelLibrary*>& libraries, const Shard
     if (places[p].params.n == 0) continue;
     const int device = places[p].device;
     places[p].kernels = {KernelHandle::linked(libraries[p]->kernel("csj_select_count", device)),
-                         KernelHandle::linked(libraries[p]->kernel("csj_select_scan", device)),
                          KernelHandle::linked(libraries[p]->kernel("csj_select_scatter", device))};
   }
   const detail::SyncOnUnwind settle(group);
@@ -180,8 +184,7 @@ ArrayList select_flagged(const ShardedArray& flags, const ArrayList& arrays) {
   const k::SelectFlagKernels builtin = k::builtin_select_flag_kernels(static_cast<int>(flags.itemsize()));
   std::vector<SelectPlace> places = places_of(flags);
   for (std::size_t p = 0; p < places.size(); ++p) {
-    places[p].kernels = {KernelHandle::builtin(builtin.count), KernelHandle::builtin(builtin.scan),
-                         KernelHandle::builtin(builtin.scatter)};
+    places[p].kernels = {KernelHandle::builtin(builtin.count), KernelHandle::builtin(builtin.scatter)};
     places[p].params.payloads = static_cast<int>(arrays.size());
     for (std::size_t i = 0; i < arrays.size(); ++i) {
       places[p].params.payload_in[i] = reinterpret_cast<const void*>(arrays[i]->shard_pointer(p));

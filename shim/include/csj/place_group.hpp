@@ -49,6 +49,12 @@ class PlaceGroup {
   // wait_for_stream for a stream that has already passed check_foreign_stream (adopt checks
   // every buffer's stream before it waits for any).
   void wait_for_checked_stream(std::size_t place, std::uintptr_t foreign_stream) const;
+  // The other direction: makes a foreign stream of the place's device (1 and 2: the legacy and
+  // per-thread default streams, else a live cudaStream_t, checked as check_foreign_stream names
+  // "stream") wait for the work queued on the place's stream so far. What a consumer of a
+  // shard (DLPack's __dlpack__(stream=...)) needs before it reads on its own stream. 0 means
+  // no stream: nothing to do.
+  void make_foreign_stream_wait(std::size_t place, std::uintptr_t foreign_stream) const;
   // Blocks until every place's stream has drained (call with the GIL released).
   void sync() const;
   // Waits for the places' streams, then returns the memory that the group's stream-ordered
