@@ -4,7 +4,8 @@ every collective's agreements, data movement and folds, on this rank's part of e
 
 It stands in for what the from_mpi paths call: PlaceGroup.by_devices, ShardedArray.allocate
 and its host copies, the built-in reductions' per-place partials and fold, the built-in
-scans with their carry, count, histogram_even, fill and sequence. Its folds are sequential
+scans with their carry, count, histogram_even, fill, sequence, the built-in add and negate,
+and copy_lanes. Its folds are sequential
 numpy folds, not the GPU's: results are checked against numpy, never bitwise against the
 GPU (the gpu tests do that). `install(monkeypatch)` puts it in place for one test.
 """
@@ -167,8 +168,17 @@ def transform_builtin(op, inputs, out, scalars):
         start, step = np.frombuffer(scalars[:16], wide)
         index = out.index_origin + np.arange(out.size)  # global indices: the origin is this rank's
         values[:] = (start + step * index).astype(values.dtype)
+    elif op == real_shim.BuiltinOp.add:
+        values[:] = inputs[0].typed() + inputs[1].typed()
+    elif op == real_shim.BuiltinOp.negate:
+        values[:] = -inputs[0].typed()
     else:
         raise NotImplementedError(f"the host shim has no {op}")
+
+
+def copy_lanes(source, source_offset, target, target_offset, width):
+    assert source_offset == target_offset == 0 and width == source.itemsize == target.itemsize
+    target.data[:] = source.data
 
 
 def visible_device_count():
@@ -176,7 +186,8 @@ def visible_device_count():
 
 
 NAMES = ["PlaceGroup", "ShardedArray", "reduce_builtin_partials", "fold_builtin", "scan_builtin_carried",
-         "count", "check_histogram_memory", "histogram_even", "transform_builtin", "visible_device_count"]
+         "count", "check_histogram_memory", "histogram_even", "transform_builtin", "copy_lanes",
+         "visible_device_count"]
 
 
 def install(monkeypatch) -> None:

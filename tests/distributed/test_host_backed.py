@@ -200,3 +200,15 @@ def test_ranks_calling_different_collectives_get_a_value_error_not_a_hang(group)
     kind, text = outcomes[0]
     assert kind == "ValueError" and text.startswith(f"collective: rank {SIZE - 1} is at reduce where rank 0 is at ")
     assert allgather(after) == [after] * SIZE
+
+
+def test_operators_between_from_mpi_arrays(group):
+    host = _host(seed=4)
+    a = sharded.ShardedArray.from_numpy(group, host, sizes=_sizes(len(group), host.size), root=None)
+    b = sharded.ShardedArray.from_numpy(group, host[::-1].copy(), sizes=_sizes(len(group), host.size), root=None)
+    one = sharded.ShardedArray.from_numpy(group, np.array([3], np.int64), root=None)
+    results = ((a + b).to_numpy(root=None), (-a).to_numpy(root=None), a.copy().to_numpy(root=None),
+               a.astype(np.int64).to_numpy(root=None), bool(one), _outcome(lambda: bool(a)))
+    assert np.array_equal(results[0], host + host[::-1]) and np.array_equal(results[1], -host)
+    assert np.array_equal(results[2], host) and np.array_equal(results[3], host)
+    assert results[4] is True and results[5][0] == "ValueError" and f"{host.size} elements" in results[5][1]
