@@ -252,6 +252,7 @@ def test_transform_and_sequence_see_global_indices(groups):
     filled = sharded.fill(sharded.ShardedArray.allocate(a.group, list(a.shard_sizes), np.float32), 2.5)
     axpy = sharded.transform(sharded.ops.axpy(2.0), a, a).to_numpy(root=None)
     arithmetic = (a * 3.0 - a).to_numpy(root=None)
+    compared = (a > 0).to_numpy(root=None)
     sequence_host = sequence.to_numpy(root=None)
     filled_host = filled.to_numpy(root=None)
     assert np.array_equal(indexed, host * 2 + np.arange(host.size))
@@ -259,6 +260,7 @@ def test_transform_and_sequence_see_global_indices(groups):
     assert np.array_equal(filled_host, np.full(host.size, 2.5, np.float32))
     assert np.array_equal(axpy, 2.0 * host + host)
     assert np.array_equal(arithmetic, host * 3.0 - host)
+    assert np.array_equal(compared, (host > 0).astype(compared.dtype)) and compared.dtype.kind == "u"
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.int64])
