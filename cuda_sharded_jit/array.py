@@ -88,6 +88,20 @@ def check_out(out, like: "ShardedArray", like_name: str = "the inputs"):
     return out
 
 
+def _distributed():
+    """distributed._arrays, imported for the arrays of from_mpi groups only."""
+    from .distributed import _arrays
+
+    return _arrays
+
+
+def check_one_process_root(root) -> None:
+    """`root` of from_numpy / to_numpy on a one-process group: 0 or None (its only rank)."""
+    if root is not None and (not is_integer(root) or int(root) != 0):
+        raise ValueError(f"root: a one-process group has one rank, 0; got {root!r} (roots are ranks "
+                         f"of PlaceGroup.from_mpi groups)")
+
+
 def _check_group(group) -> PlaceGroup:
     if not isinstance(group, PlaceGroup):
         raise TypeError(f"group: expected a PlaceGroup, got {type(group).__name__}")
@@ -267,6 +281,56 @@ def _release_adopted(group_impl, buffers) -> None:
         pass
 
 
+_DLPACK_CPU = 1  # DLDeviceType kDLCPU
+
+
+def _host_part(value, argument: str) -> np.ndarray | None:
+    """A from_local part as a 1-D host array, or None for a device buffer (adopted)."""
+    if hasattr(value, "__cuda_array_interface__"):
+        return None
+    if not isinstance(value, np.ndarray) and hasattr(value, "__dlpack__"):
+        device = value.__dlpack_device__()[0] if hasattr(value, "__dlpack_device__") else _DLPACK_CPU
+        if device != _DLPACK_CPU:
+            return None  # a device tensor: adopt takes it through DLPack
+        value = np.from_dlpack(value)
+    host = np.asarray(value)
+    if host.ndim != 1:
+        raise ValueError(f"{argument}: expected a 1-D array, got {host.ndim} dimensions {host.shape}")
+    return host
+
+
+def from_local_parts(group: PlaceGroup, arrays) -> "ShardedArray":
+    """ShardedArray.from_local on a one-process group (a from_mpi group's rank passes its
+    local group here): one part per place, host arrays copied or device buffers adopted."""
+    if isinstance(arrays, (str, bytes, np.ndarray)) or not isinstance(arrays, Sequence):
+        raise TypeError(f"arrays: expected a list of arrays, one per place, got {type(arrays).__name__}")
+    arrays = list(arrays)
+    if len(arrays) != len(group):
+        raise ValueError(f"arrays: expected one per place ({len(group)}), got {len(arrays)}")
+    hosts = [_host_part(value, f"arrays[{index}]") for index, value in enumerate(arrays)]
+    if all(host is None for host in hosts):
+        return ShardedArray.adopt(group, arrays)
+    if any(host is None for host in hosts):
+        raise TypeError("arrays: device buffers (__cuda_array_interface__) and host arrays mixed; "
+                        "pass one kind")
+    dtype = None
+    for index, host in enumerate(hosts):
+        found = as_array_dtype(host.dtype, f"arrays[{index}]")
+        if dtype is None:
+            dtype = found
+        elif found != dtype:
+            raise TypeError(f"arrays[{index}]: dtype {describe_dtype(found)} differs from arrays[0]'s "
+                            f"{describe_dtype(dtype)}")
+    array = ShardedArray.allocate(group, [host.size for host in hosts], dtype)
+    start = 0
+    for host in hosts:
+        if host.size:
+            host = np.ascontiguousarray(host)
+            array._impl.copy_range_from_host(start, start + host.size, host.ctypes.data, host.nbytes)
+        start += host.size
+    return array
+
+
 class ShardView:
     """Zero-copy view of one shard: a 1-D device array with `__cuda_array_interface__` (v3).
 
@@ -290,8 +354,9 @@ class ShardView:
         self.field_name = field_name
         impl = array._impl
         dtype = array.dtype
-        size = impl.shard_sizes[place]
-        pointer = impl.shard_pointer(place)
+        local = array._shim_place(place)  # the shim holds this process's shards only
+        size = impl.shard_sizes[local]
+        pointer = impl.shard_pointer(local)
         if field_name is None:  # typestr, and a record's descr
             element, data, strides = layout_of(dtype).interface_entries(), pointer, None
         else:
@@ -421,6 +486,8 @@ class ShardedArray:
         ...                                                    ("y", np.float32)]))  # doctest: +SKIP
         """
         group = _check_group(group)
+        if group._distributed:
+            return _distributed().allocate(group, n, dtype)
         dtype = as_array_dtype(dtype)
         return cls(_allocate(group, _shard_sizes(group, n), dtype, False), group, dtype)
 
@@ -429,6 +496,8 @@ class ShardedArray:
         """Internal (the algorithms' outputs): an uninitialised array with `like`'s group and
         shard sizes, of a `dtype` the caller has already checked; no argument is re-checked."""
         group = like._group
+        if group._distributed:  # a collective there: every rank allocates its part, then agrees
+            return _distributed().allocate(group, list(like._shard_sizes), dtype)
         return cls(_allocate(group, list(like._shard_sizes), dtype, False), group, dtype)
 
     @classmethod
@@ -445,6 +514,9 @@ class ShardedArray:
         >>> a = ShardedArray.allocate_contiguous(g, 1 << 20, np.float32)   # doctest: +SKIP
         """
         group = _check_group(group)
+        if group._distributed:
+            raise ValueError("group: one virtual address range spans the places of one process; the "
+                             "arrays of a PlaceGroup.from_mpi group are allocated per rank (allocate)")
         dtype = as_array_dtype(dtype)
         impl = _allocate(group, _shard_sizes(group, n), dtype, True)
         array = cls(impl, group, dtype)
@@ -452,15 +524,24 @@ class ShardedArray:
         return array
 
     @classmethod
-    def from_numpy(cls, group: PlaceGroup, host, sizes=None, contiguous: bool = False) -> ShardedArray:
+    def from_numpy(cls, group: PlaceGroup, host, sizes=None, contiguous: bool = False,
+                   root: int | None = 0) -> ShardedArray:
         """Copy a 1-D numpy array to the group (even split unless `sizes` is given).
 
         A record array (structured dtype) must be in the aligned layout; a packed one is
         refused with the `astype` that converts it (to_numpy gives back the same bytes).
 
+        On a PlaceGroup.from_mpi group (a collective) rank `root` scatters its `host` (and
+        `sizes`; other ranks may pass None), or with root=None every rank passes the whole
+        array and keeps its part. A one-process group has one rank: root is 0 or None.
+
         >>> a = ShardedArray.from_numpy(g, np.arange(5.0))                # doctest: +SKIP
+        >>> a = ShardedArray.from_numpy(g, host if g.rank == 0 else None, root=0)  # doctest: +SKIP
         """
         group = _check_group(group)
+        if group._distributed:
+            return _distributed().from_numpy(group, host, sizes, contiguous, root)
+        check_one_process_root(root)
         host = np.asarray(host)
         if host.ndim != 1:
             raise ValueError(f"host: expected a 1-D array, got {host.ndim} dimensions {host.shape}")
@@ -506,6 +587,9 @@ class ShardedArray:
         >>> a = ShardedArray.adopt(g, [jnp.zeros(5, jnp.float32)])        # doctest: +SKIP
         """
         group = _check_group(group)
+        if group._distributed:
+            raise ValueError("group: a PlaceGroup.from_mpi group's buffers are each rank's own: pass "
+                             "them with ShardedArray.from_local(group, buffers)")
         buffers = list(buffers)
         if len(buffers) != len(group):
             raise ValueError(f"buffers: expected one buffer per place ({len(group)}), got {len(buffers)}")
@@ -527,6 +611,9 @@ class ShardedArray:
         np.float32(45.0)
         """
         group = _check_group(group)
+        if group._distributed:
+            raise ValueError("group: a PlaceGroup.from_mpi group's buffers are each rank's own: pass "
+                             "them with ShardedArray.from_local(group, objects)")
         if hasattr(objects, "__dlpack__") or isinstance(objects, (str, bytes)):
             raise TypeError(f"objects: expected a list of DLPack producers, one per place, got one "
                             f"{type(objects).__name__}: pass [x]")
@@ -582,12 +669,51 @@ class ShardedArray:
         array._keepalive = weakref.finalize(array, _release_adopted, group._impl, keep)
         return array
 
+    @classmethod
+    def from_local(cls, group: PlaceGroup, arrays: Sequence) -> ShardedArray:
+        """An array from this process's own shards, one per place it holds, in order: numpy
+        arrays (copied) or device buffers (`__cuda_array_interface__` or DLPack producers,
+        adopted without a copy, as `adopt` takes them), not mixed. Shard i has the size of
+        the array given for it.
+
+        On a PlaceGroup.from_mpi group (a collective) each rank passes the shards of its
+        `local_places`, and the shard sizes are gathered from every rank; on a one-process
+        group, one shard per place.
+
+        >>> mine = [np.arange(3.0) + 3 * place for place in g.local_places]  # doctest: +SKIP
+        >>> a = ShardedArray.from_local(g, mine)                          # doctest: +SKIP
+        """
+        group = _check_group(group)
+        if group._distributed:
+            return _distributed().from_local(group, arrays)
+        return from_local_parts(group, arrays)
+
     # ---- data out -----------------------------------------------------------------------
-    def to_numpy(self) -> np.ndarray:
-        """Copy the whole array to a new 1-D numpy array (waits for queued work)."""
+    def to_numpy(self, root: int | None = 0) -> np.ndarray | None:
+        """Copy the whole array to a new 1-D numpy array (waits for queued work).
+
+        On a PlaceGroup.from_mpi group (a collective) the array is gathered to rank `root`,
+        which returns it (the others return None), or to every rank with root=None.
+
+        >>> host = a.to_numpy()                                           # doctest: +SKIP
+        """
+        check_one_process_root(root)
         host = np.empty(self.size, dtype=self._dtype)
         self._impl.copy_to_host(host.ctypes.data, host.nbytes)
         return host
+
+    def local_shards(self) -> list[ShardView]:
+        """Zero-copy views of the shards this process holds, in place order: every shard on
+        a one-process group, this rank's on a PlaceGroup.from_mpi group.
+
+        >>> [view.place for view in a.local_shards()]                     # doctest: +SKIP
+        [2, 3]
+        """
+        return [ShardView(self, place) for place in range(self.num_shards)]
+
+    def _shim_place(self, place: int) -> int:
+        """The shim's index of shard `place` (the same on a one-process group)."""
+        return place
 
     def __array__(self, dtype=None, copy=None):
         if copy is False:
@@ -765,7 +891,7 @@ class ShardedArray:
 
     def __bool__(self) -> bool:
         """As numpy: the truth of the one element of a 1-element array; ValueError otherwise."""
-        size = self._impl.size
+        size = self.size
         if size == 1:
             return bool(self._host_range(0, 1)[0])
         if size == 0:

@@ -18,6 +18,7 @@ class PlaceGroup:
     """
 
     __slots__ = ("_impl", "_archs", "__weakref__")
+    _distributed = False  # a from_mpi group (distributed/_group.py) spans processes
 
     def __init__(self, impl: _shim.PlaceGroup):
         if not isinstance(impl, _shim.PlaceGroup):
@@ -58,8 +59,44 @@ class PlaceGroup:
         """
         return cls(_shim.PlaceGroup.by_locality_domains())
 
+    @classmethod
+    def from_mpi(cls, comm=None, devices=None, transport: str = "auto") -> PlaceGroup:
+        """A group over every rank of an MPI communicator (`comm`, default MPI.COMM_WORLD),
+        for SPMD jobs (mpiexec -n 4 python script.py). A collective: every rank calls it.
+
+        Places are numbered globally in rank order, then local order; shard i lives on global
+        place i, as in one process. By default each rank has one place, on device
+        local_rank % (its host's visible GPUs); `devices=[...]` gives a rank several places.
+        `transport`: "mpi" (data between ranks through MPI, staged in host memory in this
+        version), "nccl" (GPU data through NCCL, not in this version yet) or "auto" (NCCL
+        where it loads and every rank's GPU is distinct, else MPI; MPI in this version).
+        Every algorithm on its arrays is a collective: see docs/distributed.md. Needs mpi4py.
+
+        >>> g = sharded.PlaceGroup.from_mpi(transport="mpi")                 # doctest: +SKIP
+        >>> g.rank, g.nranks, g.local_places, g.transport                   # doctest: +SKIP
+        (0, 2, (0,), 'mpi')
+        """
+        from .distributed._group import from_mpi
+
+        return from_mpi(comm, devices, transport)
+
     def __len__(self) -> int:
         return len(self._impl)
+
+    @property
+    def rank(self) -> int:
+        """This process's rank: 0 on a one-process group (see from_mpi)."""
+        return 0
+
+    @property
+    def nranks(self) -> int:
+        """The number of processes the group spans: 1 (see from_mpi)."""
+        return 1
+
+    @property
+    def local_places(self) -> tuple[int, ...]:
+        """The places this process holds: all of a one-process group's (see from_mpi)."""
+        return tuple(range(len(self)))
 
     @property
     def devices(self) -> tuple[int, ...]:

@@ -20,6 +20,13 @@ def test_import_does_not_import_numba(tmp_path):
     assert result.stdout.split() == ["False", "False"]
 
 
+def test_import_does_not_import_mpi4py(tmp_path):
+    code = "import sys, cuda_sharded_jit; print('mpi4py' in sys.modules)"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            check=True, cwd=tmp_path)
+    assert result.stdout.split() == ["False"]
+
+
 def test_public_names():
     for name in ["PlaceGroup", "ShardedArray", "op", "compile", "transform", "ops",
                  "cache_dir", "clear_cache"]:

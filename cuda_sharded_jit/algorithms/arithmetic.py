@@ -30,6 +30,7 @@ import math
 import numpy as np
 
 from .. import _shim, ops
+from .._collective import collective
 from .._dtypes import SUPPORTED_DTYPES, as_dtype
 from .._layout import layout_of
 from ..array import ShardedArray, check_numbers, check_out
@@ -234,6 +235,7 @@ def _arithmetic_plan(name: str, left, right) -> _Plan:
     return _keep((name, _token(left), _token(right)), plan)
 
 
+@collective("arithmetic")
 def binary(name: str, left, right, out: ShardedArray | None = None) -> ShardedArray:
     """`left <op> right` elementwise, at least one operand a ShardedArray; into `out` when
     given (an in-place form), which must take the result under NumPy's same-kind casting."""
@@ -325,6 +327,7 @@ def _comparison_plan(name: str, a: ShardedArray, other) -> _Plan:
                             saturates=saturates))
 
 
+@collective("comparison")
 def compare(name: str, a: ShardedArray, other) -> ShardedArray:
     """`a <op> other` elementwise ("lt", "le", "gt", "ge", "eq", "ne"), as NumPy compares them,
     into a new uint32 array of 1 (true) and 0 (false). `other`: a ShardedArray of a's group
@@ -347,6 +350,7 @@ def compare(name: str, a: ShardedArray, other) -> ShardedArray:
     return _transform.launch(plan.op, arrays, plan.kinds, packed, ShardedArray._new_like(a, FLAGS))
 
 
+@collective("arithmetic")
 def unary(name: str, a: ShardedArray) -> ShardedArray:
     """`-a` or `abs(a)`, in a's dtype."""
     check_numbers(a, "arithmetic", "operand")
@@ -356,6 +360,7 @@ def unary(name: str, a: ShardedArray) -> ShardedArray:
     return _transform.launch(_ABS, [a], (("array", a.dtype),), b"", out)
 
 
+@collective("copy")
 def copy(a: ShardedArray) -> ShardedArray:
     """A new array with a's group, shard sizes, dtype and elements (records too)."""
     out = ShardedArray._new_like(a, a.dtype)
@@ -363,6 +368,7 @@ def copy(a: ShardedArray) -> ShardedArray:
     return out
 
 
+@collective("astype")
 def astype(a: ShardedArray, dtype) -> ShardedArray:
     """A copy in another number dtype, each element cast as numba casts it (C casts: floats
     to integers truncate toward zero)."""
@@ -388,6 +394,7 @@ def _combine(p, q):
     return count, mean, p[2] + q[2] + delta * delta * (p[0] * q[0] / count)
 
 
+@collective("mean")
 def moments(a: ShardedArray) -> tuple[float, float, float]:
     """(count, mean, M2) in one pass over `a` (Welford's accumulator, combined pairwise)."""
     check_numbers(a, "mean")

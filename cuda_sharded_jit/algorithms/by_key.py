@@ -24,6 +24,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import _shim
+from .._collective import collective
 from .._dtypes import MAX_RECORD_FIELDS, record_dtype
 from .._layout import layout_of
 from ..array import ShardedArray, check_array, check_numbers, check_out
@@ -304,6 +305,7 @@ def _scan_by_key(keys, values, op, init, out, equal, exclusive: bool, what: str)
     return unpack([records], out)
 
 
+@collective("inclusive_scan_by_key", supported=False)
 def inclusive_scan_by_key(keys: ShardedArray, values: ShardedArray, op,
                           out: ShardedArray | None = None, equal=None) -> ShardedArray:
     """out[i] = values[h] op values[h+1] op ... op values[i], h the first index of i's run of
@@ -322,6 +324,7 @@ def inclusive_scan_by_key(keys: ShardedArray, values: ShardedArray, op,
     return _scan_by_key(keys, values, op, None, out, equal, False, "inclusive_scan_by_key")
 
 
+@collective("exclusive_scan_by_key", supported=False)
 def exclusive_scan_by_key(keys: ShardedArray, values: ShardedArray, op, init,
                           out: ShardedArray | None = None, equal=None) -> ShardedArray:
     """out[h] = init at the first index h of every run of equal keys, then out[i] = init op
@@ -334,6 +337,7 @@ def exclusive_scan_by_key(keys: ShardedArray, values: ShardedArray, op, init,
     return _scan_by_key(keys, values, op, init, out, equal, True, "exclusive_scan_by_key")
 
 
+@collective("reduce_by_key", supported=False)
 def reduce_by_key(keys: ShardedArray, values: ShardedArray, op, equal=None):
     """(unique_keys, reduced_values): each run of consecutive equal keys (`equal(x, y)`,
     default ==) collapsed to its first key and to its values folded with `op` in order.
@@ -367,6 +371,7 @@ def reduce_by_key(keys: ShardedArray, values: ShardedArray, op, equal=None):
     return first_key([ends]), value([ends])
 
 
+@collective("unique_by_key", supported=False)
 def unique_by_key(keys: ShardedArray, values: ShardedArray | None = None, equal=None):
     """The first element of every run of consecutive equal keys (`equal(x, y)`, default
     ==): `(keys, values)`, the values of those elements (None when no values are given).
@@ -387,6 +392,7 @@ def unique_by_key(keys: ShardedArray, values: ShardedArray | None = None, equal=
     return kept[0], (None if values is None else kept[1])
 
 
+@collective("unique", supported=False)
 def unique(a: ShardedArray) -> ShardedArray:
     """The sorted distinct elements of `a`, as `np.unique(a)` (the NaNs, sorted last, make
     one): a sorted copy, then unique_by_key. `a` is left as it was.

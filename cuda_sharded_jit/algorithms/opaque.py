@@ -9,6 +9,7 @@ import os
 import numpy as np
 
 from .. import _shim
+from .._collective import begin, collective
 from .._dtypes import exact_cast
 from ..array import ShardedArray, check_numbers
 
@@ -19,6 +20,7 @@ def _wide(dtype: np.dtype) -> np.dtype:
     return np.dtype({"f": np.float64, "i": np.int64, "u": np.uint64}[dtype.kind])
 
 
+@collective("fill")
 def fill(a: ShardedArray, value) -> ShardedArray:
     """Set every element to `value` (which must fit a's dtype). Returns `a`.
 
@@ -26,10 +28,13 @@ def fill(a: ShardedArray, value) -> ShardedArray:
     """
     check_numbers(a, "fill")
     packed = exact_cast(value, a.dtype, "value").tobytes().ljust(8, b"\0")
+    if a.group._distributed:
+        begin(a.group, "fill", ("shard sizes", a.shard_sizes), ("dtype", a.dtype.str))
     _shim.transform_builtin(_shim.BuiltinOp.fill, [], a._impl, packed)
     return a
 
 
+@collective("sequence")
 def sequence(a: ShardedArray, start=0, step=1) -> ShardedArray:
     """a[i] = start + step * i over the global index i, across shards. Returns `a`.
 
@@ -40,10 +45,13 @@ def sequence(a: ShardedArray, start=0, step=1) -> ShardedArray:
     check_numbers(a, "sequence")
     wide = _wide(a.dtype)
     packed = (exact_cast(start, wide, "start").tobytes() + exact_cast(step, wide, "step").tobytes())
+    if a.group._distributed:
+        begin(a.group, "sequence", ("shard sizes", a.shard_sizes), ("dtype", a.dtype.str))
     _shim.transform_builtin(_shim.BuiltinOp.sequence, [], a._impl, packed)
     return a
 
 
+@collective("count")
 def count(a: ShardedArray, value) -> int:
     """Number of elements equal to `value` (compared in a's dtype, as numpy does).
 
@@ -54,6 +62,10 @@ def count(a: ShardedArray, value) -> int:
         target = exact_cast(value, a.dtype, "value")
     except ValueError:  # an integer array holds no 2.5 and no out-of-range value
         return 0
+    if a.group._distributed:
+        from ..distributed import _algorithms
+
+        return _algorithms.count(a, target.tobytes())
     return _shim.count(a._impl, target.tobytes())
 
 
@@ -102,6 +114,7 @@ def _check_host_memory(a: ShardedArray, num_bins: int, bin_dtype: np.dtype) -> N
                           f"{_memory_amount(available)} is available")
 
 
+@collective("histogram_even")
 def histogram_even(a: ShardedArray, num_bins: int, lower: float, upper: float) -> np.ndarray:
     """Counts in `num_bins` equal bins over [lower, upper], as
     `np.histogram(x, bins=num_bins, range=(lower, upper))`: values outside ignored, NaN
@@ -135,6 +148,10 @@ def histogram_even(a: ShardedArray, num_bins: int, lower: float, upper: float) -
     _shim.check_histogram_memory(a._impl, num_bins)
     edges = np.linspace(lower, upper, num_bins + 1, endpoint=True, dtype=bin_dtype)
     counts = np.empty(num_bins, dtype=np.int64)
+    if a.group._distributed:
+        from ..distributed import _algorithms
+
+        return _algorithms.histogram_even(a, num_bins, edges, counts)
     _shim.histogram_even(a._impl, num_bins, edges.ctypes.data, edges.nbytes,
                          counts.ctypes.data, counts.nbytes)
     return counts

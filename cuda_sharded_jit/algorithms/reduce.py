@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import _shim
+from .._collective import collective
 from .._dtypes import as_dtype, as_flag, is_weak_scalar
 from .._layout import Layout, layout_of
 from ..array import ShardedArray, check_array, check_numbers, check_out
@@ -82,6 +83,30 @@ def _operator(op, arity: int, what: str, values: Layout | None = None):
     return op
 
 
+def _reduce_call(a: ShardedArray, acc_size: int, init: bytes, libraries=None, builtin=None):
+    """(valid, accumulator bytes) of the shim's reduce (`builtin`: a BuiltinReduction), or of
+    its cross-rank form on a PlaceGroup.from_mpi group."""
+    if a.group._distributed:
+        from ..distributed import _algorithms
+
+        return _algorithms.reduce(a, acc_size, init, libraries, builtin)
+    if builtin is not None:
+        return _shim.reduce_builtin(builtin, a._impl, init)
+    return _shim.reduce(libraries, a._impl, acc_size, init)
+
+
+def _scan_call(a: ShardedArray, out: ShardedArray, acc_size: int, init: bytes, exclusive: bool,
+               libraries=None, builtin=None) -> None:
+    """The shim's scan of a into out, or its cross-rank form on a PlaceGroup.from_mpi group."""
+    if a.group._distributed:
+        from ..distributed import _algorithms
+
+        return _algorithms.scan(a, out, acc_size, init, exclusive, libraries, builtin)
+    if builtin is not None:
+        return _shim.scan_builtin(builtin, a._impl, out._impl, init, exclusive)
+    return _shim.scan(libraries, a._impl, out._impl, acc_size, init, exclusive)
+
+
 def _result(valid: bool, raw: bytes, layout: Layout, op, what: str):
     """The folded value (a numpy scalar, or a tuple of them), or an empty array's answer."""
     if not valid:
@@ -92,6 +117,7 @@ def _result(valid: bool, raw: bytes, layout: Layout, op, what: str):
     return layout.unpack(raw)
 
 
+@collective("reduce")
 def reduce(a: ShardedArray, op="sum", init=None):
     """Fold every element with an associative operator, in global order; a numpy scalar.
 
@@ -116,13 +142,13 @@ def reduce(a: ShardedArray, op="sum", init=None):
     packed = acc.pack_init(init)
     if isinstance(op, str):
         if acc_dtype == a.dtype:
-            valid, raw = _shim.reduce_builtin(_BUILTIN[op], a._impl, packed)
+            valid, raw = _reduce_call(a, acc.itemsize, packed, builtin=_BUILTIN[op])
             return _result(valid, raw, acc, op, "reduce")
         name, op = op, _PYTHON_OPS[op]
     else:
         name = None
     _, libraries = kernel_libraries(op, "reduce", (("array", a.dtype),), acc_dtype, a.group.archs)
-    valid, raw = _shim.reduce(libraries, a._impl, acc.itemsize, packed)
+    valid, raw = _reduce_call(a, acc.itemsize, packed, libraries)
     return _result(valid, raw, acc, name, "reduce")
 
 
@@ -150,6 +176,7 @@ def max(a: ShardedArray):  # noqa: A001
     return reduce(a, "max")
 
 
+@collective("transform_reduce")
 def transform_reduce(a: ShardedArray, map_op, reduce_op, init, with_index: bool = False):
     """reduce(map_op(x) for x in a) in one pass (nothing is written in between).
 
@@ -181,7 +208,7 @@ def transform_reduce(a: ShardedArray, map_op, reduce_op, init, with_index: bool 
         raise
     acc = layout_of(acc_dtype)
     _refuse_tuples(builtin, acc, "reduce_op")
-    valid, raw = _shim.reduce(libraries, a._impl, acc.itemsize, acc.pack_init(init))
+    valid, raw = _reduce_call(a, acc.itemsize, acc.pack_init(init), libraries)
     return _result(valid, raw, acc, None, "transform_reduce")
 
 
@@ -233,11 +260,12 @@ def _first_index(a: ShardedArray, better: Op, what: str) -> int:
     # and the tuple of numpy scalars (a third of the host time of a small call)
     acc, libraries = kernel_libraries(better, "reduce", (("array", a.dtype),), None, a.group.archs,
                                       ("call_index", _PAIR))
-    _, raw = _shim.reduce(libraries, a._impl, acc.itemsize, b"")
+    _, raw = _reduce_call(a, acc.itemsize, b"", libraries)
     offset = layout_of(acc).fields[1][0]
     return int.from_bytes(raw[offset:offset + 8], "little", signed=True)
 
 
+@collective("argmin")
 def argmin(a: ShardedArray) -> int:
     """Global index of the smallest element (the first one on ties, the first NaN if any),
     as `np.argmin`; ValueError when empty. One pass: transform_reduce over (value, index).
@@ -247,6 +275,7 @@ def argmin(a: ShardedArray) -> int:
     return _first_index(a, _FIRST_MIN, "argmin")
 
 
+@collective("argmax")
 def argmax(a: ShardedArray) -> int:
     """Global index of the largest element (the first one on ties, the first NaN if any),
     as `np.argmax`; ValueError when empty.
@@ -256,6 +285,7 @@ def argmax(a: ShardedArray) -> int:
     return _first_index(a, _FIRST_MAX, "argmax")
 
 
+@collective("count_if")
 def count_if(a: ShardedArray, pred) -> int:
     """Number of elements where `pred(x)` is true.
 
@@ -267,7 +297,7 @@ def count_if(a: ShardedArray, pred) -> int:
     int64 = np.dtype(np.int64)
     _, libraries = kernel_libraries(_ADD, "reduce", (("array", a.dtype),), int64, a.group.archs,
                                     ("predicate", pred))
-    valid, raw = _shim.reduce(libraries, a._impl, 8, b"")
+    valid, raw = _reduce_call(a, 8, b"", libraries)
     return int(np.frombuffer(raw, dtype=int64)[0]) if valid else 0
 
 
@@ -287,16 +317,17 @@ def _scan(a, op, init, out, exclusive: bool, what: str) -> ShardedArray:
     if isinstance(op, str):
         if acc == a.dtype:
             out = out if out is not None else ShardedArray.allocate(a.group, list(a.shard_sizes), acc)
-            _shim.scan_builtin(_BUILTIN[op], a._impl, out._impl, packed, exclusive)
+            _scan_call(a, out, acc.itemsize, packed, exclusive, builtin=_BUILTIN[op])
             return out
         op = _PYTHON_OPS[op]
     _, libraries = kernel_libraries(op, "scan", (("array", a.dtype),), acc, a.group.archs)
     if out is None:
         out = ShardedArray.allocate(a.group, list(a.shard_sizes), acc)
-    _shim.scan(libraries, a._impl, out._impl, acc.itemsize, packed, exclusive)
+    _scan_call(a, out, acc.itemsize, packed, exclusive, libraries)
     return out
 
 
+@collective("inclusive_scan")
 def inclusive_scan(a: ShardedArray, op="sum", out: ShardedArray | None = None, init=None) -> ShardedArray:
     """out[i] = init op a[0] op ... op a[i] (without init when None). `out` may be `a`.
 
@@ -311,6 +342,7 @@ def inclusive_scan(a: ShardedArray, op="sum", out: ShardedArray | None = None, i
     return _scan(a, op, init, out, False, "inclusive_scan")
 
 
+@collective("exclusive_scan")
 def exclusive_scan(a: ShardedArray, op, init, out: ShardedArray | None = None) -> ShardedArray:
     """out[0] = init, out[i] = init op a[0] op ... op a[i-1]. `out` may be `a`.
 
@@ -343,7 +375,7 @@ def _transform_scan(a, map_op, scan_op, init, out, with_index, exclusive: bool, 
         _, libraries = kernel_libraries(scan_op, "scan", (("array", acc),), acc, a.group.archs)
         packed = acc_layout.pack_init(init)
         out = run(prepared, out)
-        _shim.scan(libraries, out._impl, out._impl, acc.itemsize, packed, exclusive)
+        _scan_call(out, out, acc.itemsize, packed, exclusive, libraries)
         return out
     try:
         acc, libraries = kernel_libraries(scan_op, "scan", (("array", a.dtype),), request, a.group.archs,
@@ -357,10 +389,11 @@ def _transform_scan(a, map_op, scan_op, init, out, with_index, exclusive: bool, 
     packed = acc_layout.pack_init(init)
     if out is None:
         out = ShardedArray.allocate(a.group, list(a.shard_sizes), acc)
-    _shim.scan(libraries, a._impl, out._impl, acc.itemsize, packed, exclusive)
+    _scan_call(a, out, acc.itemsize, packed, exclusive, libraries)
     return out
 
 
+@collective("transform_inclusive_scan")
 def transform_inclusive_scan(a: ShardedArray, map_op, scan_op, out: ShardedArray | None = None,
                              init=None, with_index: bool = False) -> ShardedArray:
     """out[i] = init op map(a[0]) op ... op map(a[i]): the map and the scan in one pass
@@ -380,6 +413,7 @@ def transform_inclusive_scan(a: ShardedArray, map_op, scan_op, out: ShardedArray
     return _transform_scan(a, map_op, scan_op, init, out, with_index, False, "transform_inclusive_scan")
 
 
+@collective("transform_exclusive_scan")
 def transform_exclusive_scan(a: ShardedArray, map_op, scan_op, init, out: ShardedArray | None = None,
                              with_index: bool = False) -> ShardedArray:
     """out[0] = init, out[i] = init op map(a[0]) op ... op map(a[i-1]); as
@@ -403,6 +437,7 @@ _SUBTRACT = Op(_subtract)
 _IDENTITY = Op(lambda x: x)
 
 
+@collective("adjacent_difference")
 def adjacent_difference(a: ShardedArray, out: ShardedArray | None = None, op=None) -> ShardedArray:
     """out[0] = a[0]; out[i] = op(a[i], a[i-1]) (default a[i] - a[i-1]), across shards.
 
@@ -431,5 +466,10 @@ def adjacent_difference(a: ShardedArray, out: ShardedArray | None = None, op=Non
     _, first = kernel_libraries(_IDENTITY, "transform", kinds[:1], out_dtype, a.group.archs)
     if out is None:
         out = ShardedArray.allocate(a.group, list(a.shard_sizes), out_dtype)
-    _shim.adjacent_difference(difference, first, a._impl, out._impl)
+    if a.group._distributed:  # the first element of a rank's part meets the previous rank's last
+        from ..distributed import _algorithms
+
+        _algorithms.adjacent_difference(difference, first, a, out)
+    else:
+        _shim.adjacent_difference(difference, first, a._impl, out._impl)
     return out

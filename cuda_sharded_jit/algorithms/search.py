@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import _shim
+from .._collective import collective
 from .._dtypes import as_flag, is_integer
 from .._layout import describe_dtype
 from ..array import ShardedArray, check_array, check_numbers
@@ -15,6 +16,7 @@ from ..compiler import kernel_libraries, sort_spec
 from ..op import as_op
 
 
+@collective("top_k", supported=False)
 def top_k(a: ShardedArray, k: int, largest: bool = True) -> tuple[np.ndarray, np.ndarray]:
     """The `k` largest elements of `a` (smallest when `largest=False`), best first, and their
     global indices: `(values, indices)`, numpy arrays of a's dtype and of int64.
@@ -61,6 +63,7 @@ def _queries(values, dtype: np.dtype) -> np.ndarray:
     return host.astype(dtype, copy=False)
 
 
+@collective("searchsorted", supported=False)
 def searchsorted(sorted_a: ShardedArray, values, side: str = "left", compare=None):
     """Where each of `values` would be inserted into `sorted_a` to keep it sorted, as
     `np.searchsorted(np.concatenate(shards), values, side)`: the number of elements that go

@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import _shim
+from .._collective import collective
 from .._layout import layout_of
 from ..array import ShardedArray, check_array
 from ..compiler import kernel_libraries
@@ -52,6 +53,7 @@ def _positions(offsets, a: ShardedArray) -> np.ndarray:
     return positions
 
 
+@collective("segmented_reduce", supported=False)
 def segmented_reduce(a: ShardedArray, offsets, op, init, *, map_op=None,
                      with_index: bool = False) -> ShardedArray:
     """Fold each segment [offsets[s], offsets[s + 1]) of `a` with an associative operator, in

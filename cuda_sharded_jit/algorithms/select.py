@@ -15,6 +15,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from .. import _shim
+from .._collective import collective
 from .._dtypes import as_flag, is_integer
 from .._layout import describe_dtype
 from ..array import ShardedArray, check_array
@@ -37,6 +38,7 @@ def _classify(a: ShardedArray, first, second, with_index: bool, outputs: int) ->
     return [ShardedArray(impl, a.group, a.dtype) for impl in _shim.select(libraries, a._impl, outputs)]
 
 
+@collective("select", supported=False)
 def select(a: ShardedArray, pred, with_index: bool = False) -> ShardedArray:
     """The elements of `a` where `pred(x)` is true (`pred(x, global_index)` with
     `with_index`), in global order: a new array on a's group whose shard i holds what shard i
@@ -54,6 +56,7 @@ def select(a: ShardedArray, pred, with_index: bool = False) -> ShardedArray:
     return _classify(a, pred, None, with_index, 1)[0]
 
 
+@collective("partition", supported=False)
 def partition(a: ShardedArray, pred) -> tuple[ShardedArray, ShardedArray]:
     """`(selected, rejected)`: the elements of `a` where `pred(x)` is true and those where it
     is false, each in global order, with shard i of both holding shard i's elements.
@@ -68,6 +71,7 @@ def partition(a: ShardedArray, pred) -> tuple[ShardedArray, ShardedArray]:
     return selected, rejected
 
 
+@collective("three_way_partition", supported=False)
 def three_way_partition(a: ShardedArray, first, second) -> tuple[ShardedArray, ShardedArray, ShardedArray]:
     """`(first_part, second_part, rest)`: the elements where `first(x)`, those where not
     `first(x)` but `second(x)`, and the others, each in global order (shard i of each holding
@@ -84,6 +88,7 @@ def three_way_partition(a: ShardedArray, first, second) -> tuple[ShardedArray, S
     return first_part, second_part, rest
 
 
+@collective("select_flagged", supported=False)
 def select_flagged(arrays: Sequence[ShardedArray], flags: ShardedArray) -> list[ShardedArray]:
     """Internal (for the by-key algorithms, which compact their run heads): each array of
     `arrays` compacted to its elements where `flags` is nonzero, in global order; shard i of
@@ -139,6 +144,7 @@ def _target_sizes(a: ShardedArray, sizes) -> list[int]:
     return sizes
 
 
+@collective("redistribute")
 def redistribute(a: ShardedArray, sizes=None) -> ShardedArray:
     """A copy of `a` with shard sizes `sizes` (one per place, adding up to len(a); None: the
     even split), on a's group: elements move between places with device and peer copies in
@@ -150,4 +156,8 @@ def redistribute(a: ShardedArray, sizes=None) -> ShardedArray:
     """
     check_array(a)
     target = _target_sizes(a, sizes)
+    if a.group._distributed:
+        from ..distributed import _arrays
+
+        return _arrays.redistribute(a, target)
     return ShardedArray(_shim.redistribute(a._impl, target), a.group, a.dtype)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import _shim
+from .._collective import collective
 from .._dtypes import as_flag
 from .._layout import layout_of
 from ..array import ShardedArray, check_array, check_numbers
@@ -65,6 +66,7 @@ def _sort_values(keys: ShardedArray, out_keys: ShardedArray, values: ShardedArra
         scratch.free()
 
 
+@collective("sort_by_key", supported=False)
 def sort_by_key(keys: ShardedArray, values: ShardedArray, descending: bool = False,
                 out_keys: ShardedArray | None = None, out_values: ShardedArray | None = None):
     """Sort `keys` in global order, moving each element of `values` with its key; returns
@@ -97,6 +99,7 @@ def sort_by_key(keys: ShardedArray, values: ShardedArray, descending: bool = Fal
     return out_keys, out_values
 
 
+@collective("argsort", supported=False)
 def argsort(a: ShardedArray, descending: bool = False) -> ShardedArray:
     """The global indices that sort `a` (as `np.argsort(a, kind="stable")`; with
     `descending`, equal elements still in ascending index order): an int64 ShardedArray with
@@ -166,6 +169,7 @@ def _component(op, index: int):
     return component
 
 
+@collective("sort", supported=False)
 def sort(a: ShardedArray, key=None, compare=None, descending: bool = False,
          out: ShardedArray | None = None) -> ShardedArray:
     """Sort every element of `a` in global order (shard 0 gets the first); returns the

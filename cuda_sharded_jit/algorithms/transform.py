@@ -7,6 +7,7 @@ import struct
 import numpy as np
 
 from .. import _shim
+from .._collective import begin, collective
 from .._dtypes import as_dtype, as_flag, exact_cast, is_scalar, scalar_dtype
 from .._layout import layout_of
 from ..array import ShardedArray, check_out
@@ -35,6 +36,7 @@ def scalar_packer(dtype: np.dtype):
     return _PACK[dtype].pack
 
 
+@collective("transform")
 def transform(op, *args, out: ShardedArray | None = None, with_index: bool = False) -> ShardedArray:
     """out[i] = op(args[0][i], args[1][i], ...) for every element, on every place.
 
@@ -109,6 +111,9 @@ def run(prepared, out: ShardedArray | None) -> ShardedArray:
     arrays, packed, out_dtype, libraries, indexed = prepared
     if out is None:
         out = ShardedArray._new_like(arrays[0], out_dtype)
+    if out.group._distributed:  # every rank's checks passed, and it makes the same call
+        begin(out.group, "transform", ("shard sizes", out.shard_sizes),
+              ("dtypes", tuple(array.dtype.str for array in arrays) + (out.dtype.str,)))
     _shim.transform(libraries, [array._impl for array in arrays], out._impl, packed, indexed)
     return out
 
@@ -124,6 +129,8 @@ def launch(op: Op, arrays: list, kinds: tuple, packed: bytes, out: ShardedArray)
 
 def launch_builtin(name: str, arrays: list, out: ShardedArray, scalars: bytes = b"") -> ShardedArray:
     """The built-in transform `name` (a descriptor's) on arrays already checked; returns `out`."""
+    if out.group._distributed:  # every rank's checks passed, and it makes the same call
+        begin(out.group, "transform", ("shard sizes", out.shard_sizes), ("ops", name), ("dtype", out.dtype.str))
     _shim.transform_builtin(getattr(_shim.BuiltinOp, name), [array._impl for array in arrays], out._impl, scalars)
     return out
 

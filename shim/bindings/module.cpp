@@ -113,6 +113,8 @@ NB_MODULE(_shim, m) {
       .def_prop_ro("base_pointer", &csj::ShardedArray::base_pointer)
       .def_prop_ro("is_freed", &csj::ShardedArray::is_freed)
       .def("shard_pointer", &csj::ShardedArray::shard_pointer, "shard"_a)
+      .def_prop_ro("index_origin", &csj::ShardedArray::index_origin)
+      .def("set_index_origin", &csj::ShardedArray::set_index_origin, "origin"_a)
       .def("copy_from_host", &csj::ShardedArray::copy_from_host, "host"_a, "nbytes"_a,
            nb::call_guard<nb::gil_scoped_release>())
       .def("copy_to_host", &csj::ShardedArray::copy_to_host, "host"_a, "nbytes"_a,
@@ -206,8 +208,15 @@ NB_MODULE(_shim, m) {
   m.def("select", &csj::select, "libraries"_a, "a"_a, "outputs"_a, nb::call_guard<nb::gil_scoped_release>());
   m.def("select_flagged", &csj::select_flagged, "flags"_a, "arrays"_a, nb::call_guard<nb::gil_scoped_release>());
   m.def("redistribute", &csj::redistribute, "a"_a, "sizes"_a, nb::call_guard<nb::gil_scoped_release>());
-  m.def("adjacent_difference", &csj::adjacent_difference, "difference"_a, "first"_a, "a"_a,
-        "out"_a, "successor"_a = false, nb::call_guard<nb::gil_scoped_release>());
+  m.def(
+      "adjacent_difference",
+      [](const std::vector<const csj::KernelLibrary*>& difference, const std::vector<const csj::KernelLibrary*>& first,
+         const csj::ShardedArray& in, csj::ShardedArray& out, bool successor, const nb::bytes& halo) {
+        const std::string halo_bytes = to_string(halo);
+        nb::gil_scoped_release release;
+        csj::adjacent_difference(difference, first, in, out, successor, halo_bytes);
+      },
+      "difference"_a, "first"_a, "a"_a, "out"_a, "successor"_a = false, "halo"_a = nb::bytes(""));
 
   nb::enum_<csj::BuiltinReduction>(m, "BuiltinReduction")
       .value("sum", csj::BuiltinReduction::sum)
@@ -273,6 +282,112 @@ NB_MODULE(_shim, m) {
         csj::scan_builtin(op, in, out, init_bytes, exclusive);
       },
       "op"_a, "a"_a, "out"_a, "init"_a, "exclusive"_a);
+
+  // The steps of reductions and scans over the places of several processes
+  // (cuda_sharded_jit/distributed): per-place results as lists of (valid, bytes), folds as
+  // (prefixes, total) with None for a prefix that holds nothing, and scans that call `carry`
+  // (with the GIL) between their passes.
+  auto result_list = [](const std::vector<csj::ReduceResult>& results) {
+    nb::list list;
+    for (const csj::ReduceResult& result : results) {
+      list.append(nb::make_tuple(result.valid, nb::bytes(result.value.data(), result.value.size())));
+    }
+    return list;
+  };
+  auto fold_tuple = [](const csj::FoldResult& result) {
+    nb::list prefixes;
+    for (const std::string& prefix : result.prefixes) {
+      prefixes.append(prefix.empty() ? nb::none() : nb::object(nb::bytes(prefix.data(), prefix.size())));
+    }
+    return nb::make_tuple(prefixes, nb::bytes(result.total.data(), result.total.size()));
+  };
+  auto strings = [](const std::vector<nb::bytes>& values) {
+    std::vector<std::string> copies;
+    copies.reserve(values.size());
+    for (const nb::bytes& value : values) copies.push_back(to_string(value));
+    return copies;
+  };
+  m.def(
+      "reduce_partials",
+      [result_list](const std::vector<const csj::KernelLibrary*>& libraries, const csj::ShardedArray& in,
+                    int acc_size) {
+        std::vector<csj::ReduceResult> results;
+        {
+          nb::gil_scoped_release release;
+          results = csj::reduce_partials(libraries, in, acc_size);
+        }
+        return result_list(results);
+      },
+      "libraries"_a, "a"_a, "acc_size"_a);
+  m.def(
+      "reduce_builtin_partials",
+      [result_list](csj::BuiltinReduction op, const csj::ShardedArray& in) {
+        std::vector<csj::ReduceResult> results;
+        {
+          nb::gil_scoped_release release;
+          results = csj::reduce_builtin_partials(op, in);
+        }
+        return result_list(results);
+      },
+      "op"_a, "a"_a);
+  m.def(
+      "fold",
+      [fold_tuple, strings](const std::vector<const csj::KernelLibrary*>& libraries, const csj::PlaceGroup& group,
+                            int acc_size, const std::vector<nb::bytes>& values, const nb::bytes& init) {
+        const std::vector<std::string> copies = strings(values);
+        const std::string init_bytes = to_string(init);
+        csj::FoldResult result;
+        {
+          nb::gil_scoped_release release;
+          result = csj::fold(libraries, group, acc_size, copies, init_bytes);
+        }
+        return fold_tuple(result);
+      },
+      "libraries"_a, "group"_a, "acc_size"_a, "values"_a, "init"_a);
+  m.def(
+      "fold_builtin",
+      [fold_tuple, strings](csj::BuiltinReduction op, const std::string& dtype, const csj::PlaceGroup& group,
+                            const std::vector<nb::bytes>& values, const nb::bytes& init) {
+        const csj::DType type = csj::dtype_from_name(dtype);
+        const std::vector<std::string> copies = strings(values);
+        const std::string init_bytes = to_string(init);
+        csj::FoldResult result;
+        {
+          nb::gil_scoped_release release;
+          result = csj::fold_builtin(op, type, group, copies, init_bytes);
+        }
+        return fold_tuple(result);
+      },
+      "op"_a, "dtype"_a, "group"_a, "values"_a, "init"_a);
+  // carry(totals) -> one seed per place (bytes, or None for none); called with the GIL, the
+  // scan's passes run without it.
+  auto carried = [result_list](const nb::callable& carry) {
+    return [&carry, result_list](const std::vector<csj::ReduceResult>& totals) {
+      nb::gil_scoped_acquire acquire;
+      const nb::object seeds = carry(result_list(totals));
+      std::vector<std::string> copies;
+      for (nb::handle seed : seeds) copies.push_back(seed.is_none() ? std::string() : to_string(nb::cast<nb::bytes>(seed)));
+      return copies;
+    };
+  };
+  m.def(
+      "scan_carried",
+      [carried](const std::vector<const csj::KernelLibrary*>& libraries, const csj::ShardedArray& in,
+                csj::ShardedArray& out, int acc_size, bool exclusive, const nb::callable& carry) {
+        const csj::ScanCarry step = carried(carry);
+        nb::gil_scoped_release release;
+        csj::scan_carried(libraries, in, out, acc_size, exclusive, step);
+      },
+      "libraries"_a, "a"_a, "out"_a, "acc_size"_a, "exclusive"_a, "carry"_a);
+  m.def(
+      "scan_builtin_carried",
+      [carried](csj::BuiltinReduction op, const csj::ShardedArray& in, csj::ShardedArray& out, bool exclusive,
+                const nb::callable& carry) {
+        const csj::ScanCarry step = carried(carry);
+        nb::gil_scoped_release release;
+        csj::scan_builtin_carried(op, in, out, exclusive, step);
+      },
+      "op"_a, "a"_a, "out"_a, "exclusive"_a, "carry"_a);
 
   m.def(
       "transform_builtin",

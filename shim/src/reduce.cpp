@@ -272,7 +272,7 @@ void reduce_shard(const KernelSet& kernels, const ShardedArray& in, std::size_t 
   k::ReduceParams params{};
   params.in = reinterpret_cast<const void*>(in.shard_pointer(place));
   params.n = in.shard_size(place);
-  params.index_base = in.shard_offset(place);
+  params.index_base = in.index_base(place);
   params.chunk = cut.chunk;
   params.partials = scratch.partials;
   params.prefixes = scratch.prefixes;
@@ -528,7 +528,7 @@ void scan_impl(const std::vector<KernelSet>& sets, const ShardedArray& in, Shard
     params.in = reinterpret_cast<const void*>(in.shard_pointer(place));
     params.out = reinterpret_cast<void*>(out.shard_pointer(place));
     params.n = in.shard_size(place);
-    params.index_base = in.shard_offset(place);
+    params.index_base = in.index_base(place);
     params.chunk = cuts[k].chunk;
     params.prefixes = scratch[k].prefixes;
     params.seed = seed;
@@ -543,6 +543,186 @@ void scan_impl(const std::vector<KernelSet>& sets, const ShardedArray& in, Shard
   }
   detail::DeviceGuard guard(home);
   staging.free();
+}
+
+// ---- Steps of a reduce or scan whose places span processes (reduce.hpp) ----
+
+// What reduce computes on each place before it combines them: the same chunking, kernels and
+// slots as reduce_one_place and combine_in_kernel, so the same per-place association.
+std::vector<ReduceResult> partials_impl(const std::vector<KernelSet>& sets, const ShardedArray& in,
+                                        int acc_size) {
+  check_acc(acc_size, {});
+  const ArrayLeases leases({{&in, "a"}});
+  const PlaceGroup& group = *in.group();
+  const std::vector<std::size_t> places = non_empty_places(in);
+  std::vector<ReduceResult> results(in.num_shards());
+  std::vector<std::unique_ptr<LeasedSlot>> slots;
+  for (std::size_t place : places) slots.push_back(std::make_unique<LeasedSlot>(group, group.device(place)));
+  const detail::SyncOnUnwind settle(group);  // on a throw, queued work drains before the slots go
+  const int in_size = static_cast<int>(in.itemsize());
+  for (std::size_t k = 0; k < places.size(); ++k) {
+    const std::size_t place = places[k];
+    const int device = group.device(place);
+    detail::DeviceGuard guard(device);
+    const Chunking cut = chunking(sets[place], false, in.shard_size(place), device, in_size, acc_size);
+    if (cut.grid > slots[k]->slot.blocks) throw std::logic_error("reduce: more blocks than a slot holds");
+    reduce_shard(sets[place], in, place, cut, slot_pass(slots[k]->slot));
+  }
+  for (std::size_t k = 0; k < places.size(); ++k) {
+    const std::size_t place = places[k];
+    detail::DeviceGuard guard(group.device(place));
+    check(cudaStreamSynchronize(stream_of(group, place)), "cudaStreamSynchronize");
+    results[place].valid = true;
+    results[place].value.assign(static_cast<const char*>(slots[k]->slot.result), acc_size);
+    slots[k]->clean = true;
+  }
+  return results;
+}
+
+FoldResult fold_impl(const std::vector<KernelSet>& sets, const PlaceGroup& group, int acc_size,
+                     const std::vector<std::string>& values, const std::string& init) {
+  check_acc(acc_size, init);
+  const auto acc = static_cast<std::size_t>(acc_size);
+  for (std::size_t k = 0; k < values.size(); ++k) {
+    if (values[k].size() != acc) {
+      throw std::invalid_argument("values: entry " + std::to_string(k) + " holds " +
+                                  std::to_string(values[k].size()) + " bytes, expected " + std::to_string(acc));
+    }
+  }
+  FoldResult result;
+  result.total = init;
+  const std::size_t count = values.size();
+  if (count == 0) return result;
+  // The first launch folds up to kMaxFoldValues values after init; each later one starts from
+  // the previous total (its source 0) and folds kMaxFoldValues - 1 more: one left fold.
+  constexpr auto kFirst = static_cast<std::size_t>(k::kMaxFoldValues);
+  constexpr std::size_t kLater = kFirst - 1;
+  const std::size_t launches = count <= kFirst ? 1 : 1 + (count - kFirst + kLater - 1) / kLater;
+  const std::size_t area = kFirst * acc;  // one launch's prefixes
+  std::string host;
+  host.reserve(count * acc);
+  for (const std::string& value : values) host += value;
+  const int device = group.device(0);
+  const cudaStream_t stream = stream_of(group, 0);
+  detail::DeviceGuard guard(device);
+  // [values][each launch's prefixes][each launch's total]
+  detail::StreamScratch memory(count * acc + launches * (area + acc), stream, pool_of(group, 0));
+  const detail::SyncOnUnwind settle(group);
+  unsigned char* device_values = memory.bytes();
+  unsigned char* areas = device_values + count * acc;
+  unsigned char* totals = areas + launches * area;
+  check(cudaMemcpyAsync(device_values, host.data(), count * acc, cudaMemcpyHostToDevice, stream),
+        "cudaMemcpyAsync (fold values)");
+  std::vector<std::size_t> begins;
+  for (std::size_t launch = 0, begin = 0; launch < launches; ++launch) {
+    k::FoldParams params{};
+    int source = 0;
+    if (launch == 0) {
+      params.has_init = init.empty() ? 0 : 1;
+      if (!init.empty()) std::memcpy(params.init, init.data(), acc);
+    } else {
+      params.sources[source++] = totals + (launch - 1) * acc;
+    }
+    const std::size_t end = std::min(count, begin + (launch == 0 ? kFirst : kLater));
+    for (std::size_t v = begin; v < end; ++v) params.sources[source++] = device_values + v * acc;
+    params.count = source;
+    params.prefixes = areas + launch * area;
+    params.total = totals + launch * acc;
+    detail::launch(sets[0].fold, 1, 32, stream, params, "launching fold");
+    begins.push_back(begin);
+    begin = end;
+  }
+  std::string folded(launches * (area + acc), '\0');
+  check(cudaMemcpyAsync(folded.data(), areas, folded.size(), cudaMemcpyDeviceToHost, stream),
+        "cudaMemcpyAsync (fold results)");
+  check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+  memory.free();
+  result.prefixes.resize(count);
+  for (std::size_t launch = 0; launch < launches; ++launch) {
+    const std::size_t begin = begins[launch];
+    const std::size_t end = launch + 1 < launches ? begins[launch + 1] : count;
+    const std::size_t first_source = launch == 0 ? 0 : 1;
+    for (std::size_t v = begin; v < end; ++v) {
+      if (v == 0 && init.empty()) continue;  // nothing comes before the first value
+      result.prefixes[v].assign(folded.data() + launch * area + (first_source + v - begin) * acc, acc);
+    }
+  }
+  result.total.assign(folded.data() + launches * area + (launches - 1) * acc, acc);
+  return result;
+}
+
+void scan_carried_impl(const std::vector<KernelSet>& sets, const ShardedArray& in, ShardedArray& out,
+                       int acc_size, bool exclusive, const ScanCarry& carry) {
+  check_acc(acc_size, {});
+  const ArrayLeases leases({{&in, "a"}, {&out, "out"}});
+  if (in.group() != out.group()) throw std::invalid_argument("out: belongs to another PlaceGroup");
+  if (in.shard_sizes() != out.shard_sizes()) throw std::invalid_argument("out: shard sizes differ from a's");
+  if (static_cast<int>(out.itemsize()) != acc_size) {
+    throw std::invalid_argument("out: element size differs from the accumulator's");
+  }
+  const std::vector<std::size_t> places = non_empty_places(in);
+  const PlaceGroup& group = *in.group();
+  const int in_size = static_cast<int>(in.itemsize());
+  // Release order is declaration order reversed: on a throw (carry's included) the places
+  // are waited for first, then scratch is freed, then the host slots the totals went to.
+  std::vector<std::unique_ptr<HostSlot>> slots;
+  std::vector<PassScratch> scratch(places.size());
+  std::vector<Chunking> cuts(places.size());
+  const detail::SyncOnUnwind settle(group);
+  for (std::size_t k = 0; k < places.size(); ++k) {
+    const std::size_t place = places[k];
+    const int device = group.device(place);
+    const cudaStream_t stream = stream_of(group, place);
+    detail::DeviceGuard guard(device);
+    cuts[k] = chunking(sets[place], true, in.shard_size(place), device, in_size, acc_size);
+    scratch[k] = allocate_pass(cuts[k].grid, acc_size, true, stream, pool_of(group, place));
+    reduce_shard(sets[place], in, place, cuts[k], scratch[k]);
+    slots.push_back(std::make_unique<HostSlot>(group));
+    check(cudaMemcpyAsync(slots[k]->get(), scratch[k].result, acc_size, cudaMemcpyDeviceToHost, stream),
+          "cudaMemcpyAsync (shard total)");
+  }
+  std::vector<ReduceResult> totals(in.num_shards());
+  for (std::size_t k = 0; k < places.size(); ++k) {
+    const std::size_t place = places[k];
+    detail::DeviceGuard guard(group.device(place));
+    check(cudaStreamSynchronize(stream_of(group, place)), "cudaStreamSynchronize");
+    totals[place].valid = true;
+    totals[place].value.assign(static_cast<const char*>(slots[k]->get()), acc_size);
+  }
+  const std::vector<std::string> seeds = carry(totals);
+  if (seeds.size() != in.num_shards()) {
+    throw std::invalid_argument("carry: expected one seed per place (" + std::to_string(in.num_shards()) +
+                                "), got " + std::to_string(seeds.size()));
+  }
+  for (std::size_t place : places) {
+    const std::string& seed = seeds[place];
+    if (!seed.empty() && seed.size() != static_cast<std::size_t>(acc_size)) {
+      throw std::invalid_argument("carry: seed " + std::to_string(place) + " holds " + std::to_string(seed.size()) +
+                                  " bytes, expected " + std::to_string(acc_size));
+    }
+    if (exclusive && seed.empty()) {
+      throw std::invalid_argument("carry: an exclusive scan needs a seed for every non-empty place");
+    }
+  }
+  for (std::size_t k = 0; k < places.size(); ++k) {
+    const std::size_t place = places[k];
+    const std::string& seed = seeds[place];
+    detail::DeviceGuard guard(group.device(place));
+    k::ScanParams params{};
+    if (!seed.empty()) std::memcpy(params.seed_value, seed.data(), seed.size());
+    params.in = reinterpret_cast<const void*>(in.shard_pointer(place));
+    params.out = reinterpret_cast<void*>(out.shard_pointer(place));
+    params.n = in.shard_size(place);
+    params.index_base = in.index_base(place);
+    params.chunk = cuts[k].chunk;
+    params.prefixes = scratch[k].prefixes;
+    params.seed = nullptr;  // seed_value
+    params.has_seed = seed.empty() ? 0 : 1;
+    params.exclusive = exclusive ? 1 : 0;
+    detail::launch(sets[place].scan, cuts[k].grid, k::kScanBlock, stream_of(group, place), params,
+                   "launching scan");
+    scratch[k].memory.free();
+  }
 }
 
 }  // namespace
@@ -581,6 +761,41 @@ void scan_builtin(BuiltinReduction op, const ShardedArray& in, ShardedArray& out
   if (out.dtype() != in.dtype()) throw std::invalid_argument("out: dtype differs from a's");
   scan_impl(builtin_sets(op, in.dtype(), in.group()->size()), in, out,
             static_cast<int>(in.itemsize()), init, exclusive);
+}
+
+std::vector<ReduceResult> reduce_partials(const std::vector<const KernelLibrary*>& libraries,
+                                          const ShardedArray& in, int acc_size) {
+  return partials_impl(linked_sets(libraries, *in.group(), false), in, acc_size);
+}
+
+std::vector<ReduceResult> reduce_builtin_partials(BuiltinReduction op, const ShardedArray& in) {
+  in.check_scalar("a", "a built-in reduction");
+  return partials_impl(builtin_sets(op, in.dtype(), in.group()->size()), in, static_cast<int>(in.itemsize()));
+}
+
+FoldResult fold(const std::vector<const KernelLibrary*>& libraries, const PlaceGroup& group, int acc_size,
+                const std::vector<std::string>& values, const std::string& init) {
+  return fold_impl(linked_sets(libraries, group, false), group, acc_size, values, init);
+}
+
+FoldResult fold_builtin(BuiltinReduction op, DType dtype, const PlaceGroup& group,
+                        const std::vector<std::string>& values, const std::string& init) {
+  if (dtype == DType::record) throw std::invalid_argument("dtype: a built-in fold combines numbers, not records");
+  return fold_impl(builtin_sets(op, dtype, group.size()), group, static_cast<int>(itemsize(dtype)), values,
+                   init);
+}
+
+void scan_carried(const std::vector<const KernelLibrary*>& libraries, const ShardedArray& in,
+                  ShardedArray& out, int acc_size, bool exclusive, const ScanCarry& carry) {
+  scan_carried_impl(linked_sets(libraries, *in.group(), true), in, out, acc_size, exclusive, carry);
+}
+
+void scan_builtin_carried(BuiltinReduction op, const ShardedArray& in, ShardedArray& out, bool exclusive,
+                          const ScanCarry& carry) {
+  in.check_scalar("a", "a built-in scan");
+  if (out.dtype() != in.dtype()) throw std::invalid_argument("out: dtype differs from a's");
+  scan_carried_impl(builtin_sets(op, in.dtype(), in.group()->size()), in, out, static_cast<int>(in.itemsize()),
+                    exclusive, carry);
 }
 
 }  // namespace csj

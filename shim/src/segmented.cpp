@@ -168,7 +168,7 @@ void segmented_reduce(const std::vector<const KernelLibrary*>& libraries, const 
     k::SegmentedParams params{};
     params.in = reinterpret_cast<const void*>(in.shard_pointer(place));
     params.n = in.shard_size(place);
-    params.index_base = in.shard_offset(place);
+    params.index_base = in.index_base(place);
     params.offsets = local_offsets;
     params.count = count;
     params.pieces = item.pieces;

@@ -115,7 +115,7 @@ std::vector<SelectPlace> places_of(const ShardedArray& in) {
     places[p].stream = reinterpret_cast<cudaStream_t>(group.stream(p));
     places[p].params.in = reinterpret_cast<const void*>(in.shard_pointer(p));
     places[p].params.n = in.shard_size(p);
-    places[p].params.index_base = in.shard_offset(p);
+    places[p].params.index_base = in.index_base(p);
   }
   return places;
 }

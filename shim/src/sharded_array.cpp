@@ -348,9 +348,22 @@ std::int64_t ShardedArray::shard_offset(std::size_t shard) const {
   return shard_offsets_[shard];
 }
 
+void ShardedArray::set_index_origin(std::int64_t origin) {
+  // the same bound as validate_sizes puts on a total: global indices stay far from overflow
+  if (origin < 0 || origin > (std::int64_t{1} << 60) - size_) {
+    throw std::invalid_argument("origin: expected a global index in [0, 2^60 - size], got " +
+                                std::to_string(origin));
+  }
+  index_origin_ = origin;
+}
+
+std::int64_t ShardedArray::index_base(std::size_t shard) const {
+  return index_origin_ + shard_offset(shard);
+}
+
 std::uintptr_t ShardedArray::global_base(std::size_t shard) const {
   // unsigned arithmetic: the base may wrap below zero, base + index * itemsize wraps back
-  return shard_pointer(shard) - static_cast<std::uintptr_t>(shard_offset(shard)) * itemsize_;
+  return shard_pointer(shard) - static_cast<std::uintptr_t>(index_base(shard)) * itemsize_;
 }
 
 std::uintptr_t ShardedArray::shard_pointer(std::size_t shard) const {

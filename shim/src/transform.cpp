@@ -30,7 +30,7 @@ TransformParams params_for(const ArrayList& inputs, const ShardedArray& out, std
   }
   params.out = reinterpret_cast<void*>(out.shard_pointer(place));
   params.n = out.shard_size(place);
-  params.index_base = out.shard_offset(place);
+  params.index_base = out.index_base(place);
   std::memcpy(params.scalars.bytes, scalars.data(), scalars.size());
   return params;
 }
@@ -231,7 +231,7 @@ void transform(const std::vector<const KernelLibrary*>& libraries, const ArrayLi
 
 void adjacent_difference(const std::vector<const KernelLibrary*>& difference,
                          const std::vector<const KernelLibrary*>& first, const ShardedArray& in,
-                         ShardedArray& out, bool successor) {
+                         ShardedArray& out, bool successor, const std::string& halo) {
   const PlaceGroup& group = *in.group();
   if (difference.size() != group.size() || first.size() != group.size()) {
     throw std::invalid_argument("libraries: expected one per place");
@@ -250,6 +250,10 @@ void adjacent_difference(const std::vector<const KernelLibrary*>& difference,
   in.check_scalar("a", "adjacent_difference");
   out.check_scalar("out", "adjacent_difference");
   const std::size_t element = in.itemsize();
+  if (!halo.empty() && halo.size() != element) {
+    throw std::invalid_argument("halo: expected " + std::to_string(element) + " bytes, got " +
+                                std::to_string(halo.size()));
+  }
   const std::size_t places = group.size();
   long long previous = -1;  // the last non-empty place visited so far (the neighbour's place)
   for (std::size_t step = 0; step < places; ++step) {
@@ -285,8 +289,14 @@ void adjacent_difference(const std::vector<const KernelLibrary*>& difference,
         run(diff_kernel, data + element, data, result + out_element, n - 1);
       }
     }
-    if (previous < 0) {
+    if (previous < 0 && halo.empty()) {
       run(first_kernel, data + edge * element, nullptr, result + edge * out_element, 1);
+    } else if (previous < 0) {
+      // the neighbour lives in another process: it came in host memory
+      detail::StreamScratch slot(16, stream, reinterpret_cast<cudaMemPool_t>(group.memory_pool(place)));
+      check(cudaMemcpyAsync(slot.get(), halo.data(), element, cudaMemcpyHostToDevice, stream),
+            "cudaMemcpyAsync (halo)");
+      run(diff_kernel, data + edge * element, slot.get(), result + edge * out_element, 1);
     } else {
       // the neighbour of the edge element lives at the end (start) of another shard
       const auto prior = static_cast<std::size_t>(previous);

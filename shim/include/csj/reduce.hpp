@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstddef>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -46,5 +47,42 @@ void scan(const std::vector<const KernelLibrary*>& libraries, const ShardedArray
           ShardedArray& out, int acc_size, const std::string& init, bool exclusive);
 void scan_builtin(BuiltinReduction op, const ShardedArray& in, ShardedArray& out,
                   const std::string& init, bool exclusive);
+
+// ---- The steps of a reduce or scan whose places span several processes ----
+// (cuda_sharded_jit/distributed): each process computes its own places' parts, exactly as
+// reduce and scan compute them per place; the caller gathers them and folds them in global
+// place order (fold, below), so the result has the same bits as one process's over the same
+// places and shard sizes.
+
+// Each place's fold of its own shard, without init, in the association reduce folds it
+// before it combines places: one entry per place, invalid for an empty shard.
+std::vector<ReduceResult> reduce_partials(const std::vector<const KernelLibrary*>& libraries,
+                                          const ShardedArray& in, int acc_size);
+std::vector<ReduceResult> reduce_builtin_partials(BuiltinReduction op, const ShardedArray& in);
+
+// `values` (accumulators' bytes) folded in order, init first when given, by the fold kernel
+// of libraries[0] on place 0 of `group`: the association of reduce's and scan's cross-place
+// fold. prefixes[k] is the fold of init and values[0, k) (empty for k == 0 without init);
+// total the fold of them all (init when there are no values). Any number of values: launches
+// of up to 64 chain, each starting from the previous one's total, which keeps the association.
+struct FoldResult {
+  std::vector<std::string> prefixes;
+  std::string total;
+};
+FoldResult fold(const std::vector<const KernelLibrary*>& libraries, const PlaceGroup& group, int acc_size,
+                const std::vector<std::string>& values, const std::string& init);
+FoldResult fold_builtin(BuiltinReduction op, DType dtype, const PlaceGroup& group,
+                        const std::vector<std::string>& values, const std::string& init);
+
+// A scan whose cross-place step is the caller's: the first pass on every place (as scan),
+// then carry(totals) with each place's total (invalid for an empty shard), which returns each
+// place's seed (what comes before its first element; empty for none, which only the first
+// elements of an inclusive scan without init may have), then the second pass seeded with it.
+// Called with no lock held; a throw from carry unwinds the call (queued work drains first).
+using ScanCarry = std::function<std::vector<std::string>(const std::vector<ReduceResult>&)>;
+void scan_carried(const std::vector<const KernelLibrary*>& libraries, const ShardedArray& in,
+                  ShardedArray& out, int acc_size, bool exclusive, const ScanCarry& carry);
+void scan_builtin_carried(BuiltinReduction op, const ShardedArray& in, ShardedArray& out, bool exclusive,
+                          const ScanCarry& carry);
 
 }  // namespace csj

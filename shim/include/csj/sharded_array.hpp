@@ -57,9 +57,17 @@ class ShardedArray {
   const std::vector<std::int64_t>& shard_offsets() const { return shard_offsets_; }
   std::int64_t shard_size(std::size_t shard) const;
   std::int64_t shard_offset(std::size_t shard) const;
+  // The global index of this array's element 0: 0 for an array of one process. An array that
+  // is one process's part of a larger one (a multi-process group, cuda_sharded_jit/distributed)
+  // starts where that process's first place starts. Set once, before any use.
+  std::int64_t index_origin() const { return index_origin_; }
+  void set_index_origin(std::int64_t origin);
+  // index_origin() + shard_offset(shard): the global index of the shard's first element, as
+  // the kernels' index_base parameters take it (operators that receive the index).
+  std::int64_t index_base(std::size_t shard) const;
   std::uintptr_t shard_pointer(std::size_t shard) const;
-  // shard_pointer(shard) - shard_offset(shard) * itemsize(), wrapping: element i of the
-  // shard (global index shard_offset + i) lives at this base + global index * itemsize.
+  // shard_pointer(shard) - index_base(shard) * itemsize(), wrapping: element i of the
+  // shard (global index index_base + i) lives at this base + global index * itemsize.
   // Operators that address their elements themselves (records) take it with the global index.
   std::uintptr_t global_base(std::size_t shard) const;
   // Base of the virtual range of a contiguous array (0 for other storage or when empty).
@@ -101,6 +109,7 @@ class ShardedArray {
   std::size_t itemsize_;
   Storage storage_;
   std::int64_t size_ = 0;
+  std::int64_t index_origin_ = 0;
   std::vector<std::int64_t> shard_sizes_;
   std::vector<std::int64_t> shard_offsets_;
   std::vector<std::uintptr_t> shard_pointers_;

@@ -64,9 +64,13 @@ void transform_builtin(BuiltinOp op, const ArrayList& inputs, ShardedArray& out,
 // With `successor`, each element meets its successor instead: out[i] = difference(in[i],
 // in[i+1]) and the last element out[n-1] = first(in[n-1]) (shard i reads the first element of
 // the next non-empty shard); the by-key algorithms find the ends of runs this way.
+// `halo` (an element's bytes, or empty): the neighbour of the edge element of the first
+// non-empty shard, which then gets difference(in[i], halo) instead of first(in[i]): an array
+// that is one process's part of a larger one (cuda_sharded_jit/distributed) has its
+// neighbour in another process.
 void adjacent_difference(const std::vector<const KernelLibrary*>& difference,
                          const std::vector<const KernelLibrary*>& first, const ShardedArray& in,
-                         ShardedArray& out, bool successor = false);
+                         ShardedArray& out, bool successor = false, const std::string& halo = {});
 
 // Throws std::invalid_argument unless every array shares `out`'s group and shard sizes.
 void check_conformable(const ArrayList& inputs, const ShardedArray& out,

@@ -1,0 +1,85 @@
+"""Which public calls are collectives on a multi-process group (PlaceGroup.from_mpi), and the
+one test that sends them there.
+
+On a one-process group every call passes straight through: until a from_mpi array exists
+the decorator tests one module variable, after that the type of each argument. When an
+argument is an array of a from_mpi group, the call runs as a collective
+(distributed/_agreement.py): every rank of the group must make it, in the same order, and an
+error that one rank hits alone is raised on every rank, the same exception with the same
+text, never a hang. Algorithms that do not
+run across processes yet say so, naming the argument, before anything runs (the same answer
+on every rank, so no rank waits for another).
+
+Nothing here imports mpi4py: the package imports, and runs on one process, without it.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+
+# The array class of from_mpi groups, once distributed/_arrays.py is imported (by the first
+# from_mpi group's array): until then every call takes the one-process path at the cost of
+# one test, and after it, one type test an argument (an attribute lookup that fails, on an
+# operator or a scalar, would cost a caught exception).
+_array_type = None
+
+
+def register_array_type(cls) -> None:
+    """Called once by distributed/_arrays.py with its DistributedArray."""
+    global _array_type
+    _array_type = cls
+
+
+def _distributed_argument(args, kwargs):
+    """(position or keyword, group) of the first argument that is a from_mpi array, else None."""
+    for position, value in enumerate(args):
+        if type(value) is _array_type:
+            return position, value._group
+    for keyword, value in kwargs.items():
+        if type(value) is _array_type:
+            return keyword, value._group
+    return None
+
+
+def _argument_name(function, where) -> str:
+    if isinstance(where, str):
+        return where
+    try:
+        return list(inspect.signature(function).parameters)[where]
+    except (IndexError, TypeError, ValueError):
+        return f"args[{where}]"
+
+
+def collective(name: str, supported: bool = True):
+    """Marks a public call as a collective of from_mpi groups (`supported`), or as one that
+    refuses their arrays with a ValueError naming the argument (not across processes yet)."""
+
+    def wrap(function):
+        @functools.wraps(function)
+        def call(*args, **kwargs):
+            found = None if _array_type is None else _distributed_argument(args, kwargs)
+            if found is None:
+                return function(*args, **kwargs)
+            where, group = found
+            if not supported:
+                raise ValueError(
+                    f"{_argument_name(function, where)}: lives on a PlaceGroup.from_mpi group, and "
+                    f"{name} does not run across processes yet; gather it with to_numpy(root=...) "
+                    f"or work on each rank's local_shards()")
+            from .distributed._agreement import run
+
+            return run(group, name, function, args, kwargs)
+
+        return call
+
+    return wrap
+
+
+def begin(group, *signature) -> None:
+    """Before a collective's kernels run, on a from_mpi group (callers test
+    `group._distributed` first, so that one process builds no signature): every rank agrees
+    that its checks passed and that it makes the same call (`signature`)."""
+    from .distributed._agreement import begin as agree_to_begin
+
+    agree_to_begin(group, signature)

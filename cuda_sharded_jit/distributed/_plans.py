@@ -1,0 +1,221 @@
+"""The host-side logic of the cross-rank steps, as pure functions: no MPI, no GPU, so each is
+tested against numpy on its own (tests/distributed/test_plans.py), and the GPU path calls
+exactly these.
+
+Places are numbered globally in rank order, then local order, so the places of one rank are
+consecutive and its shards hold one contiguous range of global indices. Every per-place
+list below is indexed by global place.
+
+Folds take a `fold(values, init) -> (prefixes, total)` primitive: the GPU path passes the
+shim's fold kernel (the association of the one-process cross-place fold, so results match
+by_devices bit for bit), the tests `host_fold` of a Python operator. `init` is the
+accumulator's bytes (or value), empty / None for none.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import NamedTuple
+
+# ---- layout --------------------------------------------------------------------------------
+
+
+def place_layout(places_per_rank: Sequence[int]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(the rank of each global place, the first global place of each rank), places numbered
+    in rank order, then local order."""
+    owners, firsts = [], []
+    for rank, count in enumerate(places_per_rank):
+        if count < 1:
+            raise ValueError(f"devices: rank {rank} has no places; every rank needs at least one")
+        firsts.append(len(owners))
+        owners.extend([rank] * count)
+    return tuple(owners), tuple(firsts)
+
+
+def local_places(owners: Sequence[int], rank: int) -> tuple[int, ...]:
+    """The global indices of the places `rank` holds, in order."""
+    return tuple(place for place, owner in enumerate(owners) if owner == rank)
+
+
+def offsets(shard_sizes: Sequence[int]) -> list[int]:
+    """The global index of each shard's first element (an exclusive prefix of the sizes)."""
+    total, starts = 0, []
+    for size in shard_sizes:
+        starts.append(total)
+        total += size
+    return starts
+
+
+def rank_counts(shard_sizes: Sequence[int], owners: Sequence[int], nranks: int) -> tuple[list[int], list[int]]:
+    """(elements each rank holds, where its range starts): the counts and displacements of the
+    scatter (from_numpy with a root), gather (to_numpy) and allgather of whole arrays."""
+    counts = [0] * nranks
+    for size, owner in zip(shard_sizes, owners):
+        counts[owner] += size
+    return counts, offsets(counts)
+
+
+def index_origin(shard_sizes: Sequence[int], owners: Sequence[int], rank: int) -> int:
+    """The global index of the first element `rank` holds."""
+    return sum(size for size, owner in zip(shard_sizes, owners) if owner < rank)
+
+
+# ---- resharding ------------------------------------------------------------------------------
+
+
+class AllToAll(NamedTuple):
+    """One rank's part of an all-to-all-v, in elements: what it sends to each rank (counts,
+    displacements into its old local range) and receives from each (into its new one)."""
+
+    send_counts: list[int]
+    send_displacements: list[int]
+    receive_counts: list[int]
+    receive_displacements: list[int]
+
+
+def alltoallv_plan(old_sizes: Sequence[int], new_sizes: Sequence[int], owners: Sequence[int],
+                   nranks: int, rank: int) -> AllToAll:
+    """What `rank` sends and receives when an array of shard sizes `old_sizes` is resharded
+    to `new_sizes` (same total): each element keeps its global index, so rank r sends rank s
+    the overlap of its old range with s's new range, in global order."""
+    if sum(old_sizes) != sum(new_sizes):
+        raise ValueError(f"sizes: {list(new_sizes)} add up to {sum(new_sizes)}, not {sum(old_sizes)}")
+    old_counts, old_starts = rank_counts(old_sizes, owners, nranks)
+    new_counts, new_starts = rank_counts(new_sizes, owners, nranks)
+
+    def overlap(start_a, count_a, start_b, count_b):
+        low, high = max(start_a, start_b), min(start_a + count_a, start_b + count_b)
+        return low, max(0, high - low)
+
+    send_counts, send_displacements, receive_counts, receive_displacements = [], [], [], []
+    for other in range(nranks):
+        low, count = overlap(old_starts[rank], old_counts[rank], new_starts[other], new_counts[other])
+        send_counts.append(count)
+        send_displacements.append(low - old_starts[rank] if count else 0)
+        low, count = overlap(old_starts[other], old_counts[other], new_starts[rank], new_counts[rank])
+        receive_counts.append(count)
+        receive_displacements.append(low - new_starts[rank] if count else 0)
+    return AllToAll(send_counts, send_displacements, receive_counts, receive_displacements)
+
+
+# ---- reductions --------------------------------------------------------------------------------
+
+
+def in_place_order(gathered: Sequence[Sequence]) -> list:
+    """Every rank's per-place results (allgathered, in rank order: each rank's list in local
+    order) as one list in global place order: rank order, then local order."""
+    return [entry for per_rank in gathered for entry in per_rank]
+
+
+def present(partials: Sequence[tuple[bool, object]]) -> list:
+    """The values of the places that hold elements (valid), in order: what a fold combines."""
+    return [value for valid, value in partials if valid]
+
+
+def host_fold(op: Callable) -> Callable:
+    """A fold primitive from a Python operator `op(a, b)` (a before b), with the association
+    of the shim's fold kernel: acc = init; acc = op(acc, v) for each v (the first v alone
+    without init). prefixes[k] is the fold before v_k (None for k == 0 without init)."""
+
+    def fold(values, init):
+        prefixes, have, acc = [], init is not None and init != b"", init
+        for value in values:
+            prefixes.append(acc if have else None)
+            acc = op(acc, value) if have else value
+            have = True
+        return prefixes, acc
+
+    return fold
+
+
+def reduce_result(values: Sequence, init, fold: Callable) -> tuple[bool, object]:
+    """(valid, accumulator) of a reduce: `values` (the places' partials that hold elements, in
+    global order) folded after init. With no values: (whether init was given, init); one value
+    and no init: that value, as the one-place reduce returns it."""
+    has_init = init is not None and init != b""
+    if not values:
+        return has_init, init
+    if len(values) == 1 and not has_init:
+        return True, values[0]
+    return True, fold(list(values), init)[1]
+
+
+def scan_seeds(totals: Sequence, init, fold: Callable) -> list:
+    """Each place's seed for its scan (what comes before its first element): totals[p] is
+    place p's shard total, None for an empty shard (which needs none). The seed is the fold
+    of init and every earlier non-empty place's total; None where nothing comes before (the
+    first non-empty place without init)."""
+    values = [total for total in totals if total is not None]
+    prefixes = fold(values, init)[0] if values else []
+    seeds, k = [], 0
+    for total in totals:
+        if total is None:
+            seeds.append(None)
+        else:
+            seeds.append(prefixes[k])
+            k += 1
+    return seeds
+
+
+def sum_counts(per_rank: Sequence):
+    """Counts (numbers, or numpy arrays of them: histograms) added over ranks. Integers: any
+    order gives the same sum, so an allreduce does this on the GPU path."""
+    total = per_rank[0]
+    for counts in per_rank[1:]:
+        total = total + counts
+    return total
+
+
+# ---- neighbours ----------------------------------------------------------------------------------
+
+
+class Halo(NamedTuple):
+    """Place `place` needs the last element of `source` (the last non-empty place before it)."""
+
+    place: int
+    source: int
+    rank: int
+    source_rank: int
+
+
+def halo_plan(shard_sizes: Sequence[int], owners: Sequence[int]) -> list[Halo]:
+    """For adjacent_difference (and any step that reads an element's predecessor): every
+    non-empty place but the first gets the last element of the nearest non-empty place
+    before it, which skips empty shards. The halos with `rank != source_rank` cross ranks;
+    only a rank's first non-empty place can need one."""
+    halos, last = [], None
+    for place, size in enumerate(shard_sizes):
+        if size == 0:
+            continue
+        if last is not None:
+            halos.append(Halo(place, last, owners[place], owners[last]))
+        last = place
+    return halos
+
+
+# ---- transports ------------------------------------------------------------------------------------
+
+TRANSPORTS = ("auto", "nccl", "mpi")
+
+
+def choose_transport(requested: str, nccl_ready: bool, nccl_loads: bool, gpus_distinct: bool) -> str:
+    """The transport a group uses: "mpi" moves data through MPI (host staged in this version),
+    "nccl" through NCCL, which refuses two ranks on one GPU; "auto" takes NCCL where it
+    loads and every rank's GPU is distinct, else MPI. `nccl_ready`: whether this version
+    moves data through NCCL at all."""
+    if requested not in TRANSPORTS:
+        raise ValueError(f"transport: expected one of {', '.join(map(repr, TRANSPORTS))}, got {requested!r}")
+    if requested == "mpi":
+        return "mpi"
+    if requested == "nccl":
+        if not nccl_ready:
+            raise ValueError("transport: 'nccl' (GPU data through NCCL) is not in this version yet; "
+                             "use 'mpi' (or 'auto', which takes it)")
+        if not nccl_loads:
+            raise ValueError("transport: 'nccl' needs libnccl.so.2 (pip install nvidia-nccl-cu13, or "
+                             "set CUDA_SHARDED_JIT_NCCL to the site's)")
+        if not gpus_distinct:
+            raise ValueError("transport: NCCL refuses two ranks on one GPU; use 'mpi' to run "
+                             "several ranks on one device")
+        return "nccl"
+    return "nccl" if nccl_ready and nccl_loads and gpus_distinct else "mpi"

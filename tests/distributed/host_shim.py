@@ -1,0 +1,199 @@
+"""A host-backed stand-in of the shim's groups, arrays and built-in kernels (numpy on host
+buffers), so that the distributed layer's Python runs under mpiexec on a machine with no GPU:
+every collective's agreements, data movement and folds, on this rank's part of each array.
+
+It stands in for what the from_mpi paths call: PlaceGroup.by_devices, ShardedArray.allocate
+and its host copies, the built-in reductions' per-place partials and fold, the built-in
+scans with their carry, count, histogram_even, fill, sequence, the built-in add and negate,
+and copy_lanes. Its folds are sequential
+numpy folds, not the GPU's: results are checked against numpy, never bitwise against the
+GPU (the gpu tests do that). `install(monkeypatch)` puts it in place for one test.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+
+from cuda_sharded_jit import _shim as real_shim
+
+_OPS = {"sum": np.add, "min": np.minimum, "max": np.maximum}
+_LIMIT_BYTES = 1 << 40  # larger shards "do not fit": MemoryError, as a full device
+
+
+class PlaceGroup:
+    """One rank's places: devices, streams (fake handles), nothing to wait for."""
+
+    def __init__(self, devices):
+        self.devices = list(devices)
+        self.locality_domains = [0] * len(self.devices)
+
+    @staticmethod
+    def by_devices(devices):
+        if devices is None:
+            devices = [0]
+        if not devices:
+            raise ValueError("devices: expected at least one device, got an empty list")
+        return PlaceGroup(devices)
+
+    def __len__(self):
+        return len(self.devices)
+
+    def stream(self, place):
+        return 1000 + place
+
+    def compute_capability(self, place):
+        return 9, 0
+
+    def sync(self):
+        pass
+
+
+class ShardedArray:
+    """One rank's shards in one host buffer, in place order."""
+
+    even_sizes = staticmethod(real_shim.ShardedArray.even_sizes)
+
+    def __init__(self, group, sizes, dtype_name, itemsize):
+        if len(sizes) != len(group):
+            raise ValueError(f"sizes: expected one size per place ({len(group)}), got {len(sizes)}")
+        self.group = group
+        self.dtype = dtype_name
+        self.itemsize = itemsize
+        self.shard_sizes = list(sizes)
+        self.shard_offsets = [int(offset) for offset in np.cumsum([0] + self.shard_sizes[:-1])]
+        self.size = sum(self.shard_sizes)
+        self.num_shards = len(self.shard_sizes)
+        self.storage = "separate"
+        self.is_freed = False
+        self.index_origin = 0
+        if self.size * itemsize > _LIMIT_BYTES:
+            raise MemoryError(f"out of memory on device {group.devices[0]}: {self.size * itemsize} bytes asked")
+        self.data = np.zeros(self.size * itemsize, np.uint8)
+
+    @staticmethod
+    def allocate(group, sizes, dtype_name, contiguous=False, itemsize=0):
+        return ShardedArray(group, sizes, dtype_name, itemsize or np.dtype(dtype_name).itemsize)
+
+    def set_index_origin(self, origin):
+        self.index_origin = origin
+
+    def typed(self, place=None):
+        """The elements (of one place) as a numpy view of the buffer."""
+        values = self.data.view(np.dtype(self.dtype)) if self.dtype != "record" else self.data
+        if place is None:
+            return values
+        start = self.shard_offsets[place]
+        return values[start:start + self.shard_sizes[place]]
+
+    def shard_pointer(self, place):
+        return self.data.ctypes.data + self.shard_offsets[place] * self.itemsize
+
+    def copy_from_host(self, host, nbytes):
+        assert nbytes == self.data.nbytes
+        ctypes.memmove(self.data.ctypes.data, host, nbytes)
+
+    def copy_to_host(self, host, nbytes):
+        assert nbytes == self.data.nbytes
+        ctypes.memmove(host, self.data.ctypes.data, nbytes)
+
+    def copy_range_from_host(self, start, stop, host, nbytes):
+        assert nbytes == (stop - start) * self.itemsize
+        ctypes.memmove(self.data.ctypes.data + start * self.itemsize, host, nbytes)
+
+    def free(self):
+        self.is_freed = True
+
+
+def _fold(op, values, init):
+    """The shim's fold's association on numpy scalars: prefixes and total."""
+    prefixes, acc = [], init
+    for value in values:
+        prefixes.append(acc)
+        acc = value if acc is None else op(acc, value)
+    return prefixes, acc
+
+
+def reduce_builtin_partials(op, impl):
+    ufunc, dtype = _OPS[op.name], np.dtype(impl.dtype)
+    return [(True, ufunc.reduce(impl.typed(place), dtype=dtype).tobytes()) if impl.shard_sizes[place]
+            else (False, b"") for place in range(impl.num_shards)]
+
+
+def fold_builtin(op, dtype_name, group, values, init):
+    ufunc, dtype = _OPS[op.name], np.dtype(dtype_name)
+    scalars = [np.frombuffer(value, dtype)[0] for value in values]
+    prefixes, total = _fold(ufunc, scalars, np.frombuffer(init, dtype)[0] if init else None)
+    return ([None if prefix is None else prefix.tobytes() for prefix in prefixes],
+            b"" if total is None else total.tobytes())
+
+
+def scan_builtin_carried(op, impl, out, exclusive, carry):
+    ufunc, dtype = _OPS[op.name], np.dtype(impl.dtype)
+    seeds = carry(reduce_builtin_partials(op, impl))
+    for place, seed in enumerate(seeds):
+        values = impl.typed(place)
+        if not values.size:
+            continue
+        scanned = ufunc.accumulate(values, dtype=dtype)
+        if seed is not None:
+            scanned = ufunc(np.frombuffer(seed, dtype)[0], scanned).astype(dtype)
+        if exclusive:
+            scanned = np.concatenate([[np.frombuffer(seed, dtype)[0]], scanned[:-1]]).astype(dtype)
+        out.typed(place)[:] = scanned
+
+
+def count(impl, value):
+    return int(np.count_nonzero(impl.typed() == np.frombuffer(value, np.dtype(impl.dtype))[0]))
+
+
+def check_histogram_memory(impl, num_bins):
+    pass
+
+
+def histogram_even(impl, num_bins, edges, edge_bytes, counts, count_bytes):
+    edge_dtype = np.float32 if edge_bytes == (num_bins + 1) * 4 else np.float64
+    edge_values = np.frombuffer((ctypes.c_char * edge_bytes).from_address(edges), edge_dtype)
+    found = np.histogram(impl.typed(), bins=edge_values)[0].astype(np.int64)
+    ctypes.memmove(counts, found.ctypes.data, count_bytes)
+
+
+def transform_builtin(op, inputs, out, scalars):
+    values = out.typed()
+    if op == real_shim.BuiltinOp.fill:
+        values[:] = np.frombuffer(scalars[:out.itemsize], values.dtype)[0]
+    elif op == real_shim.BuiltinOp.sequence:
+        wide = {"f": np.float64, "i": np.int64, "u": np.uint64}[values.dtype.kind]
+        start, step = np.frombuffer(scalars[:16], wide)
+        index = out.index_origin + np.arange(out.size)  # global indices: the origin is this rank's
+        values[:] = (start + step * index).astype(values.dtype)
+    elif op == real_shim.BuiltinOp.add:
+        values[:] = inputs[0].typed() + inputs[1].typed()
+    elif op == real_shim.BuiltinOp.negate:
+        values[:] = -inputs[0].typed()
+    else:
+        raise NotImplementedError(f"the host shim has no {op}")
+
+
+def copy_lanes(source, source_offset, target, target_offset, width):
+    assert source_offset == target_offset == 0 and width == source.itemsize == target.itemsize
+    target.data[:] = source.data
+
+
+def visible_device_count():
+    return 1
+
+
+NAMES = ["PlaceGroup", "ShardedArray", "reduce_builtin_partials", "fold_builtin", "scan_builtin_carried",
+         "count", "check_histogram_memory", "histogram_even", "transform_builtin", "copy_lanes",
+         "visible_device_count"]
+
+
+def install(monkeypatch) -> None:
+    """The stand-in in place of the shim's own, for one test."""
+    import sys
+
+    module = sys.modules[__name__]
+    for name in NAMES:
+        monkeypatch.setattr(real_shim, name, getattr(module, name))

@@ -1,0 +1,370 @@
+"""GPU tests of from_mpi groups under mpiexec (every rank on cuda:0, transport "mpi"): data in
+and out, and every algorithm that runs across processes, against numpy and bit for bit
+against by_devices([0] * P) with the same P places and shard sizes.
+
+    python tests/distributed/run.py -n 2 -n 3 -n 4 -- -m gpu
+
+Every rank makes the same host data (the same seed), so each can compute the references
+itself. Collectives first, assertions after: an assertion that fails on one rank must not
+skip a collective the others still make.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from .conftest import RANK, SIZE, allgather
+
+import cuda_sharded_jit as sharded
+
+pytestmark = pytest.mark.gpu
+
+N = (1 << 20) + 4099  # several blocks per place, and a ragged tail
+
+
+def _sample(dtype, n, seed=0):
+    rng = np.random.default_rng(seed)
+    dtype = np.dtype(dtype)
+    if dtype.kind == "f":
+        return rng.standard_normal(n).astype(dtype)
+    if dtype.kind == "u":
+        return rng.integers(0, 1000, n).astype(dtype)
+    return rng.integers(-1000, 1000, n).astype(dtype)
+
+
+def _uneven(places: int, n: int) -> list[int]:
+    """Uneven shard sizes, the second shard empty where there are at least three places."""
+    if places == 1:
+        return [n]
+    weights = np.arange(1, places + 1, dtype=np.float64)
+    sizes = np.floor(weights / weights.sum() * n).astype(np.int64)
+    if places >= 3:
+        sizes[1] = 0
+    sizes[-1] += n - sizes.sum()
+    return [int(size) for size in sizes]
+
+
+def _bits(value) -> bytes:
+    if isinstance(value, tuple):
+        return b"".join(_bits(field) for field in value)
+    return np.asarray(value).tobytes()
+
+
+def _outcome(call):
+    try:
+        call()
+    except Exception as error:  # noqa: BLE001
+        return type(error).__name__, str(error)
+    return None
+
+
+@pytest.fixture(scope="module", params=[[0], [0, 0]], ids=["one-place-a-rank", "two-places-a-rank"])
+def groups(request):
+    """(a from_mpi group, by_devices([0] * its places)): the same places on one GPU."""
+    group = sharded.PlaceGroup.from_mpi(devices=request.param, transport="mpi")
+    return group, sharded.PlaceGroup.by_devices([0] * len(group))
+
+
+def _pair(groups, dtype, n=N, seed=0, sizes=None):
+    """(host, array on the from_mpi group, array on the reference group), same shard sizes."""
+    group, reference = groups
+    host = _sample(dtype, n, seed)
+    sizes = _uneven(len(group), n) if sizes is None else sizes
+    return (host, sharded.ShardedArray.from_numpy(group, host, sizes=sizes, root=None),
+            sharded.ShardedArray.from_numpy(reference, host, sizes=sizes))
+
+
+def test_the_group_numbers_places_in_rank_order(groups):
+    group, _ = groups
+    per_rank = len(group) // SIZE
+    assert group.nranks == SIZE and group.rank == RANK and group.transport == "mpi"
+    assert group.local_places == tuple(range(RANK * per_rank, (RANK + 1) * per_rank))
+    assert group.place_ranks == tuple(rank for rank in range(SIZE) for _ in range(per_rank))
+    assert group.devices == (0,) * len(group) and group.archs == (group.archs[0],) * per_rank
+    assert all(isinstance(group.stream(place), int) for place in group.local_places)
+    if SIZE > 1:
+        other = (group.local_places[-1] + 1) % len(group)
+        with pytest.raises(ValueError, match=f"place: {other} lives on rank"):
+            group.stream(other)
+    assert "from_mpi" in repr(group)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int32, np.int64, np.uint32, np.uint64])
+def test_data_in_and_out(groups, dtype):
+    group, _ = groups
+    host = _sample(dtype, 1000 + 7 * len(group), seed=1)
+    sizes = _uneven(len(group), host.size)
+    last = SIZE - 1
+    scattered = sharded.ShardedArray.from_numpy(group, host if RANK == 0 else None, sizes=sizes)
+    from_last = sharded.ShardedArray.from_numpy(group, host if RANK == last else None, root=last)
+    everyone = sharded.ShardedArray.from_numpy(group, host, root=None)
+    at_root = scattered.to_numpy()
+    at_last = from_last.to_numpy(root=last)
+    at_all = everyone.to_numpy(root=None)
+    converted = np.asarray(scattered)
+    views = [(view.place, view.shape, view.device) for view in scattered.local_shards()]
+    assert scattered.shard_sizes == tuple(sizes) and scattered.size == host.size and len(scattered) == host.size
+    assert from_last.shard_sizes == everyone.shard_sizes == tuple(_even(host.size, len(group)))
+    assert (at_root is not None) == (RANK == 0) and (at_last is not None) == (RANK == last)
+    if RANK == 0:
+        assert np.array_equal(at_root, host)
+    if RANK == last:
+        assert np.array_equal(at_last, host)
+    assert np.array_equal(at_all, host) and np.array_equal(converted, host)
+    assert views == [(place, (sizes[place],), 0) for place in group.local_places]
+
+
+def _even(n, places):
+    return [n // places + (1 if place < n % places else 0) for place in range(places)]
+
+
+def test_from_local_gathers_every_rank_s_sizes(groups):
+    group, _ = groups
+    parts = [np.arange(place + 3, dtype=np.float64) + 100 * place for place in group.local_places]
+    array = sharded.ShardedArray.from_local(group, parts)
+    gathered = array.to_numpy(root=None)
+    records = np.dtype([("x", np.float32), ("n", np.int64)], align=True)
+    record_parts = [np.zeros(place + 1, records) for place in group.local_places]
+    for place, part in zip(group.local_places, record_parts):
+        part["x"], part["n"] = place, np.arange(place + 1)
+    record_array = sharded.ShardedArray.from_local(group, record_parts)
+    record_host = record_array.to_numpy(root=None)
+    expected = np.concatenate([np.arange(place + 3, dtype=np.float64) + 100 * place for place in range(len(group))])
+    assert array.shard_sizes == tuple(place + 3 for place in range(len(group)))
+    assert np.array_equal(gathered, expected)
+    assert record_array.dtype == records
+    assert np.array_equal(record_host["n"], np.concatenate([np.arange(place + 1) for place in range(len(group))]))
+
+
+def test_from_local_adopts_device_buffers(groups):
+    cupy = pytest.importorskip("cupy")
+    group, _ = groups
+    parts = [cupy.arange(place + 2, dtype=cupy.float32) for place in group.local_places]
+    array = sharded.ShardedArray.from_local(group, parts)
+    host = array.to_numpy(root=None)
+    assert array.storage == "adopted"
+    assert np.array_equal(host, np.concatenate([np.arange(place + 2, dtype=np.float32) for place in range(len(group))]))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int32, np.uint64])
+def test_reductions_match_by_devices_bit_for_bit(groups, dtype):
+    host, a, r = _pair(groups, dtype, seed=2)
+    calls = {
+        "sum": lambda x: sharded.sum(x),
+        "min": lambda x: sharded.min(x),
+        "max": lambda x: sharded.max(x),
+        "user add": lambda x: sharded.reduce(x, lambda p, q: p + q),
+        "user add, init": lambda x: sharded.reduce(x, lambda p, q: p + q, init=3),
+        "wider init": lambda x: sharded.reduce(x, "sum", init=np.float64(0.5)),
+        "squares": lambda x: sharded.transform_reduce(x, lambda v: v * v, lambda p, q: p + q, 0),
+        "tuple": lambda x: sharded.transform_reduce(x, lambda v: (v, v * v), lambda p, q: (p[0] + q[0], p[1] + q[1]),
+                                                   None),
+        "with index": lambda x: sharded.transform_reduce(x, lambda v, i: v * (i % 3), lambda p, q: p + q, 0,
+                                                        with_index=True),
+        "argmin": lambda x: sharded.argmin(x),
+        "argmax": lambda x: sharded.argmax(x),
+        "count": lambda x: sharded.count(x, host[5]),
+        "count_if": lambda x: sharded.count_if(x, lambda v: v > 0),
+        "mean": lambda x: x.mean(),
+        "var": lambda x: x.var(),
+    }
+    ours = {name: call(a) for name, call in calls.items()}
+    theirs = {name: call(r) for name, call in calls.items()}
+    wide = host.astype(np.float64)
+    assert {name: _bits(value) for name, value in ours.items()} == {name: _bits(value) for name, value in theirs.items()}
+    assert ours["argmin"] == np.argmin(host) and ours["argmax"] == np.argmax(host)
+    assert ours["count"] == np.count_nonzero(host == host[5]) and ours["count_if"] == np.count_nonzero(host > 0)
+    assert ours["min"] == host.min() and ours["max"] == host.max()
+    if np.dtype(dtype).kind == "f":
+        assert np.isclose(ours["sum"], wide.sum(), rtol=1e-4)
+        assert np.isclose(ours["tuple"][1], (wide * wide).sum(), rtol=1e-4)
+        assert np.isclose(ours["mean"], wide.mean()) and np.isclose(ours["var"], wide.var())
+    else:
+        assert ours["sum"] == host.sum(dtype=host.dtype)
+        assert ours["with index"] == (host * (np.arange(host.size) % 3)).sum(dtype=host.dtype)
+
+
+def test_argmin_keeps_numpy_s_first_index_and_nan_rules(groups):
+    host = np.full(4000, 5.0, np.float32)
+    host[[100, 2500, 3999]] = -1.0  # ties: the first wins
+    with_nan = host.copy()
+    with_nan[[1800, 3000]] = np.nan  # the first NaN wins
+    group, reference = groups
+    sizes = _uneven(len(group), host.size)
+    results = []
+    for data in (host, with_nan):
+        a = sharded.ShardedArray.from_numpy(group, data, sizes=sizes, root=None)
+        r = sharded.ShardedArray.from_numpy(reference, data, sizes=sizes)
+        results.append((sharded.argmin(a), sharded.argmax(a), sharded.argmin(r), sharded.argmax(r),
+                        np.argmin(data), np.argmax(data)))
+    for ours_min, ours_max, their_min, their_max, numpy_min, numpy_max in results:
+        assert (ours_min, ours_max) == (their_min, their_max) == (numpy_min, numpy_max)
+
+
+def test_histogram_adds_every_rank_s_counts(groups):
+    host, a, r = _pair(groups, np.float32, seed=3)
+    ours = sharded.histogram_even(a, num_bins=64, lower=-2.0, upper=2.0)
+    theirs = sharded.histogram_even(r, num_bins=64, lower=-2.0, upper=2.0)
+    assert np.array_equal(ours, theirs)
+    assert np.array_equal(ours, np.histogram(host, bins=64, range=(-2.0, 2.0))[0])
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int64])
+def test_scans_match_by_devices_bit_for_bit(groups, dtype):
+    host, a, r = _pair(groups, dtype, seed=4)
+    calls = {
+        "inclusive sum": lambda x: sharded.inclusive_scan(x),
+        "inclusive max": lambda x: sharded.inclusive_scan(x, "max"),
+        "exclusive sum": lambda x: sharded.exclusive_scan(x, "sum", 0),
+        "user inclusive": lambda x: sharded.inclusive_scan(x, lambda p, q: p + q),
+        "user inclusive, init": lambda x: sharded.inclusive_scan(x, lambda p, q: p + q, init=2),
+        "user exclusive": lambda x: sharded.exclusive_scan(x, lambda p, q: p + q, 1),
+        "indexed map": lambda x: sharded.transform_inclusive_scan(x, lambda v, i: v + (i % 5), lambda p, q: p + q,
+                                                                 with_index=True),
+        "running first min": lambda x: sharded.transform_inclusive_scan(
+            x, lambda v, i: (v, i), lambda p, q: q if q[0] < p[0] else p, with_index=True),
+        "in place": lambda x: (lambda y: sharded.inclusive_scan(y, out=y))(x.copy()),
+    }
+    ours = {name: call(a).to_numpy(root=None) for name, call in calls.items()}
+    theirs = {name: call(r).to_numpy() for name, call in calls.items()}
+    assert {name: value.tobytes() for name, value in ours.items()} == \
+        {name: value.tobytes() for name, value in theirs.items()}
+    index = np.arange(host.size)
+    if np.dtype(dtype).kind == "i":
+        assert np.array_equal(ours["inclusive sum"], np.cumsum(host))
+        assert np.array_equal(ours["exclusive sum"], np.concatenate([[0], np.cumsum(host)[:-1]]))
+        assert np.array_equal(ours["indexed map"], np.cumsum(host + index % 5))
+        assert np.array_equal(ours["user exclusive"], 1 + np.concatenate([[0], np.cumsum(host)[:-1]]))
+    else:
+        assert np.allclose(ours["inclusive sum"], np.cumsum(host.astype(np.float64)), rtol=1e-3, atol=1e-2)
+    assert np.array_equal(ours["inclusive max"], np.maximum.accumulate(host))
+    minima = np.minimum.accumulate(host)
+    record = host < np.concatenate([[np.inf], minima[:-1]])  # where a prefix's minimum first appears
+    assert np.array_equal(ours["running first min"]["f1"], np.maximum.accumulate(np.where(record, index, 0)))
+    assert np.array_equal(ours["running first min"]["f0"], minima)
+
+
+def test_transform_and_sequence_see_global_indices(groups):
+    host, a, r = _pair(groups, np.float64, seed=5)
+    indexed = sharded.transform(lambda x, i: x * 2 + i, a, with_index=True).to_numpy(root=None)
+    sequence = sharded.sequence(sharded.ShardedArray.allocate(a.group, list(a.shard_sizes), np.int64), 10, 3)
+    filled = sharded.fill(sharded.ShardedArray.allocate(a.group, list(a.shard_sizes), np.float32), 2.5)
+    axpy = sharded.transform(sharded.ops.axpy(2.0), a, a).to_numpy(root=None)
+    arithmetic = (a * 3.0 - a).to_numpy(root=None)
+    compared = (a > 0).to_numpy(root=None)
+    sequence_host = sequence.to_numpy(root=None)
+    filled_host = filled.to_numpy(root=None)
+    assert np.array_equal(indexed, host * 2 + np.arange(host.size))
+    assert np.array_equal(sequence_host, 10 + 3 * np.arange(host.size))
+    assert np.array_equal(filled_host, np.full(host.size, 2.5, np.float32))
+    assert np.array_equal(axpy, 2.0 * host + host)
+    assert np.array_equal(arithmetic, host * 3.0 - host)
+    assert np.array_equal(compared, (host > 0).astype(compared.dtype)) and compared.dtype.kind == "u"
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.int64])
+def test_adjacent_difference_meets_the_previous_rank_s_last_element(groups, dtype):
+    group, reference = groups
+    host = _sample(dtype, 20000, seed=9)
+    layouts = [_uneven(len(group), host.size), [0] * (len(group) - 1) + [host.size],
+               [host.size] + [0] * (len(group) - 1)]
+    layouts.append([host.size // len(group) if place % 2 else 0 for place in range(len(group))])
+    layouts[-1][-1] += host.size - sum(layouts[-1])  # every other shard empty
+    results = []
+    for sizes in layouts:
+        a = sharded.ShardedArray.from_numpy(group, host, sizes=sizes, root=None)
+        r = sharded.ShardedArray.from_numpy(reference, host, sizes=sizes)
+        results.append((sharded.adjacent_difference(a).to_numpy(root=None),
+                        sharded.adjacent_difference(r).to_numpy(),
+                        sharded.adjacent_difference(a, op=lambda x, previous: x * 2 - previous).to_numpy(root=None),
+                        sharded.adjacent_difference(r, op=lambda x, previous: x * 2 - previous).to_numpy()))
+    for ours, theirs, ours_op, theirs_op in results:
+        assert ours.tobytes() == theirs.tobytes() and ours_op.tobytes() == theirs_op.tobytes()
+        assert np.array_equal(ours, np.concatenate([host[:1], np.diff(host)]))
+        assert np.array_equal(ours_op, np.concatenate([host[:1], host[1:] * 2 - host[:-1]]))
+
+
+def test_resharded_moves_elements_between_ranks(groups):
+    host, a, _ = _pair(groups, np.int32, seed=6)
+    places = len(a.group)
+    target = [0] * places
+    target[-1] = host.size  # everything to the last rank's last place
+    moved = a.resharded(target)
+    even = sharded.redistribute(moved)
+    records = np.dtype([("v", np.int32), ("w", np.float64)], align=True)
+    record_host = np.zeros(host.size, records)
+    record_host["v"], record_host["w"] = host, host * 0.5
+    record_array = sharded.ShardedArray.from_numpy(a.group, record_host, root=None)
+    record_moved = record_array.resharded(_uneven(places, host.size)[::-1])
+    results = (moved.to_numpy(root=None), even.to_numpy(root=None), record_moved.to_numpy(root=None))
+    assert moved.shard_sizes == tuple(target) and even.shard_sizes == tuple(_even(host.size, places))
+    assert np.array_equal(results[0], host) and np.array_equal(results[1], host)
+    assert np.array_equal(results[2], record_host)
+
+
+def test_an_error_on_one_rank_is_raised_on_every_rank(groups):
+    _, a, _ = _pair(groups, np.float32, n=5000, seed=7)
+    last = SIZE - 1
+    bad_op = (lambda x: x) if RANK == last else (lambda x, y: x + y)  # one rank's operator takes 1 argument
+    outcomes = [
+        _outcome(lambda: sharded.reduce(a, bad_op)),
+        _outcome(lambda: sharded.inclusive_scan(a, bad_op)),
+        _outcome(lambda: sharded.transform(bad_op, a, a)),
+    ]
+    after = float(sharded.sum(a))  # the group still works after each error
+    everywhere = allgather(outcomes)
+    assert all(outcome == everywhere[0] for outcome in everywhere)
+    for outcome in outcomes:
+        assert outcome is not None and outcome[0] == "TypeError" and "takes 1 argument" in outcome[1]
+    assert allgather(after) == [after] * SIZE
+
+
+def test_a_rank_with_other_shard_sizes_gets_a_clear_value_error_everywhere(groups):
+    group, _ = groups
+    sizes = _uneven(len(group), 6000)
+    if RANK == SIZE - 1:
+        sizes[0], sizes[-1] = sizes[0] + 1, sizes[-1] - 1  # this rank alone believes other sizes
+    a = sharded.ShardedArray.allocate(group, sizes, np.float32)  # each allocates its own part: fine
+    outcomes = allgather([_outcome(lambda: sharded.sum(a)), _outcome(lambda: sharded.inclusive_scan(a))])
+    if SIZE == 1:
+        assert outcomes == [[None, None]]
+        return
+    assert all(outcome == outcomes[0] for outcome in outcomes)
+    for kind, text in outcomes[0]:
+        assert kind == "ValueError" and "shard sizes" in text and f"on rank {SIZE - 1}" in text
+
+
+def test_an_allocation_failure_on_one_rank_is_a_memory_error_everywhere(groups):
+    group, _ = groups
+    sizes = [1000] * len(group)
+    if RANK == SIZE - 1:
+        sizes[group.local_places[0]] = 1 << 50  # 8 PiB of float64 on this rank's first place
+    outcome = _outcome(lambda: sharded.ShardedArray.allocate(group, sizes, np.float64))
+    survivor = sharded.ShardedArray.from_numpy(group, np.arange(10.0), root=None).to_numpy(root=None)
+    assert allgather(outcome) == [outcome] * SIZE and outcome[0] == "MemoryError"
+    assert np.array_equal(survivor, np.arange(10.0))
+
+
+def test_calls_not_across_processes_yet_say_so(groups):
+    _, a, _ = _pair(groups, np.float32, n=100)
+    outcomes = [_outcome(lambda: sharded.sort(a)), _outcome(lambda: a[3]),
+                _outcome(lambda: sharded.top_k(a, 3))]
+    assert outcomes[0] == ("ValueError", "a: lives on a PlaceGroup.from_mpi group, and sort does not run across "
+                                         "processes yet; gather it with to_numpy(root=...) or work on each "
+                                         "rank's local_shards()")
+    assert outcomes[1][0] == "TypeError" and outcomes[2][0] == "ValueError"
+
+
+def test_more_places_than_one_fold_launch_takes():
+    # 64 places fold in one launch; beyond, launches chain (by_devices refuses so many, and
+    # so does each rank: a rank folds at most 64 non-empty shards of its own)
+    if SIZE == 1:
+        pytest.skip("more than 64 places need at least two ranks")
+    per_rank = -(-65 // SIZE)
+    group = sharded.PlaceGroup.from_mpi(devices=[0] * per_rank, transport="mpi")
+    host = _sample(np.int64, 40 * len(group), seed=8)
+    a = sharded.ShardedArray.from_numpy(group, host, root=None)
+    total, scanned = sharded.sum(a), sharded.inclusive_scan(a, lambda p, q: p + q).to_numpy(root=None)
+    assert len(group) > 64
+    assert total == host.sum() and np.array_equal(scanned, np.cumsum(host))

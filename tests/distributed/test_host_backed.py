@@ -1,0 +1,214 @@
+"""CPU tests of the from_mpi collectives under mpiexec, on the host-backed stand-in of the shim
+(host_shim.py): from_mpi groups of two places a rank, data in and out, the built-in
+reductions, scans, counts, fill, sequence and resharding, against numpy; and errors that one
+rank hits alone, raised on every rank. The layer's Python and every MPI step run as on GPUs;
+only the per-place kernels are numpy's (the gpu tests run the real ones)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from . import host_shim
+from .conftest import RANK, SIZE, allgather
+
+import cuda_sharded_jit as sharded
+
+
+@pytest.fixture
+def group(monkeypatch):
+    host_shim.install(monkeypatch)
+    return sharded.PlaceGroup.from_mpi(devices=[0, 0], transport="mpi")
+
+
+def _sizes(places: int, n: int) -> list[int]:
+    """Uneven sizes with empty shards: place 1 and the last but one hold nothing."""
+    weights = np.arange(1, places + 1, dtype=np.float64)
+    weights[1] = 0
+    if places > 3:
+        weights[-2] = 0
+    sizes = np.floor(weights / weights.sum() * n).astype(np.int64)
+    sizes[-1] += n - sizes.sum()
+    return [int(size) for size in sizes]
+
+
+def _outcome(call):
+    try:
+        call()
+    except Exception as error:  # noqa: BLE001
+        return type(error).__name__, str(error)
+    return None
+
+
+def _host(n=1003, dtype=np.int64, seed=0):
+    return np.random.default_rng(seed).integers(-100, 100, n).astype(dtype)
+
+
+def test_the_layout(group):
+    assert len(group) == 2 * SIZE and group.nranks == SIZE and group.transport == "mpi"
+    assert group.local_places == (2 * RANK, 2 * RANK + 1)
+    assert group.place_ranks == tuple(rank for rank in range(SIZE) for _ in range(2))
+    assert group.archs == ("sm_90", "sm_90")  # this rank's places': the kernels it loads
+    assert group.devices == (0,) * len(group) and group.locality_domains == (0,) * len(group)
+
+
+def test_data_in_and_out(group):
+    host = _host()
+    sizes = _sizes(len(group), host.size)
+    last = SIZE - 1
+    scattered = sharded.ShardedArray.from_numpy(group, host if RANK == 0 else None, sizes=sizes)
+    from_last = sharded.ShardedArray.from_numpy(group, host if RANK == last else None, root=last)
+    everyone = sharded.ShardedArray.from_numpy(group, host, sizes=sizes, root=None)
+    results = [scattered.to_numpy(), from_last.to_numpy(root=last), everyone.to_numpy(root=None),
+               np.asarray(scattered)]
+    views = [(view.place, view.shape) for view in everyone.local_shards()]
+    assert scattered.shard_sizes == everyone.shard_sizes == tuple(sizes)
+    assert from_last.shard_sizes == tuple(sharded._shim.ShardedArray.even_sizes(host.size, len(group)))
+    assert (results[0] is not None) == (RANK == 0) and (results[1] is not None) == (RANK == last)
+    for result in results:
+        assert result is None or np.array_equal(result, host)
+    assert views == [(place, (sizes[place],)) for place in group.local_places]
+    assert scattered.size == host.size and scattered.num_shards == len(group)
+    assert scattered.shard_offsets == tuple(np.cumsum([0] + sizes[:-1]).tolist())
+
+
+def test_from_local_gathers_every_rank_s_sizes(group):
+    parts = [np.arange(place % 3, dtype=np.float32) + 10 * place for place in group.local_places]
+    array = sharded.ShardedArray.from_local(group, parts)
+    records = np.dtype([("x", np.float32), ("n", np.int64)], align=True)
+    record_parts = [np.zeros(place + 1, records) for place in group.local_places]
+    for place, part in zip(group.local_places, record_parts):
+        part["n"] = place
+    record_array = sharded.ShardedArray.from_local(group, record_parts)
+    gathered, record_host = array.to_numpy(root=None), record_array.to_numpy(root=None)
+    assert array.shard_sizes == tuple(place % 3 for place in range(len(group)))
+    assert np.array_equal(gathered, np.concatenate([np.arange(place % 3, dtype=np.float32) + 10 * place
+                                                    for place in range(len(group))]))
+    assert np.array_equal(record_host["n"], np.repeat(np.arange(len(group)), np.arange(1, len(group) + 1)))
+
+
+@pytest.mark.parametrize("dtype", [np.int64, np.int32, np.float64])
+def test_builtin_reductions_counts_and_histograms(group, dtype):
+    host = _host(dtype=dtype, seed=1)
+    a = sharded.ShardedArray.from_numpy(group, host, sizes=_sizes(len(group), host.size), root=None)
+    empty = sharded.ShardedArray.from_numpy(group, np.zeros(0, dtype), root=None)
+    results = {
+        "sum": sharded.sum(a), "min": sharded.min(a), "max": sharded.max(a),
+        "sum, init": sharded.reduce(a, "sum", init=5),
+        "empty sum": sharded.sum(empty), "empty min": _outcome(lambda: sharded.min(empty)),
+        "count": sharded.count(a, host[7]), "count 2.5": sharded.count(a, 2.5),
+        "histogram": sharded.histogram_even(a, num_bins=16, lower=-50.0, upper=50.0),
+    }
+    assert results["min"] == host.min() and results["max"] == host.max()
+    if np.dtype(dtype).kind == "f":
+        assert np.isclose(results["sum"], host.sum()) and np.isclose(results["sum, init"], host.sum() + 5)
+    else:
+        assert results["sum"] == host.sum(dtype=dtype) and results["sum, init"] == host.sum(dtype=dtype) + 5
+    assert results["empty sum"] == 0 and results["empty min"][0] == "ValueError"
+    assert results["count"] == np.count_nonzero(host == host[7])
+    assert results["count 2.5"] == np.count_nonzero(host == 2.5)
+    assert np.array_equal(results["histogram"], np.histogram(host, bins=16, range=(-50.0, 50.0))[0])
+
+
+def test_builtin_scans_carry_across_ranks(group):
+    host = _host(seed=2)
+    a = sharded.ShardedArray.from_numpy(group, host, sizes=_sizes(len(group), host.size), root=None)
+    scans = {
+        "inclusive": sharded.inclusive_scan(a).to_numpy(root=None),
+        "inclusive, init": sharded.inclusive_scan(a, init=3).to_numpy(root=None),
+        "max": sharded.inclusive_scan(a, "max").to_numpy(root=None),
+        "exclusive": sharded.exclusive_scan(a, "sum", 7).to_numpy(root=None),
+    }
+    assert np.array_equal(scans["inclusive"], np.cumsum(host))
+    assert np.array_equal(scans["inclusive, init"], 3 + np.cumsum(host))
+    assert np.array_equal(scans["max"], np.maximum.accumulate(host))
+    assert np.array_equal(scans["exclusive"], 7 + np.concatenate([[0], np.cumsum(host)[:-1]]))
+
+
+def test_fill_and_sequence_use_global_indices(group):
+    sizes = _sizes(len(group), 501)
+    a = sharded.sequence(sharded.ShardedArray.allocate(group, sizes, np.int64), start=10, step=3)
+    b = sharded.fill(sharded.zeros(group, 501, np.float32), 2.5)
+    results = (a.to_numpy(root=None), b.to_numpy(root=None))
+    assert np.array_equal(results[0], 10 + 3 * np.arange(501))
+    assert np.array_equal(results[1], np.full(501, 2.5, np.float32))
+
+
+def test_resharding_moves_elements_between_ranks(group):
+    host = _host(seed=3)
+    a = sharded.ShardedArray.from_numpy(group, host, root=None)
+    target = [0] * len(group)
+    target[-1] = host.size
+    moved = a.resharded(target)
+    back = sharded.redistribute(moved, _sizes(len(group), host.size))
+    results = (moved.to_numpy(root=None), back.to_numpy(root=None))
+    assert moved.shard_sizes == tuple(target) and back.shard_sizes == tuple(_sizes(len(group), host.size))
+    assert np.array_equal(results[0], host) and np.array_equal(results[1], host)
+
+
+def test_errors_one_rank_hits_alone_are_raised_on_every_rank(group):
+    last = SIZE - 1
+    a = sharded.ShardedArray.from_numpy(group, _host(100), root=None)
+    outcomes = {
+        # a value that does not fit the dtype, on the last rank only
+        "fill": _outcome(lambda: sharded.fill(a, 2.5 if RANK == last else 2)),
+        # the root alone checks its host array
+        "from_numpy": _outcome(lambda: sharded.ShardedArray.from_numpy(group, np.zeros((2, 2)) if RANK == 0 else None)),
+        "root": _outcome(lambda: a.to_numpy(root=SIZE)),
+        "op name": _outcome(lambda: sharded.reduce(a, "prod" if RANK == last else "sum")),
+        "allocation": _outcome(lambda: sharded.ShardedArray.allocate(
+            group, [1 << 40 if RANK == last and place == group.local_places[0] else 4 for place in range(len(group))],
+            np.float64)),
+        "sort": _outcome(lambda: sharded.sort(a)),
+    }
+    after = sharded.sum(a)  # the group still works
+    everywhere = allgather(outcomes)
+    assert all(seen == everywhere[0] for seen in everywhere)
+    assert outcomes["fill"][0] == "ValueError" and "value" in outcomes["fill"][1]
+    assert outcomes["from_numpy"] == ("ValueError", "host: expected a 1-D array, got 2 dimensions (2, 2)")
+    assert outcomes["root"] == ("ValueError", f"root: expected a rank in [0, {SIZE}) or None, got {SIZE}")
+    assert outcomes["op name"][0] == "ValueError" and "'prod'" in outcomes["op name"][1]
+    assert outcomes["allocation"][0] == "MemoryError"
+    assert outcomes["sort"][0] == "ValueError"
+    assert allgather(after) == [after] * SIZE
+
+
+def test_a_rank_with_other_shard_sizes_gets_a_value_error_everywhere(group):
+    sizes = _sizes(len(group), 300)
+    if RANK == SIZE - 1 and SIZE > 1:  # this rank alone believes other sizes
+        sizes[0], sizes[-1] = sizes[0] + 1, sizes[-1] - 1
+    a = sharded.ShardedArray.allocate(group, sizes, np.int32)  # each allocates its own part: fine
+    outcomes = allgather([_outcome(lambda: sharded.sum(a)), _outcome(lambda: sharded.inclusive_scan(a)),
+                          _outcome(lambda: a.to_numpy(root=None))])
+    if SIZE == 1:
+        assert outcomes == [[None, None, None]]
+        return
+    assert all(seen == outcomes[0] for seen in outcomes)
+    for kind, text in outcomes[0]:
+        assert kind == "ValueError" and f"on rank {SIZE - 1}" in text and "shard sizes" in text
+
+
+def test_ranks_calling_different_collectives_get_a_value_error_not_a_hang(group):
+    a = sharded.ShardedArray.from_numpy(group, _host(50), root=None)
+    call = (lambda: sharded.sum(a)) if RANK == SIZE - 1 else (lambda: sharded.inclusive_scan(a))
+    outcomes = allgather(_outcome(call))
+    after = sharded.sum(a)
+    if SIZE == 1:
+        assert outcomes == [None]
+        return
+    assert all(seen == outcomes[0] for seen in outcomes)
+    kind, text = outcomes[0]
+    assert kind == "ValueError" and text.startswith(f"collective: rank {SIZE - 1} is at reduce where rank 0 is at ")
+    assert allgather(after) == [after] * SIZE
+
+
+def test_operators_between_from_mpi_arrays(group):
+    host = _host(seed=4)
+    a = sharded.ShardedArray.from_numpy(group, host, sizes=_sizes(len(group), host.size), root=None)
+    b = sharded.ShardedArray.from_numpy(group, host[::-1].copy(), sizes=_sizes(len(group), host.size), root=None)
+    one = sharded.ShardedArray.from_numpy(group, np.array([3], np.int64), root=None)
+    results = ((a + b).to_numpy(root=None), (-a).to_numpy(root=None), a.copy().to_numpy(root=None),
+               a.astype(np.int64).to_numpy(root=None), bool(one), _outcome(lambda: bool(a)))
+    assert np.array_equal(results[0], host + host[::-1]) and np.array_equal(results[1], -host)
+    assert np.array_equal(results[2], host) and np.array_equal(results[3], host)
+    assert results[4] is True and results[5][0] == "ValueError" and f"{host.size} elements" in results[5][1]

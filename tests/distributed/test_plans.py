@@ -1,0 +1,221 @@
+"""CPU tests of the host-side cross-rank logic (cuda_sharded_jit/distributed/_plans.py), each
+checked against numpy on a simulated layout: several ranks with several places each, empty
+shards included. No MPI and no GPU involved (every rank runs them alike under mpiexec)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from cuda_sharded_jit.algorithms.reduce import _first_max, _first_min
+from cuda_sharded_jit.distributed import _plans as plans
+
+LAYOUTS = [
+    # places per rank, shard sizes (one per global place)
+    ([1], [7]),
+    ([1, 1], [5, 0]),
+    ([2, 1, 3], [4, 0, 9, 0, 0, 3]),
+    ([1, 2, 1, 2], [0, 0, 6, 2, 0, 11]),
+    ([3, 3], [0, 0, 0, 0, 0, 0]),
+]
+
+
+def _layout(places_per_rank, shard_sizes):
+    owners, firsts = plans.place_layout(places_per_rank)
+    return owners, firsts, len(places_per_rank)
+
+
+def _shards(values: np.ndarray, shard_sizes):
+    starts = plans.offsets(shard_sizes)
+    return [values[start:start + size] for start, size in zip(starts, shard_sizes)]
+
+
+def test_place_layout_numbers_places_in_rank_then_local_order():
+    owners, firsts = plans.place_layout([2, 1, 3])
+    assert owners == (0, 0, 1, 2, 2, 2)
+    assert firsts == (0, 2, 3)
+    assert plans.local_places(owners, 2) == (3, 4, 5)
+    assert plans.local_places(owners, 1) == (2,)
+    with pytest.raises(ValueError, match="rank 1 has no places"):
+        plans.place_layout([1, 0])
+
+
+@pytest.mark.parametrize("places_per_rank, shard_sizes", LAYOUTS)
+def test_rank_counts_cover_each_rank_s_contiguous_range(places_per_rank, shard_sizes):
+    owners, _, nranks = _layout(places_per_rank, shard_sizes)
+    values = np.arange(sum(shard_sizes))
+    counts, starts = plans.rank_counts(shard_sizes, owners, nranks)
+    shards = _shards(values, shard_sizes)
+    for rank in range(nranks):
+        mine = [shards[place] for place in plans.local_places(owners, rank)]
+        expected = np.concatenate(mine) if mine else np.empty(0, values.dtype)
+        assert np.array_equal(values[starts[rank]:starts[rank] + counts[rank]], expected)
+        assert plans.index_origin(shard_sizes, owners, rank) == starts[rank]
+    assert sum(counts) == values.size
+
+
+@pytest.mark.parametrize("places_per_rank, old", LAYOUTS)
+def test_alltoallv_plan_moves_every_element_to_its_new_shard(places_per_rank, old):
+    owners, _, nranks = _layout(places_per_rank, old)
+    total = sum(old)
+    rng = np.random.default_rng(len(old))
+    cuts = np.sort(rng.integers(0, total + 1, len(old) - 1)) if len(old) > 1 else np.array([], np.int64)
+    new = np.diff(np.concatenate([[0], cuts, [total]])).astype(int).tolist()
+    values = rng.standard_normal(total)
+    old_counts, old_starts = plans.rank_counts(old, owners, nranks)
+    new_counts, new_starts = plans.rank_counts(new, owners, nranks)
+    plan_of = [plans.alltoallv_plan(old, new, owners, nranks, rank) for rank in range(nranks)]
+    for rank in range(nranks):  # what each rank receives, assembled as MPI_Alltoallv would
+        received = np.full(new_counts[rank], np.nan)
+        for sender in range(nranks):
+            send = plan_of[sender]
+            local = values[old_starts[sender]:old_starts[sender] + old_counts[sender]]
+            piece = local[send.send_displacements[rank]:send.send_displacements[rank] + send.send_counts[rank]]
+            mine = plan_of[rank]
+            assert mine.receive_counts[sender] == send.send_counts[rank]
+            at = mine.receive_displacements[sender]
+            received[at:at + piece.size] = piece
+        expected = values[new_starts[rank]:new_starts[rank] + new_counts[rank]]
+        assert np.array_equal(received, expected)
+        assert sum(plan_of[rank].send_counts) == old_counts[rank]
+    with pytest.raises(ValueError, match="add up to"):
+        plans.alltoallv_plan(old, [total + 1] + [0] * (len(old) - 1), owners, nranks, 0)
+
+
+def _left_fold(values, op, init=None):
+    acc, have = init, init is not None
+    for value in values:
+        acc = op(acc, value) if have else value
+        have = True
+    return acc
+
+
+@pytest.mark.parametrize("places_per_rank, shard_sizes", LAYOUTS[:4])
+def test_fold_of_place_partials_in_global_order_is_the_sequential_fold(places_per_rank, shard_sizes):
+    # A non-commutative, associative operator (composition of affine maps x -> a x + b, in
+    # exact integers): any reordering of places or of the fold would change the result.
+    owners, _, nranks = _layout(places_per_rank, shard_sizes)
+    rng = np.random.default_rng(3)
+    elements = [(int(a), int(b)) for a, b in rng.integers(-3, 4, (sum(shard_sizes), 2))]
+
+    def compose(f, g):  # f, then g
+        return (f[0] * g[0], f[1] * g[0] + g[1])
+
+    shards = _shards(np.arange(len(elements)), shard_sizes)
+    partials = [(len(shard) > 0, _left_fold([elements[i] for i in shard], compose) if len(shard) else None)
+                for shard in shards]
+    per_rank = [[partials[place] for place in plans.local_places(owners, rank)] for rank in range(nranks)]
+    ordered = plans.present(plans.in_place_order(per_rank))
+    fold = plans.host_fold(compose)
+    for init in (None, (2, -1)):
+        valid, value = plans.reduce_result(ordered, init, fold)
+        if not elements:
+            assert valid == (init is not None) and value == init
+            continue
+        assert valid and value == _left_fold(elements, compose, init)
+
+
+def test_fold_of_first_min_pairs_keeps_numpy_s_argmin_and_argmax():
+    # (value, global index) partials per place, folded in place order with the rule the GPU
+    # folds with: the first index on ties, the first NaN wins.
+    values = np.array([3.0, 1.0, 5.0, 1.0, np.nan, 0.5, np.nan, 0.5, 7.0, 7.0], np.float64)
+    for data in (values, np.nan_to_num(values, nan=9.0), np.array([2.0, 2.0, 2.0, 2.0])):
+        for shard_sizes in ([len(data)], [3, 0, len(data) - 3], [1] * len(data), [0, len(data), 0]):
+            pairs = [(data[i], i) for i in range(len(data))]
+            shards = _shards(np.arange(len(data)), shard_sizes)
+            for rule, reference in ((_first_min, np.argmin), (_first_max, np.argmax)):
+                partials = [(True, _left_fold([pairs[i] for i in shard], rule)) for shard in shards if len(shard)]
+                valid, (_, index) = plans.reduce_result(plans.present(partials), None, plans.host_fold(rule))
+                assert valid and index == reference(data), (data, shard_sizes, rule)
+
+
+@pytest.mark.parametrize("places_per_rank, shard_sizes", LAYOUTS)
+@pytest.mark.parametrize("exclusive", [False, True])
+def test_scan_seeds_carry_each_place_s_exclusive_prefix(places_per_rank, shard_sizes, exclusive):
+    owners, _, nranks = _layout(places_per_rank, shard_sizes)
+    rng = np.random.default_rng(5)
+    values = rng.integers(-50, 50, sum(shard_sizes)).astype(np.int64)
+    init = 7 if exclusive else None  # an exclusive scan always has init
+    shards = _shards(values, shard_sizes)
+    totals = [int(shard.sum()) if len(shard) else None for shard in shards]
+    per_rank = [[totals[place] for place in plans.local_places(owners, rank)] for rank in range(nranks)]
+    seeds = plans.scan_seeds(plans.in_place_order(per_rank), init, plans.host_fold(lambda x, y: x + y))
+    scanned = []
+    for shard, seed in zip(shards, seeds):
+        if not len(shard):
+            assert seed is None
+            continue
+        inclusive = np.cumsum(shard) + (seed or 0)
+        scanned.append(np.concatenate([[seed], inclusive[:-1]]) if exclusive else inclusive)
+    result = np.concatenate(scanned) if scanned else np.empty(0, np.int64)
+    reference = np.cumsum(values) + (init or 0)
+    if exclusive:
+        reference = np.concatenate([[init], reference[:-1]])[:len(values)]
+    assert np.array_equal(result, reference)
+    first = next((place for place, size in enumerate(shard_sizes) if size), None)
+    if first is not None and init is None:
+        assert seeds[first] is None  # nothing comes before the first element
+
+
+def test_host_fold_chains_like_the_fold_kernel():
+    # the association the shim's fold keeps across its 64-value launches: one left fold
+    words = [str(i) for i in range(150)]
+    prefixes, total = plans.host_fold(lambda x, y: f"({x}+{y})")(words, "i")
+    assert total == _left_fold(words, lambda x, y: f"({x}+{y})", "i")
+    assert prefixes[0] == "i" and prefixes[2] == "((i+0)+1)"
+    prefixes, _ = plans.host_fold(lambda x, y: x + y)([1, 2, 3], None)
+    assert prefixes == [None, 1, 3]
+
+
+def test_histogram_counts_add_over_ranks():
+    rng = np.random.default_rng(9)
+    data = rng.standard_normal(1000)
+    parts = np.array_split(data, 4)
+    per_rank = [np.histogram(part, bins=16, range=(-2, 2))[0] for part in parts]
+    assert np.array_equal(plans.sum_counts(per_rank), np.histogram(data, bins=16, range=(-2, 2))[0])
+    assert plans.sum_counts([3, 0, 4]) == 7
+
+
+@pytest.mark.parametrize("places_per_rank, shard_sizes", LAYOUTS)
+def test_halo_plan_gives_each_shard_its_predecessor_across_empty_shards(places_per_rank, shard_sizes):
+    owners, _, _ = _layout(places_per_rank, shard_sizes)
+    rng = np.random.default_rng(11)
+    values = rng.integers(-100, 100, sum(shard_sizes)).astype(np.int64)
+    shards = _shards(values, shard_sizes)
+    halos = {halo.place: halo for halo in plans.halo_plan(shard_sizes, owners)}
+    pieces = []
+    for place, shard in enumerate(shards):
+        if not len(shard):
+            assert place not in halos
+            continue
+        if place in halos:
+            halo = halos[place]
+            assert (halo.rank, halo.source_rank) == (owners[place], owners[halo.source])
+            previous = shards[halo.source][-1]
+            pieces.append(np.diff(np.concatenate([[previous], shard])))
+        else:
+            pieces.append(np.concatenate([shard[:1], np.diff(shard)]))
+    result = np.concatenate(pieces) if pieces else np.empty(0, np.int64)
+    reference = np.concatenate([values[:1], np.diff(values)]) if len(values) else values
+    assert np.array_equal(result, reference)
+    for halo in halos.values():  # only a rank's first non-empty place needs another rank's element
+        if halo.rank != halo.source_rank:
+            earlier = [p for p in plans.local_places(owners, halo.rank) if p < halo.place and shard_sizes[p]]
+            assert not earlier
+
+
+def test_choose_transport():
+    assert plans.choose_transport("mpi", True, True, True) == "mpi"
+    assert plans.choose_transport("auto", True, True, True) == "nccl"
+    assert plans.choose_transport("auto", True, True, False) == "mpi"   # two ranks on one GPU
+    assert plans.choose_transport("auto", True, False, True) == "mpi"   # no NCCL
+    assert plans.choose_transport("auto", False, True, True) == "mpi"   # this version
+    assert plans.choose_transport("nccl", True, True, True) == "nccl"
+    with pytest.raises(ValueError, match="not in this version"):
+        plans.choose_transport("nccl", False, True, True)
+    with pytest.raises(ValueError, match="refuses two ranks on one GPU"):
+        plans.choose_transport("nccl", True, True, False)
+    with pytest.raises(ValueError, match="libnccl.so.2"):
+        plans.choose_transport("nccl", True, False, True)
+    with pytest.raises(ValueError, match="transport: expected one of 'auto', 'nccl', 'mpi', got 'tcp'"):
+        plans.choose_transport("tcp", True, True, True)
