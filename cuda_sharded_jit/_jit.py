@@ -537,6 +537,21 @@ def compile_compare(op, key_op, descending: bool, dtype, cc) -> bytes:
     return _compile_wrapper(source, op.name, "csj_less", namespace, signature, cc, op, arg_dtypes)
 
 
+@_serialised
+def compile_equal(op, dtype, cc) -> bytes:
+    """LTO-IR of `int csj_equal(const void* a, const void* b)` (by_key_jit.cu): nonzero when
+    keys *a and *b belong to one run, `op(x, y)` (a bool or an integer, which the by-key
+    algorithms check before they compile)."""
+    _, types, _ = _load_numba()
+    layout = layout_of(dtype)
+    equal = _device_dispatcher(op, cc)
+    namespace = dict(_record_namespace(), _equal=equal)
+    x, y = layout.read_source("a", "_x_", namespace), layout.read_source("b", "_y_", namespace)
+    source = f"def csj_equal(a, b):\n    return 1 if _equal({x}, {y}) else 0\n"
+    signature = types.int32(types.voidptr, types.voidptr)
+    return _compile_wrapper(source, op.name, "csj_equal", namespace, signature, cc, op, [dtype, dtype])
+
+
 def _check_predicate(op, argtypes, arg_dtypes, cc, dispatcher, argument: str) -> None:
     """TypeError naming `argument` unless the predicate returns a bool or an integer."""
     _, types, _ = _load_numba()

@@ -33,6 +33,10 @@ MERGE_SORT_SIZES = (4, 8, 12, 16, 24, 32)  # element sizes with a merge_sort mod
 # the map specification holds whether the predicates take the index and the second predicate
 # (three_way_partition) or None. Modules exist for the merge sort's element sizes.
 SELECT_KINDS = ("select", "select_index")
+# by_key (internal: the scans by key and reduce_by_key): the op combines values; the keys'
+# equality takes the map's place, ("equal", op). Modules exist per key size (4, 8) and per
+# value size of the merge sort's element sizes.
+BY_KEY_MAP = "equal"
 ENV_DUMP = "CUDA_SHARDED_JIT_DUMP"
 
 
@@ -56,7 +60,7 @@ class CompiledKernel:
     cache_key: str
     cache_hit: bool
     compile_seconds: float
-    map_ltoir: bytes = field(default=b"", repr=False)  # reduce / scan: the map wrapper
+    map_ltoir: bytes = field(default=b"", repr=False)  # reduce / scan: the map wrapper; by_key: the equality
 
     @property
     def dtypes(self) -> tuple[np.dtype, ...]:
@@ -179,6 +183,17 @@ def _select_module(dtype: np.dtype, argument: str = "a") -> str:
     return _element_module("select", "a selection", dtype, argument)
 
 
+def by_key_module(key_dtype: np.dtype, value_dtype: np.dtype, argument: str = "values") -> str:
+    """The module `by_key_k<key size>_v<value size>`; TypeError naming `argument` for values
+    of another size."""
+    values = layout_of(value_dtype)
+    if values.itemsize not in MERGE_SORT_SIZES:
+        raise TypeError(f"{argument}: the by-key algorithms take values of "
+                        f"{', '.join(map(str, MERGE_SORT_SIZES))} bytes, not {values.description} "
+                        f"({values.itemsize} bytes)")
+    return f"by_key_k{np.dtype(key_dtype).itemsize}_v{values.itemsize}"
+
+
 def _build(op: Op, key: tuple, map_spec) -> CompiledKernel:
     try:
         return _build_kernel(op, key, map_spec)
@@ -206,6 +221,11 @@ def _build_kernel(op: Op, key: tuple, map_spec) -> CompiledKernel:
         module = _merge_sort_module(out_dtype)
         order, key_op = map_spec
         ltoirs = [_jit.compile_compare(op, key_op, order == "descending", out_dtype, cc)]
+    elif algorithm == "by_key":  # the values' operator, and the keys' equality as the map
+        key_dtype, out_dtype = arg_kinds[0][1], arg_kinds[1][1]
+        module = by_key_module(key_dtype, out_dtype)
+        ltoirs = [_jit.compile_reduction(op, VALUE_MAP, out_dtype, out_dtype, cc)[0]]
+        map_ltoir = _jit.compile_equal(map_spec[1], key_dtype, cc)
     elif algorithm == "transform":
         with_index = map_spec == INDEX_MAP
         arg_dtypes = [dtype for _, dtype in arg_kinds] + ([np.dtype(np.int64)] if with_index else [])
@@ -223,7 +243,7 @@ def _build_kernel(op: Op, key: tuple, map_spec) -> CompiledKernel:
         module, by_base = _reduction_module(op, algorithm, map_spec, in_dtype, out_dtype)
         op_ltoir, map_ltoir = _jit.compile_reduction(op, map_spec, in_dtype, out_dtype, cc, by_base)
         ltoirs = [op_ltoir, map_ltoir]
-    cubin = _link.link(module, ltoirs, arch)
+    cubin = _link.link(module, ltoirs + ([map_ltoir] if algorithm == "by_key" else []), arch)
     seconds = time.perf_counter() - started
     _dump(op, module, arch, ltoirs, cubin)
     return CompiledKernel(algorithm, op.name, arg_kinds, np.dtype(out_dtype), arch, module,
@@ -252,6 +272,7 @@ _ENTRY_POINTS = {
     "scan": ["csj_reduce", "csj_fold", "csj_scan"],
     "merge_sort": ["csj_merge_sort_block", "csj_merge_partition", "csj_merge", "csj_merge_search"],
     "select": ["csj_select_count", "csj_select_scatter"],
+    "by_key": ["csj_by_key_reduce", "csj_by_key_chunks", "csj_by_key_carry", "csj_by_key_sweep"],
 }
 
 
@@ -274,6 +295,8 @@ def _module_for(op: Op, algorithm: str, arg_kinds: tuple, out_dtype: np.dtype, m
         return _merge_sort_module(out_dtype)
     if algorithm == "select":
         return _select_module(out_dtype)
+    if algorithm == "by_key":
+        return by_key_module(arg_kinds[0][1], out_dtype)
     return _reduction_module(op, algorithm, map_spec, arg_kinds[0][1], out_dtype)[0]
 
 
@@ -281,6 +304,8 @@ def _known_out_dtype(algorithm: str, arg_kinds: tuple, out_request, map_spec) ->
     """The result dtype a call gets without typing the operator, where the call fixes it."""
     if out_request is not None:
         return out_request
+    if algorithm == "by_key":
+        return arg_kinds[1][1]
     if algorithm in ("merge_sort", "select") or (algorithm != "transform" and map_spec[0] == "value"):
         return arg_kinds[0][1]
     if map_spec[0] == "predicate":
@@ -313,7 +338,7 @@ def _stored_kernel(op: Op, key: tuple, map_spec, digest: str, header: dict, body
         raise ValueError(f"sizes {sizes} do not fit the {len(body)}-byte body")
     cubin_end, ltoir_end = sizes[0], sizes[0] + sizes[1]
     map_ltoir = body[ltoir_end:]
-    if body[:4] != b"\x7fELF" or not sizes[1] or bool(map_ltoir) != (algorithm in ("reduce", "scan")):
+    if body[:4] != b"\x7fELF" or not sizes[1] or bool(map_ltoir) != (algorithm in ("reduce", "scan", "by_key")):
         raise ValueError("the body is not a cubin with its operator LTO-IR")
     return CompiledKernel(algorithm, op.name, arg_kinds, out_dtype, arch, module, body[:cubin_end],
                           body[cubin_end:ltoir_end], digest, True, seconds, map_ltoir)

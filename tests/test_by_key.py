@@ -156,7 +156,7 @@ def test_non_commutative_records_as_values(places):
 
 
 @gpu
-def test_three_field_records_scan(three_places):
+def test_three_and_four_field_records(three_places):
     record = np.dtype([("x", np.float64), ("y", np.float64), ("count", np.int32)], align=True)
     n = 9_001
     keys = _runs(n, seed=5)
@@ -171,8 +171,24 @@ def test_three_field_records_scan(three_places):
     Point = collections.namedtuple("Point", "x y count")
     expected = _scan_reference(keys, [Point(*r) for r in host.tolist()], lambda p, q: Point(*op(p, q)))
     assert [tuple(r) for r in got.tolist()] == [(float(x), float(y), int(c)) for x, y, c in expected]
-    with pytest.raises(TypeError, match="values: reduce_by_key keeps each value"):
-        sharded.reduce_by_key(k, v, op)
+    unique_keys, reduced = sharded.reduce_by_key(k, v, op)
+    expected_keys, expected = _reduce_reference(keys, [Point(*r) for r in host.tolist()], lambda p, q: Point(*op(p, q)))
+    assert unique_keys.to_numpy().tolist() == expected_keys
+    assert [tuple(r) for r in reduced.to_numpy().tolist()] == [(float(x), float(y), int(c)) for x, y, c in expected]
+    four = np.dtype([("a", np.int64), ("b", np.int64), ("c", np.int64), ("d", np.int64)], align=True)
+    wide = np.zeros(n, four)
+    for index, name in enumerate("abcd"):
+        wide[name] = (np.arange(n) * (index + 1)) % 11
+    w = sharded.ShardedArray.from_numpy(three_places, wide)
+    add4 = lambda p, q: (p.a + q.a, p.b + q.b, p.c + q.c, p.d + q.d)  # noqa: E731
+    Four = collections.namedtuple("Four", "a b c d")
+    rows = [Four(*r) for r in wide.tolist()]
+    assert [Four(*r) for r in sharded.inclusive_scan_by_key(k, w, add4).to_numpy().tolist()] == \
+        _scan_reference(keys, rows, lambda p, q: Four(*add4(p, q)))
+    unique_keys, reduced = sharded.reduce_by_key(k, w, add4)
+    expected_keys, expected = _reduce_reference(keys, rows, lambda p, q: Four(*add4(p, q)))
+    assert unique_keys.to_numpy().tolist() == expected_keys
+    assert [Four(*r) for r in reduced.to_numpy().tolist()] == expected
 
 
 @gpu
@@ -293,12 +309,6 @@ def test_operators_init_and_out(shim_untouched):
                                       out=stand_in_array(group, (1, 1, 8), np.int64))
     with pytest.raises(TypeError, match=r"out: holds \(x: int64, y: int64\), values int64"):
         sharded.inclusive_scan_by_key(keys, values, lambda x, y: x + y, out=pairs)
-    four = np.dtype([("a", np.int32), ("b", np.int32), ("c", np.int32), ("d", np.int32)], align=True)
-    with pytest.raises(TypeError, match="values: inclusive_scan_by_key keeps each value .* up to 3 fields"):
-        sharded.inclusive_scan_by_key(keys, stand_in_array(group, dtype=four), lambda p, q: p)
-    with pytest.raises(TypeError, match="values: reduce_by_key keeps each value .* up to 2 fields"):
-        sharded.reduce_by_key(keys, stand_in_array(group, dtype=np.dtype(
-            [("a", np.int32), ("b", np.int32), ("c", np.int32)], align=True)), lambda p, q: p)
 
 
 def test_equal_must_return_a_bool(shim_untouched):
@@ -312,30 +322,26 @@ def test_equal_must_return_a_bool(shim_untouched):
         sharded.inclusive_scan_by_key(keys, keys, lambda x, y: x + y, equal=lambda x: True)
 
 
-def test_generated_operators_compile_without_a_gpu():
-    """The operators the by-key algorithms generate (pack, segmented combine, unpack, the run
-    flags) type and link for sm_90 for numbers and named records, with and without a key."""
+def test_the_by_key_engine_compiles_without_a_gpu():
+    """The by-key engine's module links for sm_90 with the values' operator and the keys'
+    equality (keys of 4 and 8 bytes; numbers and records; a custom equal); and the head
+    flags the selections by key compute."""
+    from cuda_sharded_jit import compiler
     from cuda_sharded_jit.algorithms import by_key
 
-    flag = np.dtype(np.int32)
-    for value, key in ((np.dtype(np.int64), None), (AFFINE, None), (np.dtype(np.float32), np.dtype(np.float64)),
-                       (AFFINE, np.dtype(np.int32))):
-        acc = by_key._Accumulator(sharded.Op(_then if value == AFFINE else (lambda x, y: x + y)), value, key, "test")
-        assert acc.dtype.names[0] == "f0" and acc.dtype[0] == flag
-        assert sharded.compile(acc.combine(), "scan", (acc.dtype,), arch="sm_90").out_dtype == acc.dtype
-        arrays = (flag,) + ((key,) if key is not None else ()) + (value,)
-        assert sharded.compile(acc.pack(key is not None, False), "transform", arrays, arch="sm_90",
-                               out_dtype=acc.dtype).out_dtype == acc.dtype
-        assert sharded.compile(acc.unpack(False), "transform", (acc.dtype,), arch="sm_90",
-                               out_dtype=value).out_dtype == value
-        if key is None:
-            inits = acc.init_scalars((1, 0) if value == AFFINE else 0)
-            dtypes = arrays + tuple(np.dtype(type(item)) for item in inits)
-            scalars = tuple(range(len(arrays), len(dtypes)))
-            sharded.compile(acc.pack(False, True), "transform", dtypes, arch="sm_90", scalars=scalars,
-                            out_dtype=acc.dtype)
-            dtypes = (flag, acc.dtype) + dtypes[len(arrays):]
-            sharded.compile(acc.unpack(True), "transform", dtypes, arch="sm_90", scalars=scalars, out_dtype=value)
-    for flags in (by_key._head_flag(by_key._EQUAL_NAN), by_key._tail_flag(sharded.Op(lambda x, y: abs(x - y) < 1))):
-        assert sharded.compile(flags, "transform", (np.float32, np.float32), arch="sm_90",
-                               out_dtype=np.int32).out_dtype == np.int32
+    cases = ((np.int32, np.int64, lambda x, y: x + y, None), (np.float64, AFFINE, _then, None),
+             (np.int64, np.float32, lambda x, y: x * y, lambda a, b: abs(a - b) < 1),
+             (np.uint32, np.dtype([("x", np.float32), ("y", np.float32), ("z", np.float32)], align=True),
+              lambda p, q: (p.x + q.x, p.y, q.z), None))
+    for key, value, op, equal in cases:
+        key, value = np.dtype(key), np.dtype(value)
+        op = sharded.Op(op)
+        spec = (compiler.BY_KEY_MAP, by_key._EQUAL if equal is None else sharded.Op(equal))
+        kinds = (("array", key), ("array", value))
+        kernel = compiler._lookup(op, ("by_key", op.identity(), compiler._map_identity(spec), kinds, value,
+                                       "sm_90"), spec)
+        assert kernel.module == f"by_key_k{key.itemsize}_v{value.itemsize}"
+        assert kernel.out_dtype == value and kernel.cubin[:4] == b"\x7fELF" and kernel.map_ltoir
+    flags = by_key._head_flag(by_key._EQUAL_NAN)
+    assert sharded.compile(flags, "transform", (np.float32, np.float32), arch="sm_90",
+                           out_dtype=np.int32).out_dtype == np.int32

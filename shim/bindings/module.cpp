@@ -15,6 +15,7 @@
 #include "csj/reduce.hpp"
 #include "csj/search.hpp"
 #include "csj/select.hpp"
+#include "csj/by_key.hpp"
 #include "csj/segmented.hpp"
 #include "csj/sharded_array.hpp"
 #include "csj/sort.hpp"
@@ -207,6 +208,17 @@ NB_MODULE(_shim, m) {
         nb::call_guard<nb::gil_scoped_release>());
   m.def("select", &csj::select, "libraries"_a, "a"_a, "outputs"_a, nb::call_guard<nb::gil_scoped_release>());
   m.def("select_flagged", &csj::select_flagged, "flags"_a, "arrays"_a, nb::call_guard<nb::gil_scoped_release>());
+  m.def(
+      "scan_by_key",
+      [](const std::vector<const csj::KernelLibrary*>& libraries, const csj::ShardedArray& keys,
+         const csj::ShardedArray& values, csj::ShardedArray& out, bool exclusive, const nb::bytes& init) {
+        const std::string init_bytes = to_string(init);
+        nb::gil_scoped_release release;
+        csj::scan_by_key(libraries, keys, values, out, exclusive, init_bytes);
+      },
+      "libraries"_a, "keys"_a, "values"_a, "out"_a, "exclusive"_a, "init"_a);
+  m.def("reduce_by_key", &csj::reduce_by_key, "libraries"_a, "keys"_a, "values"_a,
+        nb::call_guard<nb::gil_scoped_release>());
   m.def("redistribute", &csj::redistribute, "a"_a, "sizes"_a, nb::call_guard<nb::gil_scoped_release>());
   m.def(
       "adjacent_difference",

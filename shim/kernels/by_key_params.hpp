@@ -1,0 +1,68 @@
+// The by-key engine's sizes, record and parameter block, shared by its JIT module
+// (by_key_jit.cu, one per key and value size) and the host driver (by_key.cpp). Plain C++
+// (no CUDA types) so both sides agree on the layout.
+//
+// The scans by key and reduce_by_key run on (head, value) pairs under the segmented
+// combine, (h1, v1) . (h2, v2) = (h1 | h2, h2 ? v2 : op(v1, v2)), which is associative (not
+// commutative) whatever op is, as long as op is associative. A shard takes two passes over
+// chunks of kByKeyChunkTiles tiles, one block a chunk:
+//   csj_by_key_reduce   each chunk's record: the fold of its pairs (only the values of its
+//                       last run are read) and its count of run ends (tails);
+//   csj_by_key_chunks   one block: the chunks' records replaced by their exclusive prefix in
+//                       chunk order, and the shard's total;
+//   csj_by_key_carry    one thread, on shards after the first non-empty one: the fold of the
+//                       earlier shards' totals in place order (what runs into this shard);
+//   csj_by_key_sweep    each chunk scanned again from its prefix, writing the scan (modes 0
+//                       and 1) or, at every run's end, its first key and fold (mode 2).
+// Every fold has a fixed association for a given shard layout, so the results are the same
+// bits run after run, floats included.
+#pragma once
+
+namespace csj::kernels {
+
+constexpr int kByKeyBlock = 256;
+constexpr int kByKeyChunkTiles = 4;
+constexpr int kByKeyScanBlock = 1024;
+constexpr int kByKeyMaxValue = 32;  // bytes of a value (a record of up to four 8-byte fields)
+
+// Items per thread: 8 for keys and values of up to 8 bytes, 4 up to 16, else 2.
+constexpr int by_key_items(int key_size, int value_size) {
+  const int widest = key_size > value_size ? key_size : value_size;
+  return widest <= 8 ? 8 : widest <= 16 ? 4 : 2;
+}
+constexpr long long by_key_chunk(int key_size, int value_size) {
+  return static_cast<long long>(kByKeyBlock) * by_key_items(key_size, value_size) * kByKeyChunkTiles;
+}
+
+// A range's fold, as the chunk records, the shards' totals and the carries hold it.
+struct alignas(16) ByKeyRecord {
+  long long tails;               // runs that end in the range
+  int valid;                     // the range holds an element (else the record is the identity)
+  int head;                      // a run starts in it
+  unsigned long long key;        // the first key of its last run (a 4-byte key in the low bytes)
+  unsigned long long unused;
+  unsigned char value[kByKeyMaxValue];  // the fold of its last run's values
+};
+static_assert(sizeof(ByKeyRecord) == 64, "ByKeyRecord is 64 bytes on both sides");
+
+enum ByKeyMode { kByKeyInclusive = 0, kByKeyExclusive = 1, kByKeyReduce = 2 };
+
+struct ByKeyParams {
+  const void* keys;
+  const void* values;
+  long long n;                 // the shard's elements
+  int mode;                    // ByKeyMode
+  int count;                   // csj_by_key_carry: records to fold
+  const void* prev_key;        // the last key of the nearest non-empty shard before, or null
+  const void* next_key;        // the first key of the nearest non-empty shard after, or null
+  ByKeyRecord* chunks;         // one per chunk (device scratch)
+  long long num_chunks;
+  ByKeyRecord* total;          // the shard's fold (device scratch)
+  ByKeyRecord* carry;          // what runs into the shard (device scratch), or null: nothing
+  const ByKeyRecord* sources;  // csj_by_key_carry: the earlier shards' totals, in place order
+  void* out_values;            // modes 0, 1: the scan (n values); mode 2: one per run end
+  void* out_keys;              // mode 2: each run's first key
+  alignas(16) unsigned char init[kByKeyMaxValue];  // mode 1: the value every run starts from
+};
+
+}  // namespace csj::kernels
