@@ -29,6 +29,7 @@ using Key = Word<CSJ_KEY_SIZE>::type;
 using Value = Word<CSJ_VALUE_SIZE>::type;
 constexpr int kItems = by_key_items(CSJ_KEY_SIZE, CSJ_VALUE_SIZE);
 constexpr int kTile = kByKeyBlock * kItems;
+constexpr int kChunkScanBlock = by_key_scan_block(CSJ_VALUE_SIZE);
 
 // One element, or the fold of a range: whether a run starts in it, the first key of its
 // last run and the fold of that run's values. Invalid: the empty range (the identity).
@@ -240,12 +241,12 @@ extern "C" __global__ void __launch_bounds__(kByKeyBlock)
 
 // One block: the chunks' records replaced by their exclusive prefix (each thread folds a run
 // of consecutive chunks, the runs are scanned across the block), and the shard's total.
-extern "C" __global__ void __launch_bounds__(kByKeyScanBlock)
+extern "C" __global__ void __launch_bounds__(kChunkScanBlock)
     csj_by_key_chunks(const __grid_constant__ ByKeyParams p) {
-  using Scan = cub::BlockScan<Tally, kByKeyScanBlock>;
+  using Scan = cub::BlockScan<Tally, kChunkScanBlock>;
   __shared__ typename Scan::TempStorage temp;
   const long long count = p.num_chunks;
-  const long long per = (count + kByKeyScanBlock - 1) / kByKeyScanBlock;
+  const long long per = (count + kChunkScanBlock - 1) / kChunkScanBlock;
   const long long first = min(static_cast<long long>(threadIdx.x) * per, count);
   const long long last = min(first + per, count);
   const Tally none = {0, empty_pair()};
@@ -258,7 +259,7 @@ extern "C" __global__ void __launch_bounds__(kByKeyScanBlock)
     write_record(p.chunks[c], acc);
     acc = Join()(acc, here);
   }
-  if (threadIdx.x == kByKeyScanBlock - 1) write_record(*p.total, acc);
+  if (threadIdx.x == kChunkScanBlock - 1) write_record(*p.total, acc);
 }
 
 // One thread: the fold of the earlier shards' totals, in place order.

@@ -22,7 +22,6 @@ namespace csj::kernels {
 
 constexpr int kByKeyBlock = 256;
 constexpr int kByKeyChunkTiles = 4;
-constexpr int kByKeyScanBlock = 1024;
 constexpr int kByKeyMaxValue = 32;  // bytes of a value (a record of up to four 8-byte fields)
 
 // Items per thread: 8 for keys and values of up to 8 bytes, 4 up to 16, else 2.
@@ -30,6 +29,9 @@ constexpr int by_key_items(int key_size, int value_size) {
   const int widest = key_size > value_size ? key_size : value_size;
   return widest <= 8 ? 8 : widest <= 16 ? 4 : 2;
 }
+// Threads of csj_by_key_chunks: 1024, or 512 for values over 16 bytes (its block scan of
+// records then needs more than the 48 KiB of static shared memory a block may take).
+constexpr int by_key_scan_block(int value_size) { return value_size > 16 ? 512 : 1024; }
 constexpr long long by_key_chunk(int key_size, int value_size) {
   return static_cast<long long>(kByKeyBlock) * by_key_items(key_size, value_size) * kByKeyChunkTiles;
 }

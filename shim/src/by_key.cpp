@@ -123,7 +123,8 @@ std::vector<ByKeyPlace> reduce_places(const std::vector<const KernelLibrary*>& l
                    static_cast<unsigned>(params.num_chunks), k::kByKeyBlock, item.stream, params,
                    "launching by-key reduce");
     detail::launch(KernelHandle::linked(item.library->kernel("csj_by_key_chunks", item.device)), 1,
-                   k::kByKeyScanBlock, item.stream, params, "launching by-key chunk scan");
+                   k::by_key_scan_block(static_cast<int>(values.itemsize())), item.stream, params,
+                   "launching by-key chunk scan");
   }
   for (std::size_t i = 1; i < places.size(); ++i) {
     ByKeyPlace& item = places[i];
