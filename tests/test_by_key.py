@@ -332,7 +332,11 @@ def test_the_by_key_engine_compiles_without_a_gpu():
     cases = ((np.int32, np.int64, lambda x, y: x + y, None), (np.float64, AFFINE, _then, None),
              (np.int64, np.float32, lambda x, y: x * y, lambda a, b: abs(a - b) < 1),
              (np.uint32, np.dtype([("x", np.float32), ("y", np.float32), ("z", np.float32)], align=True),
-              lambda p, q: (p.x + q.x, p.y, q.z), None))
+              lambda p, q: (p.x + q.x, p.y, q.z), None),
+             (np.int32, np.dtype([("x", np.float64), ("y", np.float64), ("z", np.float64)], align=True),
+              lambda p, q: (p.x + q.x, p.y, q.z), None),
+             (np.int64, np.dtype([(name, np.int64) for name in "abcd"], align=True),
+              lambda p, q: (p.a + q.a, p.b, p.c, q.d), None))
     for key, value, op, equal in cases:
         key, value = np.dtype(key), np.dtype(value)
         op = sharded.Op(op)
