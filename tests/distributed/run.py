@@ -32,7 +32,8 @@ def find_mpiexec() -> str | None:
 
 def run(mpiexec: str, ranks: int, timeout: float, pytest_args: list[str]) -> tuple[str, float]:
     """('passed' | 'failed (status N)' | 'timed out', seconds) of one mpiexec run."""
-    command = [mpiexec, "-n", str(ranks), sys.executable, "-m", "pytest", str(HERE), "-q",
+    # -P: the checkout is not put on sys.path, so the installed package is the one imported
+    command = [mpiexec, "-n", str(ranks), sys.executable, "-P", "-m", "pytest", str(HERE), "-q",
                "-p", "no:cacheprovider", *pytest_args]
     start = time.monotonic()
     process = subprocess.Popen(command, start_new_session=True)  # its own group: killed whole
