@@ -131,6 +131,51 @@ def test_runs_spanning_two_and_three_shards(sizes):
 
 
 @gpu
+def test_runs_longer_than_tiles_and_chunks(places):
+    """Runs of up to 40 000 elements: tiles (2048) and chunks (8192) without a run head, runs
+    over whole shards; an associative, non-commutative operator must give the sequential answer,
+    each run's result in the shard where the run ends."""
+    rng = np.random.default_rng(12)
+    lengths = np.concatenate([rng.integers(1, 40_000, 12), rng.integers(1, 5, 50), [20_000]])
+    keys = np.repeat(np.arange(lengths.size, dtype=np.int64) * 5, lengths)
+    n = keys.size
+    host = _affine_values(n, seed=13)
+    sizes = uneven(places, n)
+    k = sharded.ShardedArray.from_numpy(places, keys, sizes=sizes)
+    v = sharded.ShardedArray.from_numpy(places, host, sizes=sizes)
+    got = sharded.inclusive_scan_by_key(k, v, _then).to_numpy()
+    assert [Affine(int(a), int(b)) for a, b in got.tolist()] == _scan_reference(keys, _as_affines(host), _python_then)
+    unique_keys, reduced = sharded.reduce_by_key(k, v, _then)
+    expected_keys, expected = _reduce_reference(keys, _as_affines(host), _python_then)
+    assert unique_keys.to_numpy().tolist() == expected_keys
+    assert [Affine(int(a), int(b)) for a, b in reduced.to_numpy().tolist()] == expected
+    ends = np.flatnonzero(np.append(keys[1:] != keys[:-1], True))  # each run's last index
+    bounds = np.cumsum([0] + list(sizes))
+    assert reduced.shard_sizes == tuple(int(((ends >= lo) & (ends < hi)).sum()) for lo, hi in zip(bounds, bounds[1:]))
+
+
+@gpu
+def test_float_scans_by_key_are_deterministic(places):
+    """The same bits on every call (a fixed association), near the float64 answer."""
+    rng = np.random.default_rng(14)
+    keys = np.repeat(np.arange(400, dtype=np.int32), rng.integers(1, 3000, 400))
+    values = rng.standard_normal(keys.size).astype(np.float32)
+    sizes = uneven(places, keys.size)
+    k = sharded.ShardedArray.from_numpy(places, keys, sizes=sizes)
+    v = sharded.ShardedArray.from_numpy(places, values, sizes=sizes)
+    add = lambda x, y: x + y  # noqa: E731
+    first = sharded.inclusive_scan_by_key(k, v, add).to_numpy()
+    again = sharded.inclusive_scan_by_key(k, v, add).to_numpy()
+    assert first.tobytes() == again.tobytes()
+    reference = np.array(_scan_reference(keys, values.astype(np.float64).tolist(), add))
+    np.testing.assert_allclose(first, reference, rtol=1e-3, atol=1e-2)
+    sums = [sharded.reduce_by_key(k, v, add)[1].to_numpy() for _ in range(2)]
+    assert sums[0].tobytes() == sums[1].tobytes()
+    np.testing.assert_allclose(sums[0], _reduce_reference(keys, values.astype(np.float64).tolist(), add)[1],
+                               rtol=1e-3, atol=1e-2)
+
+
+@gpu
 def test_non_commutative_records_as_values(places):
     n = 50_021
     keys = _runs(n, seed=3, longest=200)
