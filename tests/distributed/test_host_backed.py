@@ -159,7 +159,7 @@ def test_errors_one_rank_hits_alone_are_raised_on_every_rank(group):
         "allocation": _outcome(lambda: sharded.ShardedArray.allocate(
             group, [1 << 40 if RANK == last and place == group.local_places[0] else 4 for place in range(len(group))],
             np.float64)),
-        "sort": _outcome(lambda: sharded.sort(a)),
+        "sort": _outcome(lambda: sharded.sort(a, key=lambda x: -x)),
     }
     after = sharded.sum(a)  # the group still works
     everywhere = allgather(outcomes)
@@ -212,3 +212,178 @@ def test_operators_between_from_mpi_arrays(group):
     assert np.array_equal(results[0], host + host[::-1]) and np.array_equal(results[1], -host)
     assert np.array_equal(results[2], host) and np.array_equal(results[3], host)
     assert results[4] is True and results[5][0] == "ValueError" and f"{host.size} elements" in results[5][1]
+
+
+# ---- sorts, selections, searches ---------------------------------------------------------------
+
+
+def _with_ties_and_nans(dtype, n, seed):
+    """Few distinct values (many ties), and for floats NaNs, -0.0 and infinities."""
+    rng = np.random.default_rng(seed)
+    host = rng.integers(-20, 20, n).astype(dtype)
+    if np.dtype(dtype).kind == "f":
+        host[rng.integers(0, n, n // 10)] = np.nan
+        host[rng.integers(0, n, n // 20)] = -0.0
+        host[rng.integers(0, n, 3)] = np.inf
+        host[rng.integers(0, n, 3)] = -np.inf
+    return host
+
+
+def _layouts(places, n):
+    """Uneven with empty shards; every element on the last place; on the first."""
+    last, first = [0] * places, [0] * places
+    last[-1], first[0] = n, n
+    return [_sizes(places, n), last, first]
+
+
+def _np_argsort(host, descending):
+    """numpy's stable order (NaNs last), or its reverse with ties still in index order (NaNs
+    first): the stable ascending order of the reversed array, reversed."""
+    if not descending:
+        return np.argsort(host, kind="stable")
+    return host.size - 1 - np.argsort(host[::-1], kind="stable")[::-1]
+
+
+def _np_sort(host, descending):
+    return host[_np_argsort(host, descending)]
+
+
+def _same(x, y):
+    return x.dtype == y.dtype and x.shape == y.shape and np.array_equal(x.view(np.uint8), y.view(np.uint8))
+
+
+@pytest.mark.parametrize("dtype", [np.int64, np.int32, np.uint32, np.float64, np.float32])
+@pytest.mark.parametrize("descending", [False, True])
+def test_sort_keeps_shard_sizes_against_numpy(group, dtype, descending):
+    host = _with_ties_and_nans(dtype, 1201, seed=5)
+    results = []
+    for sizes in _layouts(len(group), host.size):
+        a = sharded.ShardedArray.from_numpy(group, host, sizes=sizes, root=None)
+        out = sharded.sort(a, descending=descending, out=sharded.ShardedArray.allocate(group, sizes, dtype))
+        same = sharded.sort(a, descending=descending)  # in place
+        results.append((sizes, out.shard_sizes, out.to_numpy(root=None), same is a, a.to_numpy(root=None)))
+    empty = sharded.sort(sharded.ShardedArray.from_numpy(group, np.zeros(0, dtype), root=None)).to_numpy(root=None)
+    expected = _canonical_nans(_np_sort(host, descending))
+    for sizes, kept, sorted_out, in_place, sorted_in_place in results:
+        assert kept == tuple(sizes) and in_place
+        assert _same(sorted_out, expected) and _same(sorted_in_place, expected)
+    assert empty.size == 0
+
+
+def _canonical_nans(values):
+    values = values.copy()
+    if values.dtype.kind == "f":
+        values[np.isnan(values)] = np.array(np.nan, values.dtype)
+    return values
+
+
+def test_sort_keeps_negative_zeros_in_index_order(group):
+    host = np.tile(np.array([0.0, -0.0, 1.0, -0.0, 0.0, -1.0]), 50)
+    a = sharded.ShardedArray.from_numpy(group, host, sizes=_sizes(len(group), host.size), root=None)
+    up = sharded.sort(a, out=sharded.ShardedArray.allocate(group, list(a.shard_sizes), np.float64)).to_numpy(root=None)
+    down = sharded.sort(a, descending=True, out=sharded.ShardedArray.allocate(
+        group, list(a.shard_sizes), np.float64)).to_numpy(root=None)
+    zeros = host[host == 0]
+    assert _same(up[up == 0], zeros) and _same(down[down == 0], zeros)  # stable: the signs in index order
+
+
+@pytest.mark.parametrize("descending", [False, True])
+def test_sort_by_key_and_argsort_carry_values_across_ranks(group, descending):
+    keys_host = _with_ties_and_nans(np.float32, 999, seed=6)
+    values_host = np.arange(999, dtype=np.int64) * 3 - 7
+    records = np.dtype([("x", np.float32), ("n", np.int64), ("y", np.int32)], align=True)
+    record_host = np.zeros(999, records)
+    record_host["n"] = np.arange(999)
+    record_host["y"] = -np.arange(999)
+    results = []
+    for sizes in _layouts(len(group), keys_host.size):
+        keys = sharded.ShardedArray.from_numpy(group, keys_host, sizes=sizes, root=None)
+        values = sharded.ShardedArray.from_numpy(group, values_host, sizes=sizes, root=None)
+        rec = sharded.ShardedArray.from_numpy(group, record_host, sizes=sizes, root=None)
+        out_k = sharded.ShardedArray.allocate(group, sizes, np.float32)
+        out_v = sharded.ShardedArray.allocate(group, sizes, np.int64)
+        sk, sv = sharded.sort_by_key(keys, values, descending=descending, out_keys=out_k, out_values=out_v)
+        out_k2 = sharded.ShardedArray.allocate(group, sizes, np.float32)
+        _, sr = sharded.sort_by_key(keys, rec, descending=descending, out_keys=out_k2,
+                                    out_values=sharded.ShardedArray.allocate(group, sizes, records))
+        order = sharded.argsort(keys, descending=descending)
+        results.append((sk.to_numpy(root=None), sv.to_numpy(root=None), sr.to_numpy(root=None),
+                        order.to_numpy(root=None), order.shard_sizes, tuple(sizes), keys.to_numpy(root=None)))
+    expected = _np_argsort(keys_host, descending)
+    for sorted_keys, sorted_values, sorted_records, indices, order_sizes, sizes, keys_after in results:
+        assert _same(sorted_keys, _canonical_nans(keys_host[expected]))
+        assert np.array_equal(sorted_values, values_host[expected])
+        assert np.array_equal(sorted_records["n"], expected) and np.array_equal(sorted_records["y"], -expected)
+        assert indices.dtype == np.int64 and np.array_equal(indices, expected) and order_sizes == sizes
+        assert _same(keys_after, keys_host)  # argsort and the out= sorts leave the keys as they were
+
+
+def test_sorts_match_one_process_on_the_stand_in(group):
+    """The same stand-in on one process (a by_devices group of as many places, the same shard
+    sizes) sorts the same data to the same bits."""
+    host = _with_ties_and_nans(np.float64, 777, seed=7)
+    payload = np.arange(host.size, dtype=np.int64)
+    sizes = _sizes(len(group), host.size)
+    results = []
+    for grouping in (group, sharded.PlaceGroup.by_devices([0] * len(group))):
+        def make(values):
+            return sharded.ShardedArray.from_numpy(grouping, values, sizes=sizes, root=None if grouping is group else 0)
+
+        down = sharded.sort(make(host), descending=True)
+        keys, values = sharded.sort_by_key(make(host), make(payload))
+        results.append([array.to_numpy() for array in (down, keys, values)] + [down.shard_sizes])
+    (mpi_down, mpi_keys, mpi_values, mpi_sizes), (one_down, one_keys, one_values, one_sizes) = results
+    assert mpi_sizes == one_sizes == tuple(sizes)
+    if RANK == 0:  # to_numpy(root=0): rank 0 holds the gathered arrays
+        assert _same(mpi_down, one_down) and _same(mpi_keys, one_keys) and _same(mpi_values, one_values)
+
+
+def test_selections_keep_each_shard_s_elements(group):
+    host = _host(n=601, seed=8)
+    sizes = _sizes(len(group), host.size)
+    a = sharded.ShardedArray.from_numpy(group, host, sizes=sizes, root=None)
+    kept = sharded.select(a, lambda x: x % 3 == 0)
+    indexed = sharded.select(a, lambda x, i: i % 4 == 1, with_index=True)
+    yes, no = sharded.partition(a, lambda x: x < 0)
+    low, middle, high = sharded.three_way_partition(a, lambda x: x < -30, lambda x: x < 30)
+    results = {name: (array.shard_sizes, array.to_numpy(root=None)) for name, array in
+               dict(kept=kept, indexed=indexed, yes=yes, no=no, low=low, middle=middle, high=high).items()}
+    bounds = np.cumsum([0] + sizes)
+    shards = [host[bounds[p]:bounds[p + 1]] for p in range(len(group))]
+    index = np.arange(host.size)
+
+    def expect(mask):
+        return tuple(int(np.count_nonzero(mask[bounds[p]:bounds[p + 1]])) for p in range(len(group))), host[mask]
+
+    masks = dict(kept=host % 3 == 0, indexed=index % 4 == 1, yes=host < 0, no=host >= 0, low=host < -30,
+                 middle=(host >= -30) & (host < 30), high=host >= 30)
+    assert len(shards) == len(group)
+    for name, mask in masks.items():
+        expected_sizes, expected = expect(mask)
+        assert results[name][0] == expected_sizes, name
+        assert np.array_equal(results[name][1], expected), name
+
+
+@pytest.mark.parametrize("dtype", [np.int64, np.float32])
+def test_top_k_and_searchsorted_on_every_rank(group, dtype):
+    host = _with_ties_and_nans(dtype, 803, seed=9)
+    sizes = _sizes(len(group), host.size)
+    a = sharded.ShardedArray.from_numpy(group, host, sizes=sizes, root=None)
+    tops = {(k, largest): sharded.top_k(a, k, largest) for k in (0, 1, 7, 300, host.size) for largest in (True, False)}
+    sorted_a = sharded.sort(sharded.ShardedArray.from_numpy(group, host, sizes=sizes, root=None))
+    queries = np.array([-100, -20, -3, 0, 5, 19, 50, np.nan if np.dtype(dtype).kind == "f" else 7]).astype(dtype)
+    left = sharded.searchsorted(sorted_a, queries)
+    right = sharded.searchsorted(sorted_a, queries, side="right")
+    scalar = sharded.searchsorted(sorted_a, 3)
+    refused = _outcome(lambda: sharded.searchsorted(sorted_a, sorted_a))
+    everywhere = allgather((left.tolist(), right.tolist(), int(scalar)))
+    reference = np.sort(host)
+    assert all(seen == everywhere[0] for seen in everywhere)
+    assert np.array_equal(left, np.searchsorted(reference, queries)) and left.dtype == np.int64
+    assert np.array_equal(right, np.searchsorted(reference, queries, side="right"))
+    assert scalar == np.searchsorted(reference, 3) and np.ndim(scalar) == 0
+    assert refused[0] == "ValueError" and refused[1].startswith("values: searchsorted on a PlaceGroup.from_mpi")
+    for (k, largest), (values, indices) in tops.items():
+        order = _np_argsort(host, largest)[:k]  # best first, ties to the lower index, NaNs the largest
+        assert indices.dtype == np.int64 and np.array_equal(indices, order), (k, largest)
+        assert _same(values, host[order]), (k, largest)
