@@ -92,7 +92,7 @@ def three_way_partition(a: ShardedArray, first, second) -> tuple[ShardedArray, S
     return first_part, second_part, rest
 
 
-@collective("select_flagged", supported=False)
+@collective("select_flagged")
 def select_flagged(arrays: Sequence[ShardedArray], flags: ShardedArray) -> list[ShardedArray]:
     """Internal (for the by-key algorithms, which compact their run heads): each array of
     `arrays` compacted to its elements where `flags` is nonzero, in global order; shard i of
@@ -120,6 +120,11 @@ def select_flagged(arrays: Sequence[ShardedArray], flags: ShardedArray) -> list[
         if array.shard_sizes != flags.shard_sizes:
             raise ValueError(f"arrays[{index}]: shard sizes {array.shard_sizes} differ from the flags' "
                              f"{flags.shard_sizes}")
+    if flags.group._distributed:  # each rank compacts its shards; the outputs' sizes allgathered
+        from ..distributed import _sorting
+
+        parts = select_flagged([_sorting.local(array) for array in arrays], _sorting.local(flags))
+        return _sorting.selected(flags, parts, "select_flagged")
     result = []
     for start in range(0, len(arrays), _FLAGGED_PER_CALL):
         chunk = arrays[start:start + _FLAGGED_PER_CALL]

@@ -322,3 +322,53 @@ def merge_best(values, indices, codes, k: int):
 
     order = np.lexsort((indices, codes))[:k]
     return values[order], indices[order]
+
+
+# ---- runs of equal keys across ranks -----------------------------------------------------------------
+
+
+class RunEdges(NamedTuple):
+    """One non-empty rank's runs, from its local reduce_by_key: its first and last keys, how
+    many runs it holds, the fold of its first and of its last run (its part of them), and
+    the first key of its last run."""
+
+    first_key: object
+    last_key: object
+    runs: int
+    first_fold: object
+    last_fold: object
+    last_head: object
+
+
+class RunCarry(NamedTuple):
+    """What a rank's runs need from the others: `carry`, the fold of the part in earlier
+    ranks of the run its first element continues (None when its first element starts a run);
+    `head`, that run's first key; `continues`, whether its last run goes on in a later rank."""
+
+    carry: object
+    head: object
+    continues: bool
+
+
+def run_carries(edges: Sequence[RunEdges | None], equal: Callable, op: Callable) -> list[RunCarry]:
+    """Every rank's RunCarry, folded on the host in rank order (empty ranks: None in `edges`,
+    skipped): a run continues from the nearest earlier non-empty rank when equal(its last
+    key, this rank's first key), as the one-process head flags compare them. The carry
+    folds the run's parts left to right: op(op(f0, f1), f2)."""
+    result = [RunCarry(None, None, False) for _ in edges]
+    previous = None  # (rank, its last key, the fold so far of the run at its end, that run's first key)
+    for rank, edge in enumerate(edges):
+        if edge is None:
+            continue
+        carry = head = None
+        if previous is not None and equal(previous[1], edge.first_key):
+            carry, head = previous[2], previous[3]
+            result[previous[0]] = result[previous[0]]._replace(continues=True)
+        if edge.runs == 1:
+            fold = edge.first_fold if carry is None else op(carry, edge.first_fold)
+            last = (rank, edge.last_key, fold, edge.first_key if head is None else head)
+        else:
+            last = (rank, edge.last_key, edge.last_fold, edge.last_head)
+        result[rank] = RunCarry(carry, head, False)
+        previous = last
+    return result

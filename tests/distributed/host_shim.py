@@ -7,8 +7,9 @@ and its host copies, the built-in reductions' per-place partials and fold, the b
 scans with their carry, count, histogram_even, fill, sequence, the built-in add and negate,
 copy_lanes, the radix sorts (sort, sort_by_key: stable, over the rank's places as one
 sequence, NaNs last ascending and first descending, the exact reverse), top_k, searchsorted
-and select (whose compiled predicates `select_libraries` stands in for with the Python
-functions themselves). Its folds are sequential
+select, the scans by key, reduce_by_key, adjacent_difference and the flagged compaction
+(whose compiled operators `select_libraries` and `compiled_libraries` stand in for with the
+Python functions themselves). Its folds are sequential
 numpy folds, not the GPU's: results are checked against numpy, never bitwise against the
 GPU (the gpu tests do that). `install(monkeypatch)` puts it in place for one test.
 """
@@ -104,6 +105,10 @@ class ShardedArray:
     def copy_range_from_host(self, start, stop, host, nbytes):
         assert nbytes == (stop - start) * self.itemsize
         ctypes.memmove(self.data.ctypes.data + start * self.itemsize, host, nbytes)
+
+    def copy_range_to_host(self, start, stop, host, nbytes):
+        assert nbytes == (stop - start) * self.itemsize
+        ctypes.memmove(host, self.data.ctypes.data + start * self.itemsize, nbytes)
 
     def free(self):
         self.is_freed = True
@@ -259,13 +264,102 @@ def select(libraries, impl, outputs):
     return result
 
 
+def compiled_libraries(op, algorithm, arg_kinds, out_request, archs, map_spec=None):
+    """Stands in for compiler.kernel_libraries in algorithms/by_key.py: (the result dtype, the
+    operator and its map specification), which the by-key stand-ins call on the host."""
+    return out_request, (op, map_spec)
+
+
+def _from_parts(group, like, values, ends):
+    """A new stand-in array of `values` (numpy) whose elements belong to the places holding
+    `ends` (indices into `like`'s elements)."""
+    bounds = np.cumsum(like.shard_sizes)
+    places = np.searchsorted(bounds, np.asarray(ends, np.int64), side="right")
+    sizes = [int(np.count_nonzero(places == place)) for place in range(len(like.shard_sizes))]
+    result = ShardedArray(group, sizes, values.dtype.name, values.dtype.itemsize)
+    result.typed()[:] = values
+    return result
+
+
+def _heads(keys, equal):
+    return [i == 0 or not equal(keys[i - 1], keys[i]) for i in range(keys.size)]
+
+
+def _cast(value, dtype):
+    with np.errstate(all="ignore"):
+        return np.array([value]).astype(dtype)[0]
+
+
+def scan_by_key(libraries, keys, values, out, exclusive, init):
+    op, (_, equal) = libraries
+    dtype = np.dtype(out.dtype)
+    key_values, source = keys.typed(), values.typed()
+    seed = np.frombuffer(init, dtype)[0] if exclusive else None
+    result = np.empty(source.size, dtype)
+    acc = None
+    for i, head in enumerate(_heads(key_values, equal)):
+        if exclusive:
+            acc = seed if head else acc
+            result[i] = acc
+            acc = _cast(op(acc, source[i]), dtype)
+        else:
+            acc = source[i] if head else _cast(op(acc, source[i]), dtype)
+            result[i] = acc
+    out.typed()[:] = result
+
+
+def reduce_by_key(libraries, keys, values):
+    op, (_, equal) = libraries
+    key_values, source = keys.typed(), values.typed()
+    dtype = source.dtype
+    firsts, folds, ends = [], [], []
+    for i, head in enumerate(_heads(key_values, equal)):
+        if head:
+            if firsts:
+                ends.append(i - 1)
+            firsts.append(key_values[i])
+            folds.append(source[i])
+        else:
+            folds[-1] = _cast(op(folds[-1], source[i]), dtype)
+    if firsts:
+        ends.append(key_values.size - 1)
+    return (_from_parts(keys.group, keys, np.array(firsts, key_values.dtype), ends),
+            _from_parts(values.group, values, np.array(folds, dtype), ends))
+
+
+def adjacent_difference(difference, first, a, out, successor, halo):
+    assert not successor
+    values, result = a.typed(), out.typed()
+    (difference_op, _), (first_op, _) = difference, first
+    for i in range(values.size):
+        if i == 0:
+            result[i] = (difference_op(values[0], np.frombuffer(halo, values.dtype)[0]) if halo
+                         else first_op(values[0]))
+        else:
+            result[i] = difference_op(values[i], values[i - 1])
+
+
+def select_flagged(flags, arrays):
+    kept = flags.typed() != 0
+    ends = np.flatnonzero(kept)
+    result = []
+    for array in arrays:
+        elements = array.data.reshape(-1, array.itemsize)[kept].reshape(-1)
+        part = _from_parts(array.group, flags, np.zeros(ends.size, np.uint8), ends)  # the sizes
+        whole = ShardedArray(array.group, part.shard_sizes, array.dtype, array.itemsize)
+        whole.data[:] = elements
+        result.append(whole)
+    return result
+
+
 def visible_device_count():
     return 1
 
 
 NAMES = ["PlaceGroup", "ShardedArray", "reduce_builtin_partials", "fold_builtin", "scan_builtin_carried",
          "count", "check_histogram_memory", "histogram_even", "transform_builtin", "copy_lanes",
-         "visible_device_count", "sort", "sort_by_key", "top_k", "searchsorted", "select"]
+         "visible_device_count", "sort", "sort_by_key", "top_k", "searchsorted", "select",
+         "scan_by_key", "reduce_by_key", "adjacent_difference", "select_flagged"]
 
 
 def install(monkeypatch) -> None:
@@ -278,3 +372,6 @@ def install(monkeypatch) -> None:
     from cuda_sharded_jit.algorithms import select as select_module
 
     monkeypatch.setattr(select_module, "kernel_libraries", select_libraries)
+    from cuda_sharded_jit.algorithms import by_key as by_key_module
+
+    monkeypatch.setattr(by_key_module, "kernel_libraries", compiled_libraries)

@@ -122,7 +122,6 @@ def _fake_distributed_array():
 
 
 @pytest.mark.parametrize("call, argument, name", [
-    (lambda a: sharded.unique(a), "a", "unique"),
     (lambda a: sharded.segmented_reduce(a, [0, 1], "sum", 0), "a", "segmented_reduce"),
 ])
 def test_calls_not_across_processes_yet_refuse_from_mpi_arrays_first(call, argument, name):

@@ -387,3 +387,98 @@ def test_top_k_and_searchsorted_on_every_rank(group, dtype):
         order = _np_argsort(host, largest)[:k]  # best first, ties to the lower index, NaNs the largest
         assert indices.dtype == np.int64 and np.array_equal(indices, order), (k, largest)
         assert _same(values, host[order]), (k, largest)
+
+
+# ---- runs of equal keys across ranks ---------------------------------------------------------------
+
+
+def _runs_of(keys):
+    """[(start, stop)] of the runs of equal consecutive keys."""
+    starts = [0] + [i for i in range(1, keys.size) if keys[i] != keys[i - 1]]
+    return list(zip(starts, starts[1:] + [keys.size]))
+
+
+def _long_runs(n, seed):
+    """Keys with runs long enough to cross shards and ranks, and short ones."""
+    rng = np.random.default_rng(seed)
+    lengths = rng.choice([1, 2, 5, 40, 300], size=n)
+    return np.repeat(np.arange(lengths.size, dtype=np.int64) % 7, lengths)[:n].copy()
+
+
+def _in_shards(host_positions, sizes):
+    """How many of `host_positions` fall in each shard."""
+    bounds = np.cumsum(sizes)
+    places = np.searchsorted(bounds, np.asarray(host_positions, np.int64), side="right")
+    return tuple(int(np.count_nonzero(places == place)) for place in range(len(sizes)))
+
+
+@pytest.mark.parametrize("layout", [0, 1, 2])
+def test_by_key_algorithms_carry_runs_across_ranks(group, layout):
+    n = 901
+    keys_host = _long_runs(n, seed=10)
+    values_host = np.random.default_rng(11).integers(-1000, 1000, n).astype(np.int64)
+    sizes = _layouts(len(group), n)[layout]
+    keys = sharded.ShardedArray.from_numpy(group, keys_host, sizes=sizes, root=None)
+    values = sharded.ShardedArray.from_numpy(group, values_host, sizes=sizes, root=None)
+    inclusive = sharded.inclusive_scan_by_key(keys, values, "sum")
+    maxima = sharded.inclusive_scan_by_key(keys, values, lambda x, y: x if x > y else y)
+    # the last positive value seen: associative, not commutative
+    exclusive = sharded.exclusive_scan_by_key(keys, values, lambda x, y: y if y > 0 else x, 5)
+    unique_keys, sums = sharded.reduce_by_key(keys, values, "sum")
+    first_keys, first_values = sharded.unique_by_key(keys, values)
+    only_keys, none = sharded.unique_by_key(keys)
+    results = {name: (array.shard_sizes, array.to_numpy(root=None)) for name, array in dict(
+        inclusive=inclusive, maxima=maxima, exclusive=exclusive, unique_keys=unique_keys, sums=sums,
+        first_keys=first_keys, first_values=first_values, only_keys=only_keys).items()}
+    runs = _runs_of(keys_host)
+    expected_inclusive, expected_maxima, expected_exclusive = (np.empty(n, np.int64) for _ in range(3))
+    for start, stop in runs:
+        expected_inclusive[start:stop] = np.cumsum(values_host[start:stop])
+        expected_maxima[start:stop] = np.maximum.accumulate(values_host[start:stop])
+        acc = 5
+        for i in range(start, stop):
+            expected_exclusive[i] = acc
+            acc = values_host[i] if values_host[i] > 0 else acc
+    heads = [start for start, _ in runs]
+    ends = [stop - 1 for _, stop in runs]
+    assert none is None
+    assert np.array_equal(results["inclusive"][1], expected_inclusive)
+    assert np.array_equal(results["maxima"][1], expected_maxima)
+    assert np.array_equal(results["exclusive"][1], expected_exclusive)
+    assert results["inclusive"][0] == tuple(sizes)
+    assert np.array_equal(results["unique_keys"][1], keys_host[heads])
+    assert np.array_equal(results["sums"][1], [values_host[start:stop].sum() for start, stop in runs])
+    assert results["unique_keys"][0] == results["sums"][0] == _in_shards(ends, sizes)  # where each run ends
+    for name in ("first_keys", "only_keys"):
+        assert np.array_equal(results[name][1], keys_host[heads])
+        assert results[name][0] == _in_shards(heads, sizes)  # where each run starts
+    assert np.array_equal(results["first_values"][1], values_host[heads])
+
+
+def test_one_run_over_every_rank(group):
+    n = 400
+    keys_host = np.full(n, 3, np.int32)
+    values_host = np.arange(n, dtype=np.int32)
+    sizes = _sizes(len(group), n)
+    keys = sharded.ShardedArray.from_numpy(group, keys_host, sizes=sizes, root=None)
+    values = sharded.ShardedArray.from_numpy(group, values_host, sizes=sizes, root=None)
+    scanned = sharded.inclusive_scan_by_key(keys, values, "sum").to_numpy(root=None)
+    unique_keys, sums = sharded.reduce_by_key(keys, values, "sum")
+    result = (unique_keys.to_numpy(root=None), sums.to_numpy(root=None), sums.shard_sizes)
+    assert np.array_equal(scanned, np.cumsum(values_host, dtype=np.int32))
+    assert result[0].tolist() == [3] and result[1].tolist() == [values_host.sum()]
+    assert result[2] == _in_shards([n - 1], sizes)
+
+
+@pytest.mark.parametrize("dtype", [np.int64, np.float64])
+def test_unique_sorts_then_keeps_the_first_of_each_run(group, dtype):
+    host = _with_ties_and_nans(dtype, 700, seed=12)
+    a = sharded.ShardedArray.from_numpy(group, host, sizes=_sizes(len(group), host.size), root=None)
+    found = sharded.unique(a)
+    result = (found.to_numpy(root=None), a.to_numpy(root=None))
+    ordered = _canonical_nans(host[np.argsort(host, kind="stable")])
+    same_as_previous = (ordered[1:] == ordered[:-1]) | (np.isnan(ordered[1:]) & np.isnan(ordered[:-1]))
+    expected = ordered[np.concatenate([[True], ~same_as_previous])]  # the NaNs make one; the first zero's sign
+    assert np.array_equal(expected, np.unique(host), equal_nan=True)
+    assert _same(result[0], expected)
+    assert _same(result[1], host)
