@@ -225,27 +225,24 @@ def choose_transport(requested: str, nccl_ready: bool, nccl_loads: bool, gpus_di
 
 
 def order_codes(values, descending: bool = False):
-    """`values` (a numpy array of numbers) as uint64 codes whose unsigned order is the sort's
-    order: integers by value, floats as numpy sorts them (-0.0 equals 0.0, every NaN equal and
-    after +inf); with `descending`, the exact reverse (NaNs first). A sorted shard's codes are
-    non-decreasing, so counting the elements at or before a code is a binary search."""
+    """`values` (a numpy array of numbers) as unsigned codes of their width whose order is the
+    sort's order: integers by value, floats as numpy sorts them (-0.0 equals 0.0, every NaN
+    equal and after +inf); with `descending`, the exact reverse (NaNs first). A sorted
+    shard's codes are non-decreasing, so counting the elements at or before a code is a
+    binary search."""
     import numpy as np
 
     values = np.asarray(values)
-    bits = 8 * values.dtype.itemsize
     unsigned = np.dtype(f"u{values.dtype.itemsize}")
-    top = np.uint64(1 << (bits - 1))
+    top = unsigned.type(1 << (8 * values.dtype.itemsize - 1))
     if values.dtype.kind == "f":
-        canonical = np.where(values == 0, np.zeros((), values.dtype), values)  # -0.0 as 0.0
-        raw = canonical.view(unsigned).astype(np.uint64)
-        negative = (raw & top) != 0
-        codes = np.where(negative, ~raw & np.uint64((1 << bits) - 1), raw | top)
-        codes = np.where(np.isnan(values), np.uint64((1 << bits) - 1), codes)
+        raw = np.where(values == 0, np.zeros((), values.dtype), values).view(unsigned)  # -0.0 as 0.0
+        codes = np.where((raw & top) != 0, ~raw, raw | top)
+        codes[np.isnan(values)] = np.iinfo(unsigned).max
     elif values.dtype.kind == "i":
-        codes = values.view(unsigned).astype(np.uint64) ^ top
+        codes = values.view(unsigned) ^ top
     else:
-        codes = values.astype(np.uint64)
-    codes = codes.astype(np.uint64)
+        codes = values.copy()
     return ~codes if descending else codes
 
 

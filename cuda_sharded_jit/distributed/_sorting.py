@@ -65,7 +65,7 @@ def _split(group, codes: np.ndarray, shard_sizes) -> list[list[int]]:
         high = [max(last for _, last in present)] * len(targets)
         while any(lo < hi for lo, hi in zip(low, high)):
             candidates = search_candidates(low, high, _WAYS)
-            flat = np.array([cut for cuts in candidates for cut in cuts], dtype=np.uint64)
+            flat = np.array([cut for cuts in candidates for cut in cuts], dtype=codes.dtype)
             found = np.searchsorted(codes, flat, side="right").astype(np.int64)
             comm.Allreduce(MPI.IN_PLACE, found, op=MPI.SUM)
             totals, at = [], 0
@@ -73,7 +73,7 @@ def _split(group, codes: np.ndarray, shard_sizes) -> list[list[int]]:
                 totals.append(found[at:at + len(cuts)].tolist())
                 at += len(cuts)
             low, high = narrow(low, high, candidates, totals, targets)
-        splitters = np.array(low, dtype=np.uint64)
+        splitters = np.array(low, dtype=codes.dtype)
         before = np.searchsorted(codes, splitters, side="left")
         equal = np.searchsorted(codes, splitters, side="right") - before
         gathered = comm.allgather((before.tolist(), equal.tolist()))
@@ -113,9 +113,12 @@ def _exchange(group, shard_sizes, keys: ShardedArray, values: ShardedArray | Non
 def sort(a, out, descending: bool):
     """sharded.sort of numbers on a from_mpi group (into `out`, which may be `a`)."""
     mine, target = local(a), local(out)
-    _shim.sort(mine._impl, target._impl, descending)
+    held = mine.size > 0  # a rank may hold no elements: it only takes part in the exchange
+    if held:
+        _shim.sort(mine._impl, target._impl, descending)
     _exchange(a.group, a.shard_sizes, target, None, descending, "sort")
-    _shim.sort(target._impl, target._impl, descending)  # the received runs, in rank order: stable
+    if held:
+        _shim.sort(target._impl, target._impl, descending)  # the received runs, in rank order: stable
     return out
 
 
@@ -124,10 +127,13 @@ def sort_by_key(keys, values, out_keys, out_values, descending: bool):
     from ..algorithms.sort import _sort_values
 
     parts = [local(array) for array in (keys, out_keys, values, out_values)]
-    _sort_values(*parts, descending)
+    held = parts[0].size > 0
+    if held:
+        _sort_values(*parts, descending)
     _, sorted_keys, _, sorted_values = parts
     _exchange(keys.group, keys.shard_sizes, sorted_keys, sorted_values, descending, "sort_by_key")
-    _sort_values(sorted_keys, sorted_keys, sorted_values, sorted_values, descending)
+    if held:
+        _sort_values(sorted_keys, sorted_keys, sorted_values, sorted_values, descending)
     return out_keys, out_values
 
 
@@ -139,10 +145,13 @@ def argsort(a, descending: bool):
     indices = empty(group, list(a.shard_sizes), np.dtype(np.int64))
     sequence(local(indices))  # its index origin is this rank's: global indices
     keys = local(a).copy()
+    held = keys.size > 0
     try:
-        _shim.sort_by_key(keys._impl, keys._impl, indices._impl, indices._impl, descending)
+        if held:
+            _shim.sort_by_key(keys._impl, keys._impl, indices._impl, indices._impl, descending)
         _exchange(group, a.shard_sizes, keys, local(indices), descending, "argsort")
-        _shim.sort_by_key(keys._impl, keys._impl, indices._impl, indices._impl, descending)
+        if held:
+            _shim.sort_by_key(keys._impl, keys._impl, indices._impl, indices._impl, descending)
     finally:
         keys.free()
     return indices
