@@ -327,7 +327,7 @@ def reduce_by_key(libraries, keys, values):
             _from_parts(values.group, values, np.array(folds, dtype), ends))
 
 
-def adjacent_difference(difference, first, a, out, successor, halo):
+def adjacent_difference(difference, first, a, out, successor, halo=b""):
     assert not successor
     values, result = a.typed(), out.typed()
     (difference_op, _), (first_op, _) = difference, first

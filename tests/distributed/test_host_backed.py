@@ -482,3 +482,30 @@ def test_unique_sorts_then_keeps_the_first_of_each_run(group, dtype):
     assert np.array_equal(expected, np.unique(host), equal_nan=True)
     assert _same(result[0], expected)
     assert _same(result[1], host)
+
+
+def test_runs_selections_and_top_k_match_one_process_on_the_stand_in(group):
+    """The cross-rank steps against the one-process paths of the same stand-in (a by_devices
+    group of as many places, the same shard sizes): the same values and shard sizes."""
+    n = 833
+    keys_host = _long_runs(n, seed=13)
+    values_host = np.random.default_rng(14).integers(-50, 50, n).astype(np.int32)
+    sizes = _sizes(len(group), n)
+    results = []
+    for grouping in (group, sharded.PlaceGroup.by_devices([0] * len(group))):
+        def make(host):
+            return sharded.ShardedArray.from_numpy(grouping, host, sizes=sizes, root=None if grouping is group else 0)
+
+        keys, values = make(keys_host), make(values_host)
+        arrays = [sharded.inclusive_scan_by_key(keys, values, "sum"),
+                  sharded.exclusive_scan_by_key(keys, values, "max", -7),
+                  *sharded.reduce_by_key(keys, values, "sum"), sharded.unique_by_key(keys, values)[1],
+                  sharded.select(values, lambda x: x > 10), *sharded.partition(values, lambda x: x % 2 == 0)]
+        results.append(([(array.shard_sizes, array.to_numpy()) for array in arrays],
+                        [sharded.top_k(values, k, largest) for k in (0, 5, n) for largest in (True, False)]))
+    (mpi_arrays, mpi_tops), (one_arrays, one_tops) = results
+    for (mpi_sizes, mpi_host), (one_sizes, one_host) in zip(mpi_arrays, one_arrays):
+        assert mpi_sizes == one_sizes
+        assert RANK != 0 or np.array_equal(mpi_host, one_host)  # to_numpy(root=0): rank 0 holds them
+    for (mpi_values, mpi_indices), (one_values, one_indices) in zip(mpi_tops, one_tops):
+        assert np.array_equal(mpi_values, one_values) and np.array_equal(mpi_indices, one_indices)
