@@ -195,7 +195,7 @@ def searchsorted(sorted_a, host: np.ndarray, right: bool):
         result = np.asarray(search(local(sorted_a), host, "right" if right else "left"), dtype=np.int64)
         result = result.reshape(host.shape)
     begin(sorted_a.group, ("searchsorted", ("shard sizes", sorted_a.shard_sizes), ("dtype", sorted_a.dtype.str),
-                           ("queries", host.shape, digest), ("side", right)))
+                           ("queries", (host.shape, digest)), ("side", right)))
     MPI = mpi()
     flat = np.ascontiguousarray(result).reshape(-1)
     with moving(sorted_a.group):

@@ -509,3 +509,32 @@ def test_runs_selections_and_top_k_match_one_process_on_the_stand_in(group):
         assert RANK != 0 or np.array_equal(mpi_host, one_host)  # to_numpy(root=0): rank 0 holds them
     for (mpi_values, mpi_indices), (one_values, one_indices) in zip(mpi_tops, one_tops):
         assert np.array_equal(mpi_values, one_values) and np.array_equal(mpi_indices, one_indices)
+
+
+def test_the_new_collectives_agree_on_errors_and_calls(group):
+    last = SIZE - 1
+    host = _host(n=300, seed=15)
+    a = sharded.ShardedArray.from_numpy(group, host, sizes=_sizes(len(group), host.size), root=None)
+    queries = np.array([0, 5]) if RANK != last else np.array([0, 6])
+    outcomes = {
+        "top_k k": _outcome(lambda: sharded.top_k(a, 3 if RANK == last else 4)),
+        "top_k bad k": _outcome(lambda: sharded.top_k(a, host.size + 1 if RANK == last else 2)),
+        "searchsorted queries": _outcome(lambda: sharded.searchsorted(a, queries)),
+        "select arity": _outcome(lambda: sharded.select(a, (lambda x, y: x > y) if RANK == last else (lambda x: x > 0))),
+        "descending": _outcome(lambda: sharded.sort(a, descending=RANK == last,
+                                                  out=sharded.ShardedArray.allocate(group, list(a.shard_sizes), np.int64))),
+        "sort key": _outcome(lambda: sharded.sort(a, key=lambda x: -x)),
+    }
+    after = sharded.sort(a).to_numpy(root=None)  # the group still works
+    everywhere = allgather(outcomes)
+    assert all(seen == everywhere[0] for seen in everywhere)
+    assert outcomes["top_k bad k"][0] == "ValueError" and outcomes["top_k bad k"][1].startswith("k: expected")
+    assert outcomes["select arity"][0] == "TypeError"
+    assert outcomes["sort key"][0] == "ValueError" and outcomes["sort key"][1].startswith("key: ")
+    if SIZE > 1:
+        assert outcomes["top_k k"][0] == "ValueError" and f"on rank {last}" in outcomes["top_k k"][1]
+        assert outcomes["searchsorted queries"][0] == "ValueError" and "queries" in outcomes["searchsorted queries"][1]
+        assert outcomes["descending"][0] == "ValueError" and "descending" in outcomes["descending"][1]
+    else:
+        assert outcomes["top_k k"] is None and outcomes["searchsorted queries"] is None
+    assert np.array_equal(after, np.sort(host))
