@@ -92,31 +92,40 @@ def _alltoallv(group, host: np.ndarray, plan) -> np.ndarray:
     return received
 
 
-def _exchange(group, shard_sizes, keys: ShardedArray, values: ShardedArray | None, descending: bool,
-              name: str) -> None:
+def _agree(name: str, keys, values, descending: bool) -> None:
+    """Every rank makes the same sort (before any rank sorts its part)."""
+    begin(keys.group, (name, ("shard sizes", keys.shard_sizes), ("dtype", keys.dtype.str),
+                       ("values", None if values is None else values.dtype.str), ("descending", descending)))
+
+
+def _exchange(group, shard_sizes, keys: ShardedArray, values: ShardedArray | None, descending: bool) -> None:
     """keys (and values), this rank's part sorted, in place: the pieces of the global order
-    moved to the ranks that own their positions, in rank order (local views)."""
-    begin(group, (name, ("shard sizes", tuple(shard_sizes)), ("dtype", keys.dtype.str),
-                  ("values", None if values is None else values.dtype.str), ("descending", descending)))
+    moved to the ranks that own their positions, in rank order (local views). Everything
+    that can fail on one rank alone (the host copies, the codes) comes before the agreement
+    that precedes the data's movement."""
     key_host = _to_host(keys)
+    value_host = None if values is None else _to_host(values)
     codes = order_codes(key_host, descending)
+    begin(group, ("sort: exchange",))
     points = _split(group, codes, shard_sizes)
     counts, _ = rank_counts(shard_sizes, group.place_ranks, group.nranks)
     plan = sort_exchange_plan(points, counts, group.rank)
     received = _alltoallv(group, key_host, plan)
+    if value_host is not None:
+        received_values = _alltoallv(group, value_host, plan)
     keys._impl.copy_from_host(received.ctypes.data, received.nbytes)
-    if values is not None:
-        received = _alltoallv(group, _to_host(values), plan)
-        values._impl.copy_from_host(received.ctypes.data, received.nbytes)
+    if value_host is not None:
+        values._impl.copy_from_host(received_values.ctypes.data, received_values.nbytes)
 
 
 def sort(a, out, descending: bool):
     """sharded.sort of numbers on a from_mpi group (into `out`, which may be `a`)."""
+    _agree("sort", a, None, descending)
     mine, target = local(a), local(out)
     held = mine.size > 0  # a rank may hold no elements: it only takes part in the exchange
     if held:
         _shim.sort(mine._impl, target._impl, descending)
-    _exchange(a.group, a.shard_sizes, target, None, descending, "sort")
+    _exchange(a.group, a.shard_sizes, target, None, descending)
     if held:
         _shim.sort(target._impl, target._impl, descending)  # the received runs, in rank order: stable
     return out
@@ -126,12 +135,13 @@ def sort_by_key(keys, values, out_keys, out_values, descending: bool):
     """sharded.sort_by_key on a from_mpi group."""
     from ..algorithms.sort import _sort_values
 
+    _agree("sort_by_key", keys, values, descending)
     parts = [local(array) for array in (keys, out_keys, values, out_values)]
     held = parts[0].size > 0
     if held:
         _sort_values(*parts, descending)
     _, sorted_keys, _, sorted_values = parts
-    _exchange(keys.group, keys.shard_sizes, sorted_keys, sorted_values, descending, "sort_by_key")
+    _exchange(keys.group, keys.shard_sizes, sorted_keys, sorted_values, descending)
     if held:
         _sort_values(sorted_keys, sorted_keys, sorted_values, sorted_values, descending)
     return out_keys, out_values
@@ -142,6 +152,7 @@ def argsort(a, descending: bool):
     from ..algorithms.opaque import sequence
 
     group = a.group
+    _agree("argsort", a, None, descending)
     indices = empty(group, list(a.shard_sizes), np.dtype(np.int64))
     sequence(local(indices))  # its index origin is this rank's: global indices
     keys = local(a).copy()
@@ -149,7 +160,7 @@ def argsort(a, descending: bool):
     try:
         if held:
             _shim.sort_by_key(keys._impl, keys._impl, indices._impl, indices._impl, descending)
-        _exchange(group, a.shard_sizes, keys, local(indices), descending, "argsort")
+        _exchange(group, a.shard_sizes, keys, local(indices), descending)
         if held:
             _shim.sort_by_key(keys._impl, keys._impl, indices._impl, indices._impl, descending)
     finally:
