@@ -27,7 +27,6 @@ import numpy as np
 from .._layout import layout_of
 from ..array import ShardedArray
 from ._agreement import gather
-from ._arrays import wrap
 from ._plans import RunEdges, run_carries
 from ._sorting import _to_host, local
 
@@ -118,7 +117,8 @@ def reduce_by_key(keys, values, op, equal):
         head_host, fold_host = _to_host(unique_keys), _to_host(folds)
         if mine.carry is not None:  # the run from earlier ranks ends here: its first key, the whole fold
             head_host[0] = mine.head
-            fold_host[0] = _element(values.dtype, _host_op(op, values.dtype)(mine.carry, _value(values.dtype, fold_host, 0)))[0]
+            whole = _host_op(op, values.dtype)(mine.carry, _value(values.dtype, fold_host, 0))
+            fold_host[0] = _element(values.dtype, whole)[0]
         if mine.continues:  # its last run ends on a later rank, which writes it
             last = max(place for place, size in enumerate(sizes) if size)
             sizes[last] -= 1

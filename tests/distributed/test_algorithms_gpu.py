@@ -420,10 +420,9 @@ def test_sorts_match_by_devices_bit_for_bit(groups, dtype, descending):
     results = {}
     for name, sizes in _shard_layouts(len(group), N).items():
         (a, r), (va, vr) = _both(groups, host, sizes), _both(groups, payload, sizes)
-        ours = [sharded.sort(a.copy(), descending=descending), *sharded.sort_by_key(a.copy(), va, descending=descending),
-                sharded.argsort(a, descending=descending)]
-        theirs = [sharded.sort(r.copy(), descending=descending), *sharded.sort_by_key(r.copy(), vr, descending=descending),
-                  sharded.argsort(r, descending=descending)]
+        ours, theirs = ([sharded.sort(x.copy(), descending=descending),
+                         *sharded.sort_by_key(x.copy(), values, descending=descending),
+                         sharded.argsort(x, descending=descending)] for x, values in ((a, va), (r, vr)))
         results[name] = ([x.to_numpy(root=None) for x in ours], [x.to_numpy() for x in theirs],
                          [x.shard_sizes for x in ours], tuple(sizes))
     order = _stable_order(host, descending)
@@ -524,7 +523,8 @@ def test_float_scans_by_key_match_numpy_closely(groups):
     (ka, kr), (va, vr) = _both(groups, keys_host, sizes), _both(groups, values_host, sizes)
     ours = [sharded.inclusive_scan_by_key(ka, va, "sum").to_numpy(root=None),
             sharded.reduce_by_key(ka, va, "sum")[1].to_numpy(root=None)]
-    theirs = [sharded.inclusive_scan_by_key(kr, vr, "sum").to_numpy(), sharded.reduce_by_key(kr, vr, "sum")[1].to_numpy()]
+    theirs = [sharded.inclusive_scan_by_key(kr, vr, "sum").to_numpy(),
+              sharded.reduce_by_key(kr, vr, "sum")[1].to_numpy()]
     # a run that crosses a rank folds its carry in front there: the association may differ
     for mine, other in zip(ours, theirs):
         assert mine.shape == other.shape and np.allclose(mine, other, rtol=1e-3, atol=0.5)

@@ -516,13 +516,14 @@ def test_the_new_collectives_agree_on_errors_and_calls(group):
     host = _host(n=300, seed=15)
     a = sharded.ShardedArray.from_numpy(group, host, sizes=_sizes(len(group), host.size), root=None)
     queries = np.array([0, 5]) if RANK != last else np.array([0, 6])
+    out = sharded.ShardedArray.allocate(group, list(a.shard_sizes), np.int64)
     outcomes = {
         "top_k k": _outcome(lambda: sharded.top_k(a, 3 if RANK == last else 4)),
         "top_k bad k": _outcome(lambda: sharded.top_k(a, host.size + 1 if RANK == last else 2)),
         "searchsorted queries": _outcome(lambda: sharded.searchsorted(a, queries)),
-        "select arity": _outcome(lambda: sharded.select(a, (lambda x, y: x > y) if RANK == last else (lambda x: x > 0))),
-        "descending": _outcome(lambda: sharded.sort(a, descending=RANK == last,
-                                                  out=sharded.ShardedArray.allocate(group, list(a.shard_sizes), np.int64))),
+        "select arity": _outcome(lambda: sharded.select(a, (lambda x, y: x > y) if RANK == last
+                                                        else (lambda x: x > 0))),
+        "descending": _outcome(lambda: sharded.sort(a, descending=RANK == last, out=out)),
         "sort key": _outcome(lambda: sharded.sort(a, key=lambda x: -x)),
     }
     after = sharded.sort(a).to_numpy(root=None)  # the group still works
