@@ -24,7 +24,8 @@ def top_k(a: ShardedArray, k: int, largest: bool = True) -> tuple[np.ndarray, np
     Ties go to the lower index (what a stable descending sort gives); NaNs count as larger
     than every number (as torch.topk), and -0.0 equals 0.0. `0 <= k <= len(a)`. Each place
     selects its own best without sorting its shard; the places' lists are merged on the host,
-    so the call waits for the places it uses.
+    so the call waits for the places it uses. On a PlaceGroup.from_mpi group (a collective)
+    every rank's best are merged on every rank, which returns the same result.
 
     >>> x = sharded.ShardedArray.from_numpy(g, np.array([3, 1, 4, 1, 5], np.int32))  # doctest: +SKIP
     >>> sharded.top_k(x, 2)                                                        # doctest: +SKIP
@@ -89,6 +90,9 @@ def searchsorted(sorted_a: ShardedArray, values, side: str = "left", compare=Non
     multiple of 4); a ShardedArray of queries has sorted_a's dtype, numpy queries of numbers
     cast as above, of records have sorted_a's dtype. Each place of the queries counts them
     in every shard of sorted_a by the comparator's binary search (no table of splitters).
+
+    On a PlaceGroup.from_mpi group (a collective) the queries are numpy values, the same on
+    every rank, and the positions come back on every rank; `compare` is not supported there.
 
     >>> s = sharded.sort(sharded.ShardedArray.from_numpy(g, np.array([5, 1, 3], np.int32)))  # doctest: +SKIP
     >>> sharded.searchsorted(s, [0, 3, 6]), sharded.searchsorted(s, 3, side="right")        # doctest: +SKIP
