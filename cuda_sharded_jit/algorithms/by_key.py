@@ -128,7 +128,12 @@ class _RunFlags:
 
     def __call__(self, keys: ShardedArray) -> ShardedArray:
         flags = ShardedArray.allocate(keys.group, list(keys.shard_sizes), _FLAG)
-        _shim.adjacent_difference(self.difference, self.edge, keys._impl, flags._impl, False)
+        if keys.group._distributed:  # a rank's first key meets the previous rank's last
+            from ..distributed import _algorithms
+
+            _algorithms.adjacent_difference(self.difference, self.edge, keys, flags)
+        else:
+            _shim.adjacent_difference(self.difference, self.edge, keys._impl, flags._impl, False)
         return flags
 
 
@@ -169,11 +174,16 @@ def _scan_by_key(keys, values, op, init, out, equal, exclusive: bool, what: str)
     source = values if values.dtype == out_dtype else values.astype(out_dtype)
     if out is None:
         out = ShardedArray.allocate(keys.group, list(keys.shard_sizes), out_dtype)
+    if keys.group._distributed:
+        from ..distributed import _runs
+
+        _runs.scan_by_key(keys, source, out, op, equal, exclusive, init)
+        return out
     _shim.scan_by_key(libraries, keys._impl, source._impl, out._impl, exclusive, packed)
     return out
 
 
-@collective("inclusive_scan_by_key", supported=False)
+@collective("inclusive_scan_by_key")
 def inclusive_scan_by_key(keys: ShardedArray, values: ShardedArray, op,
                           out: ShardedArray | None = None, equal=None) -> ShardedArray:
     """out[i] = values[h] op values[h+1] op ... op values[i], h the first index of i's run of
@@ -192,7 +202,7 @@ def inclusive_scan_by_key(keys: ShardedArray, values: ShardedArray, op,
     return _scan_by_key(keys, values, op, None, out, equal, False, "inclusive_scan_by_key")
 
 
-@collective("exclusive_scan_by_key", supported=False)
+@collective("exclusive_scan_by_key")
 def exclusive_scan_by_key(keys: ShardedArray, values: ShardedArray, op, init,
                           out: ShardedArray | None = None, equal=None) -> ShardedArray:
     """out[h] = init at the first index h of every run of equal keys, then out[i] = init op
@@ -205,7 +215,7 @@ def exclusive_scan_by_key(keys: ShardedArray, values: ShardedArray, op, init,
     return _scan_by_key(keys, values, op, init, out, equal, True, "exclusive_scan_by_key")
 
 
-@collective("reduce_by_key", supported=False)
+@collective("reduce_by_key")
 def reduce_by_key(keys: ShardedArray, values: ShardedArray, op, equal=None):
     """(unique_keys, reduced_values): each run of consecutive equal keys (`equal(x, y)`,
     default ==) collapsed to its first key and to its values folded with `op` in order.
@@ -227,11 +237,15 @@ def reduce_by_key(keys: ShardedArray, values: ShardedArray, op, equal=None):
     op = _check_op(op, values, "reduce_by_key")
     equal = _check_equal(equal, keys)
     libraries = _engine(keys, values.dtype, op, equal)
+    if keys.group._distributed:
+        from ..distributed import _runs
+
+        return _runs.reduce_by_key(keys, values, op, equal)
     unique_keys, reduced = _shim.reduce_by_key(libraries, keys._impl, values._impl)
     return ShardedArray(unique_keys, keys.group, keys.dtype), ShardedArray(reduced, values.group, values.dtype)
 
 
-@collective("unique_by_key", supported=False)
+@collective("unique_by_key")
 def unique_by_key(keys: ShardedArray, values: ShardedArray | None = None, equal=None):
     """The first element of every run of consecutive equal keys (`equal(x, y)`, default
     ==): `(keys, values)`, the values of those elements (None when no values are given).
@@ -252,7 +266,7 @@ def unique_by_key(keys: ShardedArray, values: ShardedArray | None = None, equal=
     return kept[0], (None if values is None else kept[1])
 
 
-@collective("unique", supported=False)
+@collective("unique")
 def unique(a: ShardedArray) -> ShardedArray:
     """The sorted distinct elements of `a`, as `np.unique(a)` (the NaNs, sorted last, make
     one): a sorted copy, then unique_by_key. `a` is left as it was.

@@ -16,7 +16,7 @@ from ..compiler import kernel_libraries, sort_spec
 from ..op import as_op
 
 
-@collective("top_k", supported=False)
+@collective("top_k")
 def top_k(a: ShardedArray, k: int, largest: bool = True) -> tuple[np.ndarray, np.ndarray]:
     """The `k` largest elements of `a` (smallest when `largest=False`), best first, and their
     global indices: `(values, indices)`, numpy arrays of a's dtype and of int64.
@@ -24,7 +24,8 @@ def top_k(a: ShardedArray, k: int, largest: bool = True) -> tuple[np.ndarray, np
     Ties go to the lower index (what a stable descending sort gives); NaNs count as larger
     than every number (as torch.topk), and -0.0 equals 0.0. `0 <= k <= len(a)`. Each place
     selects its own best without sorting its shard; the places' lists are merged on the host,
-    so the call waits for the places it uses.
+    so the call waits for the places it uses. On a PlaceGroup.from_mpi group (a collective)
+    every rank's best are merged on every rank, which returns the same result.
 
     >>> x = sharded.ShardedArray.from_numpy(g, np.array([3, 1, 4, 1, 5], np.int32))  # doctest: +SKIP
     >>> sharded.top_k(x, 2)                                                        # doctest: +SKIP
@@ -37,6 +38,10 @@ def top_k(a: ShardedArray, k: int, largest: bool = True) -> tuple[np.ndarray, np
     if not 0 <= k <= a.size:
         raise ValueError(f"k: expected 0 <= k <= len(a) = {a.size}, got {k}")
     largest = as_flag(largest, "largest")
+    if a.group._distributed:
+        from ..distributed import _sorting
+
+        return _sorting.top_k(a, k, largest)
     values = np.empty(k, dtype=a.dtype)
     indices = np.empty(k, dtype=np.int64)
     _shim.top_k(a._impl, k, largest, values.ctypes.data, values.nbytes, indices.ctypes.data, indices.nbytes)
@@ -63,7 +68,7 @@ def _queries(values, dtype: np.dtype) -> np.ndarray:
     return host.astype(dtype, copy=False)
 
 
-@collective("searchsorted", supported=False)
+@collective("searchsorted")
 def searchsorted(sorted_a: ShardedArray, values, side: str = "left", compare=None):
     """Where each of `values` would be inserted into `sorted_a` to keep it sorted, as
     `np.searchsorted(np.concatenate(shards), values, side)`: the number of elements that go
@@ -86,6 +91,9 @@ def searchsorted(sorted_a: ShardedArray, values, side: str = "left", compare=Non
     cast as above, of records have sorted_a's dtype. Each place of the queries counts them
     in every shard of sorted_a by the comparator's binary search (no table of splitters).
 
+    On a PlaceGroup.from_mpi group (a collective) the queries are numpy values, the same on
+    every rank, and the positions come back on every rank; `compare` is not supported there.
+
     >>> s = sharded.sort(sharded.ShardedArray.from_numpy(g, np.array([5, 1, 3], np.int32)))  # doctest: +SKIP
     >>> sharded.searchsorted(s, [0, 3, 6]), sharded.searchsorted(s, 3, side="right")        # doctest: +SKIP
     (array([0, 1, 3]), np.int64(2))
@@ -93,10 +101,21 @@ def searchsorted(sorted_a: ShardedArray, values, side: str = "left", compare=Non
     check_array(sorted_a, "sorted_a")
     if not (isinstance(side, str) and side in ("left", "right")):
         raise ValueError(f"side: expected 'left' or 'right', got {side!r}")
+    distributed = any(isinstance(array, ShardedArray) and array.group._distributed for array in (sorted_a, values))
+    if distributed and isinstance(values, ShardedArray):
+        raise ValueError("values: searchsorted on a PlaceGroup.from_mpi group takes numpy queries (the "
+                         "positions come back on every rank), not a ShardedArray, in this version")
+    if distributed and compare is not None:
+        raise ValueError("compare: searchsorted with a comparator does not run across processes yet "
+                         "(PlaceGroup.from_mpi)")
     if compare is not None:
         return _search_compare(sorted_a, values, side == "right", compare)
     check_numbers(sorted_a, "searchsorted", "sorted_a")
     right = side == "right"
+    if distributed:
+        from ..distributed import _sorting
+
+        return _sorting.searchsorted(sorted_a, _queries(values, sorted_a.dtype), right)
     if isinstance(values, ShardedArray):
         check_numbers(values, "searchsorted", "values")
         if values.dtype != sorted_a.dtype:

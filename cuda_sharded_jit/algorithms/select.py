@@ -33,12 +33,16 @@ def _predicate(pred, argument: str, arity: int, what: str):
 
 
 def _classify(a: ShardedArray, first, second, with_index: bool, outputs: int) -> list[ShardedArray]:
+    if a.group._distributed:  # each rank selects from its shards; the outputs' sizes allgathered
+        from ..distributed import _sorting
+
+        return _sorting.selected(a, _classify(_sorting.local(a), first, second, with_index, outputs), "select")
     _, libraries = kernel_libraries(first, "select", (("array", a.dtype),), None, a.group.archs,
                                     select_spec(second, with_index))
     return [ShardedArray(impl, a.group, a.dtype) for impl in _shim.select(libraries, a._impl, outputs)]
 
 
-@collective("select", supported=False)
+@collective("select")
 def select(a: ShardedArray, pred, with_index: bool = False) -> ShardedArray:
     """The elements of `a` where `pred(x)` is true (`pred(x, global_index)` with
     `with_index`), in global order: a new array on a's group whose shard i holds what shard i
@@ -56,7 +60,7 @@ def select(a: ShardedArray, pred, with_index: bool = False) -> ShardedArray:
     return _classify(a, pred, None, with_index, 1)[0]
 
 
-@collective("partition", supported=False)
+@collective("partition")
 def partition(a: ShardedArray, pred) -> tuple[ShardedArray, ShardedArray]:
     """`(selected, rejected)`: the elements of `a` where `pred(x)` is true and those where it
     is false, each in global order, with shard i of both holding shard i's elements.
@@ -71,7 +75,7 @@ def partition(a: ShardedArray, pred) -> tuple[ShardedArray, ShardedArray]:
     return selected, rejected
 
 
-@collective("three_way_partition", supported=False)
+@collective("three_way_partition")
 def three_way_partition(a: ShardedArray, first, second) -> tuple[ShardedArray, ShardedArray, ShardedArray]:
     """`(first_part, second_part, rest)`: the elements where `first(x)`, those where not
     `first(x)` but `second(x)`, and the others, each in global order (shard i of each holding
@@ -88,7 +92,7 @@ def three_way_partition(a: ShardedArray, first, second) -> tuple[ShardedArray, S
     return first_part, second_part, rest
 
 
-@collective("select_flagged", supported=False)
+@collective("select_flagged")
 def select_flagged(arrays: Sequence[ShardedArray], flags: ShardedArray) -> list[ShardedArray]:
     """Internal (for the by-key algorithms, which compact their run heads): each array of
     `arrays` compacted to its elements where `flags` is nonzero, in global order; shard i of
@@ -116,6 +120,11 @@ def select_flagged(arrays: Sequence[ShardedArray], flags: ShardedArray) -> list[
         if array.shard_sizes != flags.shard_sizes:
             raise ValueError(f"arrays[{index}]: shard sizes {array.shard_sizes} differ from the flags' "
                              f"{flags.shard_sizes}")
+    if flags.group._distributed:  # each rank compacts its shards; the outputs' sizes allgathered
+        from ..distributed import _sorting
+
+        parts = select_flagged([_sorting.local(array) for array in arrays], _sorting.local(flags))
+        return _sorting.selected(flags, parts, "select_flagged")
     result = []
     for start in range(0, len(arrays), _FLAGGED_PER_CALL):
         chunk = arrays[start:start + _FLAGGED_PER_CALL]

@@ -66,7 +66,7 @@ def _sort_values(keys: ShardedArray, out_keys: ShardedArray, values: ShardedArra
         scratch.free()
 
 
-@collective("sort_by_key", supported=False)
+@collective("sort_by_key")
 def sort_by_key(keys: ShardedArray, values: ShardedArray, descending: bool = False,
                 out_keys: ShardedArray | None = None, out_values: ShardedArray | None = None):
     """Sort `keys` in global order, moving each element of `values` with its key; returns
@@ -95,11 +95,15 @@ def sort_by_key(keys: ShardedArray, values: ShardedArray, descending: bool = Fal
     out_values = values if out_values is None else _check_like(out_values, values, "out_values", "values")
     if out_keys is values or out_keys is out_values or out_values is keys:
         raise ValueError("out_keys, out_values: the keys and the values need arrays of their own")
+    if keys.group._distributed:
+        from ..distributed import _sorting
+
+        return _sorting.sort_by_key(keys, values, out_keys, out_values, descending)
     _sort_values(keys, out_keys, values, out_values, descending)
     return out_keys, out_values
 
 
-@collective("argsort", supported=False)
+@collective("argsort")
 def argsort(a: ShardedArray, descending: bool = False) -> ShardedArray:
     """The global indices that sort `a` (as `np.argsort(a, kind="stable")`; with
     `descending`, equal elements still in ascending index order): an int64 ShardedArray with
@@ -111,6 +115,10 @@ def argsort(a: ShardedArray, descending: bool = False) -> ShardedArray:
     """
     check_numbers(a, "argsort")
     descending = as_flag(descending, "descending")
+    if a.group._distributed:
+        from ..distributed import _sorting
+
+        return _sorting.argsort(a, descending)
     # Indices that fit 32 bits sort as uint32 (every radix pass moves 8 bytes an element,
     # not 12: about a quarter of the sort's traffic) and widen to int64 in one pass after.
     narrow = len(a) <= _NARROW_INDICES
@@ -169,7 +177,7 @@ def _component(op, index: int):
     return component
 
 
-@collective("sort", supported=False)
+@collective("sort")
 def sort(a: ShardedArray, key=None, compare=None, descending: bool = False,
          out: ShardedArray | None = None) -> ShardedArray:
     """Sort every element of `a` in global order (shard 0 gets the first); returns the
@@ -189,7 +197,9 @@ def sort(a: ShardedArray, key=None, compare=None, descending: bool = False,
     Each place sorts its shard, exact splitters are found over the sorted shards (each
     shard keeps its size), the pieces travel between GPUs over peer copies and each shard
     merges what it received. The call returns once the split is known; the rest runs on the
-    places' streams.
+    places' streams. On a PlaceGroup.from_mpi group (a collective; numbers, without `key` or
+    `compare`) each rank sorts its part, the pieces travel between ranks in one all-to-all,
+    and each rank sorts what it received: the same result as one process's.
 
     >>> x = sharded.ShardedArray.from_numpy(g, np.array([3, 1, 2], np.int32))  # doctest: +SKIP
     >>> sharded.sort(x).to_numpy()                                             # doctest: +SKIP
@@ -201,6 +211,10 @@ def sort(a: ShardedArray, key=None, compare=None, descending: bool = False,
     descending = as_flag(descending, "descending")
     if out is not None:
         _check_like(out, a, "out", "a")
+    if a.group._distributed and (key is not None or compare is not None):
+        raise ValueError(f"{'key' if key is not None else 'compare'}: sort with a key or a comparator does not "
+                         f"run across processes yet (PlaceGroup.from_mpi); sort the numbers themselves, or "
+                         f"sort_by_key with computed keys")
     if compare is not None:
         from .merge_sort import compare_sort
 
@@ -208,6 +222,10 @@ def sort(a: ShardedArray, key=None, compare=None, descending: bool = False,
     if key is not None:
         return _sort_by_computed_key(a, key, descending, a if out is None else out)
     check_numbers(a, "sort")
+    if a.group._distributed:
+        from ..distributed import _sorting
+
+        return _sorting.sort(a, a if out is None else out, descending)
     _shim.sort(a._impl, (a if out is None else out)._impl, descending)
     return a if out is None else out
 

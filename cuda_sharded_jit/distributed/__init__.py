@@ -7,7 +7,8 @@ collective contract, what each algorithm moves). Nothing here is imported by
 `import cuda_sharded_jit`, and mpi4py only at the first use of a from_mpi group.
 
 Modules: _group (the group), _arrays (its arrays, data in and out, resharding), _algorithms
-(the cross-rank steps of reductions, scans and counts), _agreement (the contract: agreement
+(the cross-rank steps of reductions, scans and counts), _sorting (sorts, selections,
+top_k, searchsorted), _runs (the algorithms by key), _agreement (the contract: agreement
 and abort), _plans (the host-side logic as pure functions), _nccl (finding NCCL), _mpi.
 """
 

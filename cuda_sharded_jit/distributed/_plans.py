@@ -219,3 +219,153 @@ def choose_transport(requested: str, nccl_ready: bool, nccl_loads: bool, gpus_di
                              "several ranks on one device")
         return "nccl"
     return "nccl" if nccl_ready and nccl_loads and gpus_distinct else "mpi"
+
+
+# ---- the sort's split ------------------------------------------------------------------------------
+
+
+def order_codes(values, descending: bool = False):
+    """`values` (a numpy array of numbers) as unsigned codes of their width whose order is the
+    sort's order: integers by value, floats as numpy sorts them (-0.0 equals 0.0, every NaN
+    equal and after +inf); with `descending`, the exact reverse (NaNs first). A sorted
+    shard's codes are non-decreasing, so counting the elements at or before a code is a
+    binary search."""
+    import numpy as np
+
+    values = np.asarray(values)
+    unsigned = np.dtype(f"u{values.dtype.itemsize}")
+    top = unsigned.type(1 << (8 * values.dtype.itemsize - 1))
+    if values.dtype.kind == "f":
+        raw = np.where(values == 0, np.zeros((), values.dtype), values).view(unsigned)  # -0.0 as 0.0
+        codes = np.where((raw & top) != 0, ~raw, raw | top)
+        codes[np.isnan(values)] = np.iinfo(unsigned).max
+    elif values.dtype.kind == "i":
+        codes = values.view(unsigned) ^ top
+    else:
+        codes = values.copy()
+    return ~codes if descending else codes
+
+
+def search_candidates(low: Sequence[int], high: Sequence[int], ways: int) -> list[list[int]]:
+    """One round of the splitters' search: for each bracket [low, high] of codes, up to
+    `ways - 1` codes that cut it into `ways` nearly equal parts (none once low == high)."""
+    candidates = []
+    for lo, hi in zip(low, high):
+        width = hi - lo + 1
+        step = -(-width // ways)
+        candidates.append([lo + j * step - 1 for j in range(1, ways) if lo + j * step - 1 < hi])
+    return candidates
+
+
+def narrow(low: Sequence[int], high: Sequence[int], candidates: Sequence[Sequence[int]],
+           at_or_before: Sequence[Sequence[int]], targets: Sequence[int]) -> tuple[list[int], list[int]]:
+    """The brackets after one round: target k's code is the smallest code c with at least
+    k + 1 elements at or before it (over every rank: `at_or_before[b][j]` counts them for
+    `candidates[b][j]`), so the bracket shrinks to the part holding that crossing."""
+    new_low, new_high = [], []
+    for lo, hi, cuts, totals, target in zip(low, high, candidates, at_or_before, targets):
+        for cut, total in zip(cuts, totals):
+            if total >= target + 1:
+                hi = cut
+                break
+            lo = cut + 1
+        new_low.append(lo)
+        new_high.append(hi)
+    return new_low, new_high
+
+
+def split_points(targets: Sequence[int], before: Sequence[Sequence[int]],
+                 equal: Sequence[Sequence[int]]) -> list[list[int]]:
+    """How many of each rank's sorted elements go before global position targets[b]:
+    `before[r][b]` of rank r's elements order strictly before that position's code,
+    `equal[r][b]` equal it. The ties fill the remaining positions in rank order (the stable
+    order: rank order is global index order). Returns points[r][b]."""
+    nranks = len(before)
+    points = [[0] * len(targets) for _ in range(nranks)]
+    for b, target in enumerate(targets):
+        need = target - sum(before[r][b] for r in range(nranks))
+        for r in range(nranks):
+            take = min(max(need, 0), equal[r][b])
+            points[r][b] = before[r][b] + take
+            need -= take
+    return points
+
+
+def sort_exchange_plan(points: Sequence[Sequence[int]], counts: Sequence[int], rank: int) -> AllToAll:
+    """The sort's all-to-all-v from the split points (points[r][d - 1]: how many of rank r's
+    sorted elements go to ranks before d, for d = 1 .. R - 1): rank r sends its elements in
+    [points[r][d - 1], points[r][d]) to rank d, and rank d receives them in rank order."""
+    nranks = len(counts)
+
+    def cut(r, d):  # how many of rank r's elements go to ranks before d
+        if d == 0:
+            return 0
+        if d == nranks:
+            return counts[r]
+        return points[r][d - 1]
+
+    send_counts = [cut(rank, d + 1) - cut(rank, d) for d in range(nranks)]
+    send_displacements = [cut(rank, d) for d in range(nranks)]
+    receive_counts = [cut(r, rank + 1) - cut(r, rank) for r in range(nranks)]
+    receive_displacements = offsets(receive_counts)
+    return AllToAll(send_counts, send_displacements, receive_counts, receive_displacements)
+
+
+def merge_best(values, indices, codes, k: int):
+    """top_k's merge of every rank's candidates (values, global indices and their ascending
+    order codes, concatenated): the k best, best first, ties to the lower index. `codes` are
+    already reversed for the largest (order_codes(..., descending=True))."""
+    import numpy as np
+
+    order = np.lexsort((indices, codes))[:k]
+    return values[order], indices[order]
+
+
+# ---- runs of equal keys across ranks -----------------------------------------------------------------
+
+
+class RunEdges(NamedTuple):
+    """One non-empty rank's runs, from its local reduce_by_key: its first and last keys, how
+    many runs it holds, the fold of its first and of its last run (its part of them), and
+    the first key of its last run."""
+
+    first_key: object
+    last_key: object
+    runs: int
+    first_fold: object
+    last_fold: object
+    last_head: object
+
+
+class RunCarry(NamedTuple):
+    """What a rank's runs need from the others: `carry`, the fold of the part in earlier
+    ranks of the run its first element continues (None when its first element starts a run);
+    `head`, that run's first key; `continues`, whether its last run goes on in a later rank."""
+
+    carry: object
+    head: object
+    continues: bool
+
+
+def run_carries(edges: Sequence[RunEdges | None], equal: Callable, op: Callable) -> list[RunCarry]:
+    """Every rank's RunCarry, folded on the host in rank order (empty ranks: None in `edges`,
+    skipped): a run continues from the nearest earlier non-empty rank when equal(its last
+    key, this rank's first key), as the one-process head flags compare them. The carry
+    folds the run's parts left to right: op(op(f0, f1), f2)."""
+    result = [RunCarry(None, None, False) for _ in edges]
+    previous = None  # (rank, its last key, the fold so far of the run at its end, that run's first key)
+    for rank, edge in enumerate(edges):
+        if edge is None:
+            continue
+        carry = head = None
+        if previous is not None and equal(previous[1], edge.first_key):
+            carry, head = previous[2], previous[3]
+            result[previous[0]] = result[previous[0]]._replace(continues=True)
+        if edge.runs == 1:
+            fold = edge.first_fold if carry is None else op(carry, edge.first_fold)
+            last = (rank, edge.last_key, fold, edge.first_key if head is None else head)
+        else:
+            last = (rank, edge.last_key, edge.last_fold, edge.last_head)
+        result[rank] = RunCarry(carry, head, False)
+        previous = last
+    return result

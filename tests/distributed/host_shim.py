@@ -5,7 +5,11 @@ every collective's agreements, data movement and folds, on this rank's part of e
 It stands in for what the from_mpi paths call: PlaceGroup.by_devices, ShardedArray.allocate
 and its host copies, the built-in reductions' per-place partials and fold, the built-in
 scans with their carry, count, histogram_even, fill, sequence, the built-in add and negate,
-and copy_lanes. Its folds are sequential
+copy_lanes, the radix sorts (sort, sort_by_key: stable, over the rank's places as one
+sequence, NaNs last ascending and first descending, the exact reverse), top_k, searchsorted
+select, the scans by key, reduce_by_key, adjacent_difference and the flagged compaction
+(whose compiled operators `select_libraries` and `compiled_libraries` stand in for with the
+Python functions themselves). Its folds are sequential
 numpy folds, not the GPU's: results are checked against numpy, never bitwise against the
 GPU (the gpu tests do that). `install(monkeypatch)` puts it in place for one test.
 """
@@ -102,6 +106,10 @@ class ShardedArray:
         assert nbytes == (stop - start) * self.itemsize
         ctypes.memmove(self.data.ctypes.data + start * self.itemsize, host, nbytes)
 
+    def copy_range_to_host(self, start, stop, host, nbytes):
+        assert nbytes == (stop - start) * self.itemsize
+        ctypes.memmove(host, self.data.ctypes.data + start * self.itemsize, nbytes)
+
     def free(self):
         self.is_freed = True
 
@@ -177,8 +185,171 @@ def transform_builtin(op, inputs, out, scalars):
 
 
 def copy_lanes(source, source_offset, target, target_offset, width):
-    assert source_offset == target_offset == 0 and width == source.itemsize == target.itemsize
-    target.data[:] = source.data
+    """Bytes [offset, offset + width) of every element, from source's elements to target's."""
+    assert source.size == target.size
+    lanes = source.data.reshape(-1, source.itemsize)[:, source_offset:source_offset + width]
+    target.data.reshape(-1, target.itemsize)[:, target_offset:target_offset + width] = lanes
+
+
+def _sort_order(values, descending):
+    """The stable order of the shim's radix sort: numpy's (NaNs last, -0.0 == 0.0), or its
+    exact reverse with ties still in index order."""
+    from cuda_sharded_jit.distributed._plans import order_codes
+
+    return np.argsort(order_codes(values, descending), kind="stable")
+
+
+def _canonical(values):
+    """What the sort writes back: every NaN as the positive quiet NaN."""
+    if values.dtype.kind == "f":
+        values = values.copy()
+        values[np.isnan(values)] = np.array(np.nan, values.dtype)
+    return values
+
+
+def sort(impl, out, descending):
+    values = impl.typed()
+    out.typed()[:] = _canonical(values[_sort_order(values, descending)])
+
+
+def sort_by_key(keys, out_keys, values, out_values, descending):
+    order = _sort_order(keys.typed(), descending)
+    moved = values.data.reshape(-1, values.itemsize)[order].reshape(-1)
+    out_keys.typed()[:] = _canonical(keys.typed()[order])
+    out_values.data[:] = moved
+
+
+def top_k(impl, k, largest, values, value_bytes, indices, index_bytes):
+    from cuda_sharded_jit.distributed._plans import order_codes
+
+    data = impl.typed()
+    order = np.lexsort((np.arange(data.size), order_codes(data, largest)))[:k]  # ties: the lower index
+    best, where = np.ascontiguousarray(data[order]), order.astype(np.int64)  # kept alive while copied
+    ctypes.memmove(values, best.ctypes.data, value_bytes)
+    ctypes.memmove(indices, where.ctypes.data, index_bytes)
+
+
+def searchsorted(sorted_impl, queries, positions, right):
+    found = np.searchsorted(sorted_impl.typed(), queries.typed(), side="right" if right else "left")
+    positions.typed()[:] = found
+
+
+def select_libraries(op, algorithm, arg_kinds, out_request, archs, spec=None):
+    """Stands in for compiler.kernel_libraries in algorithms/select.py: the predicates
+    themselves, which `select` calls on the host."""
+    return None, (op, spec)
+
+
+def select(libraries, impl, outputs):
+    from cuda_sharded_jit.compiler import SELECT_KINDS
+
+    first, (kind, second) = libraries
+    with_index = kind == SELECT_KINDS[True]
+    values = impl.typed()
+    origin = impl.index_origin
+    classes = np.empty(impl.size, np.int64)
+    for i, value in enumerate(values):
+        if (first(value, origin + i) if with_index else first(value)):
+            classes[i] = 0
+        else:
+            classes[i] = 1 if second is None or second(value) else 2
+    result = []
+    for kept in range(outputs):
+        sizes = [int(np.count_nonzero(classes[offset:offset + size] == kept))
+                 for offset, size in zip(impl.shard_offsets, impl.shard_sizes)]
+        part = ShardedArray(impl.group, sizes, impl.dtype, impl.itemsize)
+        picked = impl.data.reshape(-1, impl.itemsize)[classes == kept].reshape(-1)
+        part.data[:] = picked
+        result.append(part)
+    return result
+
+
+def compiled_libraries(op, algorithm, arg_kinds, out_request, archs, map_spec=None):
+    """Stands in for compiler.kernel_libraries in algorithms/by_key.py: (the result dtype, the
+    operator and its map specification), which the by-key stand-ins call on the host."""
+    return out_request, (op, map_spec)
+
+
+def _from_parts(group, like, values, ends):
+    """A new stand-in array of `values` (numpy) whose elements belong to the places holding
+    `ends` (indices into `like`'s elements)."""
+    bounds = np.cumsum(like.shard_sizes)
+    places = np.searchsorted(bounds, np.asarray(ends, np.int64), side="right")
+    sizes = [int(np.count_nonzero(places == place)) for place in range(len(like.shard_sizes))]
+    result = ShardedArray(group, sizes, values.dtype.name, values.dtype.itemsize)
+    result.typed()[:] = values
+    return result
+
+
+def _heads(keys, equal):
+    return [i == 0 or not equal(keys[i - 1], keys[i]) for i in range(keys.size)]
+
+
+def _cast(value, dtype):
+    with np.errstate(all="ignore"):
+        return np.array([value]).astype(dtype)[0]
+
+
+def scan_by_key(libraries, keys, values, out, exclusive, init):
+    op, (_, equal) = libraries
+    dtype = np.dtype(out.dtype)
+    key_values, source = keys.typed(), values.typed()
+    seed = np.frombuffer(init, dtype)[0] if exclusive else None
+    result = np.empty(source.size, dtype)
+    acc = None
+    for i, head in enumerate(_heads(key_values, equal)):
+        if exclusive:
+            acc = seed if head else acc
+            result[i] = acc
+            acc = _cast(op(acc, source[i]), dtype)
+        else:
+            acc = source[i] if head else _cast(op(acc, source[i]), dtype)
+            result[i] = acc
+    out.typed()[:] = result
+
+
+def reduce_by_key(libraries, keys, values):
+    op, (_, equal) = libraries
+    key_values, source = keys.typed(), values.typed()
+    dtype = source.dtype
+    firsts, folds, ends = [], [], []
+    for i, head in enumerate(_heads(key_values, equal)):
+        if head:
+            if firsts:
+                ends.append(i - 1)
+            firsts.append(key_values[i])
+            folds.append(source[i])
+        else:
+            folds[-1] = _cast(op(folds[-1], source[i]), dtype)
+    if firsts:
+        ends.append(key_values.size - 1)
+    return (_from_parts(keys.group, keys, np.array(firsts, key_values.dtype), ends),
+            _from_parts(values.group, values, np.array(folds, dtype), ends))
+
+
+def adjacent_difference(difference, first, a, out, successor, halo=b""):
+    assert not successor
+    values, result = a.typed(), out.typed()
+    (difference_op, _), (first_op, _) = difference, first
+    for i in range(values.size):
+        if i == 0:
+            result[i] = (difference_op(values[0], np.frombuffer(halo, values.dtype)[0]) if halo
+                         else first_op(values[0]))
+        else:
+            result[i] = difference_op(values[i], values[i - 1])
+
+
+def select_flagged(flags, arrays):
+    kept = flags.typed() != 0
+    ends = np.flatnonzero(kept)
+    result = []
+    for array in arrays:
+        elements = array.data.reshape(-1, array.itemsize)[kept].reshape(-1)
+        part = _from_parts(array.group, flags, np.zeros(ends.size, np.uint8), ends)  # the sizes
+        whole = ShardedArray(array.group, part.shard_sizes, array.dtype, array.itemsize)
+        whole.data[:] = elements
+        result.append(whole)
+    return result
 
 
 def visible_device_count():
@@ -187,7 +358,8 @@ def visible_device_count():
 
 NAMES = ["PlaceGroup", "ShardedArray", "reduce_builtin_partials", "fold_builtin", "scan_builtin_carried",
          "count", "check_histogram_memory", "histogram_even", "transform_builtin", "copy_lanes",
-         "visible_device_count"]
+         "visible_device_count", "sort", "sort_by_key", "top_k", "searchsorted", "select",
+         "scan_by_key", "reduce_by_key", "adjacent_difference", "select_flagged"]
 
 
 def install(monkeypatch) -> None:
@@ -197,3 +369,9 @@ def install(monkeypatch) -> None:
     module = sys.modules[__name__]
     for name in NAMES:
         monkeypatch.setattr(real_shim, name, getattr(module, name))
+    from cuda_sharded_jit.algorithms import select as select_module
+
+    monkeypatch.setattr(select_module, "kernel_libraries", select_libraries)
+    from cuda_sharded_jit.algorithms import by_key as by_key_module
+
+    monkeypatch.setattr(by_key_module, "kernel_libraries", compiled_libraries)

@@ -368,3 +368,163 @@ def test_more_places_than_one_fold_launch_takes():
     total, scanned = sharded.sum(a), sharded.inclusive_scan(a, lambda p, q: p + q).to_numpy(root=None)
     assert len(group) > 64
     assert total == host.sum() and np.array_equal(scanned, np.cumsum(host))
+
+
+# ---- sorts, selections, searches, runs of equal keys -------------------------------------------------
+
+
+def _ties_and_nans(dtype, n, seed):
+    """Few distinct values (ties), and for floats NaNs, -0.0 and infinities."""
+    rng = np.random.default_rng(seed)
+    host = rng.integers(-50, 50, n).astype(dtype)
+    if np.dtype(dtype).kind == "f":
+        host[rng.integers(0, n, n // 10)] = np.nan
+        host[rng.integers(0, n, n // 20)] = -0.0
+        host[rng.integers(0, n, 5)] = np.inf
+        host[rng.integers(0, n, 5)] = -np.inf
+    return host
+
+
+def _stable_order(host, descending):
+    """numpy's stable order (NaNs last), or its reverse with ties in index order (NaNs first)."""
+    if not descending:
+        return np.argsort(host, kind="stable")
+    return host.size - 1 - np.argsort(host[::-1], kind="stable")[::-1]
+
+
+def _quiet(values):
+    values = values.copy()
+    if values.dtype.kind == "f":
+        values[np.isnan(values)] = np.array(np.nan, values.dtype)
+    return values
+
+
+def _both(groups, host, sizes):
+    group, reference = groups
+    return (sharded.ShardedArray.from_numpy(group, host, sizes=sizes, root=None),
+            sharded.ShardedArray.from_numpy(reference, host, sizes=sizes))
+
+
+def _shard_layouts(places, n):
+    last = [0] * places
+    last[-1] = n
+    return {"uneven": _uneven(places, n), "all on the last place": last}
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int32, np.int64, np.uint32, np.uint64])
+@pytest.mark.parametrize("descending", [False, True])
+def test_sorts_match_by_devices_bit_for_bit(groups, dtype, descending):
+    group, _ = groups
+    host = _ties_and_nans(dtype, N, seed=20)
+    payload = np.arange(N, dtype=np.int64) * 7
+    results = {}
+    for name, sizes in _shard_layouts(len(group), N).items():
+        (a, r), (va, vr) = _both(groups, host, sizes), _both(groups, payload, sizes)
+        ours, theirs = ([sharded.sort(x.copy(), descending=descending),
+                         *sharded.sort_by_key(x.copy(), values, descending=descending),
+                         sharded.argsort(x, descending=descending)] for x, values in ((a, va), (r, vr)))
+        results[name] = ([x.to_numpy(root=None) for x in ours], [x.to_numpy() for x in theirs],
+                         [x.shard_sizes for x in ours], tuple(sizes))
+    order = _stable_order(host, descending)
+    for name, (ours, theirs, shard_sizes, sizes) in results.items():
+        assert all(s == sizes for s in shard_sizes), name
+        for mine, other in zip(ours, theirs):
+            assert mine.tobytes() == other.tobytes(), name
+        assert ours[0].tobytes() == _quiet(host[order]).tobytes()
+        assert np.array_equal(ours[2], payload[order]) and np.array_equal(ours[3], order)
+
+
+def test_sort_by_key_moves_records_across_ranks(groups):
+    group, reference = groups
+    keys_host = _ties_and_nans(np.float32, N, seed=21)
+    records = np.dtype([("x", np.float32), ("n", np.int64), ("y", np.int32)], align=True)
+    record_host = np.zeros(N, records)
+    record_host["n"] = np.arange(N)
+    record_host["y"] = -np.arange(N, dtype=np.int32)
+    sizes = _uneven(len(group), N)
+    (ka, kr), (va, vr) = _both(groups, keys_host, sizes), _both(groups, record_host, sizes)
+    ours = [x.to_numpy(root=None) for x in sharded.sort_by_key(ka, va, descending=True)]
+    theirs = [x.to_numpy() for x in sharded.sort_by_key(kr, vr, descending=True)]
+    order = _stable_order(keys_host, True)
+    assert ours[0].tobytes() == theirs[0].tobytes() and ours[1].tobytes() == theirs[1].tobytes()
+    assert np.array_equal(ours[1]["n"], order)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.int64])
+def test_selections_top_k_and_searchsorted_match_by_devices(groups, dtype):
+    group, _ = groups
+    host = _ties_and_nans(dtype, N, seed=22)
+    sizes = _uneven(len(group), N)
+    a, r = _both(groups, host, sizes)
+
+    def selections(x):
+        low, middle, high = sharded.three_way_partition(x, lambda v: v < -20, lambda v: v < 20)
+        yes, no = sharded.partition(x, lambda v: v > 0)
+        return [sharded.select(x, lambda v: v % 3 == 0), sharded.select(x, lambda v, i: i % 5 == 2, with_index=True),
+                yes, no, low, middle, high]
+
+    ours = selections(a)
+    theirs = selections(r)
+    picked = [(x.shard_sizes, x.to_numpy(root=None)) for x in ours]
+    expected = [(x.shard_sizes, x.to_numpy()) for x in theirs]
+    tops = {(k, largest): (sharded.top_k(a, k, largest), sharded.top_k(r, k, largest))
+            for k in (1, 100, 5000) for largest in (True, False)}
+    sa, sr = sharded.sort(a.copy()), sharded.sort(r.copy())
+    queries = np.array([-60, -20, 0, 3, 49, 70] + ([np.nan] if np.dtype(dtype).kind == "f" else []), dtype)
+    searched = {side: (sharded.searchsorted(sa, queries, side=side), sharded.searchsorted(sr, queries, side=side))
+                for side in ("left", "right")}
+    for (sizes_ours, mine), (sizes_theirs, other) in zip(picked, expected):
+        assert sizes_ours == sizes_theirs and mine.tobytes() == other.tobytes()
+    if np.dtype(dtype).kind == "i":
+        assert np.array_equal(picked[0][1], host[host % 3 == 0])
+    for (k, largest), ((v1, i1), (v2, i2)) in tops.items():
+        assert v1.tobytes() == v2.tobytes() and np.array_equal(i1, i2), (k, largest)
+        assert np.array_equal(i1, _stable_order(host, largest)[:k]), (k, largest)
+    for side, (mine, other) in searched.items():
+        assert np.array_equal(mine, other) and np.array_equal(mine, np.searchsorted(np.sort(host), queries, side=side))
+
+
+def _long_runs(n, seed):
+    rng = np.random.default_rng(seed)
+    lengths = rng.choice([1, 3, 50, 4000, 300000], size=n // 1000 + 10)
+    return np.repeat(np.arange(lengths.size, dtype=np.int32) % 5, lengths)[:n].copy()
+
+
+@pytest.mark.parametrize("value_dtype", [np.int32, np.int64])
+def test_by_key_algorithms_match_by_devices_bit_for_bit(groups, value_dtype):
+    group, _ = groups
+    keys_host = _long_runs(N, seed=23)
+    values_host = _sample(value_dtype, N, seed=24)
+    sizes = _uneven(len(group), N)
+    (ka, kr), (va, vr) = _both(groups, keys_host, sizes), _both(groups, values_host, sizes)
+
+    def by_key(k, v):
+        return [sharded.inclusive_scan_by_key(k, v, "sum"),
+                sharded.inclusive_scan_by_key(k, v, lambda x, y: y if y > 0 else x),  # associative, not commutative
+                sharded.exclusive_scan_by_key(k, v, lambda x, y: x + y, 7),
+                *sharded.reduce_by_key(k, v, "sum"), *sharded.reduce_by_key(k, v, "max"),
+                *sharded.unique_by_key(k, v), sharded.unique(v)]
+
+    ours = [(x.shard_sizes, x.to_numpy(root=None)) for x in by_key(ka, va)]
+    theirs = [(x.shard_sizes, x.to_numpy()) for x in by_key(kr, vr)]
+    for index, ((sizes_ours, mine), (sizes_theirs, other)) in enumerate(zip(ours, theirs)):
+        assert sizes_ours == sizes_theirs and mine.tobytes() == other.tobytes(), index
+    starts = np.flatnonzero(np.concatenate([[True], keys_host[1:] != keys_host[:-1]]))
+    assert np.array_equal(ours[3][1], keys_host[starts])
+    assert np.array_equal(ours[4][1], np.add.reduceat(values_host, starts).astype(value_dtype))
+    assert np.array_equal(ours[9][1], np.unique(values_host))
+
+
+def test_float_scans_by_key_match_numpy_closely(groups):
+    group, _ = groups
+    keys_host = _long_runs(N, seed=25)
+    values_host = _sample(np.float32, N, seed=26)
+    sizes = _uneven(len(group), N)
+    (ka, kr), (va, vr) = _both(groups, keys_host, sizes), _both(groups, values_host, sizes)
+    ours = [sharded.inclusive_scan_by_key(ka, va, "sum").to_numpy(root=None),
+            sharded.reduce_by_key(ka, va, "sum")[1].to_numpy(root=None)]
+    theirs = [sharded.inclusive_scan_by_key(kr, vr, "sum").to_numpy(),
+              sharded.reduce_by_key(kr, vr, "sum")[1].to_numpy()]
+    # a run that crosses a rank folds its carry in front there: the association may differ
+    for mine, other in zip(ours, theirs):
+        assert mine.shape == other.shape and np.allclose(mine, other, rtol=1e-3, atol=0.5)

@@ -122,13 +122,7 @@ def _fake_distributed_array():
 
 
 @pytest.mark.parametrize("call, argument, name", [
-    (lambda a: sharded.sort(a), "a", "sort"),
-    (lambda a: sharded.sort_by_key(a, a), "keys", "sort_by_key"),
-    (lambda a: sharded.top_k(a, 3), "a", "top_k"),
-    (lambda a: sharded.select(a, lambda x: x > 0), "a", "select"),
-    (lambda a: sharded.unique(a), "a", "unique"),
     (lambda a: sharded.segmented_reduce(a, [0, 1], "sum", 0), "a", "segmented_reduce"),
-    (lambda a: sharded.searchsorted(a, a), "sorted_a", "searchsorted"),
 ])
 def test_calls_not_across_processes_yet_refuse_from_mpi_arrays_first(call, argument, name):
     with pytest.raises(ValueError, match=rf"^{argument}: lives on a PlaceGroup.from_mpi group, and {name} does "

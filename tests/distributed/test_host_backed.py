@@ -159,7 +159,7 @@ def test_errors_one_rank_hits_alone_are_raised_on_every_rank(group):
         "allocation": _outcome(lambda: sharded.ShardedArray.allocate(
             group, [1 << 40 if RANK == last and place == group.local_places[0] else 4 for place in range(len(group))],
             np.float64)),
-        "sort": _outcome(lambda: sharded.sort(a)),
+        "sort": _outcome(lambda: sharded.sort(a, key=lambda x: -x)),
     }
     after = sharded.sum(a)  # the group still works
     everywhere = allgather(outcomes)
@@ -212,3 +212,330 @@ def test_operators_between_from_mpi_arrays(group):
     assert np.array_equal(results[0], host + host[::-1]) and np.array_equal(results[1], -host)
     assert np.array_equal(results[2], host) and np.array_equal(results[3], host)
     assert results[4] is True and results[5][0] == "ValueError" and f"{host.size} elements" in results[5][1]
+
+
+# ---- sorts, selections, searches ---------------------------------------------------------------
+
+
+def _with_ties_and_nans(dtype, n, seed):
+    """Few distinct values (many ties), and for floats NaNs, -0.0 and infinities."""
+    rng = np.random.default_rng(seed)
+    host = rng.integers(-20, 20, n).astype(dtype)
+    if np.dtype(dtype).kind == "f":
+        host[rng.integers(0, n, n // 10)] = np.nan
+        host[rng.integers(0, n, n // 20)] = -0.0
+        host[rng.integers(0, n, 3)] = np.inf
+        host[rng.integers(0, n, 3)] = -np.inf
+    return host
+
+
+def _layouts(places, n):
+    """Uneven with empty shards; every element on the last place; on the first."""
+    last, first = [0] * places, [0] * places
+    last[-1], first[0] = n, n
+    return [_sizes(places, n), last, first]
+
+
+def _np_argsort(host, descending):
+    """numpy's stable order (NaNs last), or its reverse with ties still in index order (NaNs
+    first): the stable ascending order of the reversed array, reversed."""
+    if not descending:
+        return np.argsort(host, kind="stable")
+    return host.size - 1 - np.argsort(host[::-1], kind="stable")[::-1]
+
+
+def _np_sort(host, descending):
+    return host[_np_argsort(host, descending)]
+
+
+def _same(x, y):
+    return x.dtype == y.dtype and x.shape == y.shape and np.array_equal(x.view(np.uint8), y.view(np.uint8))
+
+
+@pytest.mark.parametrize("dtype", [np.int64, np.int32, np.uint32, np.float64, np.float32])
+@pytest.mark.parametrize("descending", [False, True])
+def test_sort_keeps_shard_sizes_against_numpy(group, dtype, descending):
+    host = _with_ties_and_nans(dtype, 1201, seed=5)
+    results = []
+    for sizes in _layouts(len(group), host.size):
+        a = sharded.ShardedArray.from_numpy(group, host, sizes=sizes, root=None)
+        out = sharded.sort(a, descending=descending, out=sharded.ShardedArray.allocate(group, sizes, dtype))
+        same = sharded.sort(a, descending=descending)  # in place
+        results.append((sizes, out.shard_sizes, out.to_numpy(root=None), same is a, a.to_numpy(root=None)))
+    empty = sharded.sort(sharded.ShardedArray.from_numpy(group, np.zeros(0, dtype), root=None)).to_numpy(root=None)
+    expected = _canonical_nans(_np_sort(host, descending))
+    for sizes, kept, sorted_out, in_place, sorted_in_place in results:
+        assert kept == tuple(sizes) and in_place
+        assert _same(sorted_out, expected) and _same(sorted_in_place, expected)
+    assert empty.size == 0
+
+
+def _canonical_nans(values):
+    values = values.copy()
+    if values.dtype.kind == "f":
+        values[np.isnan(values)] = np.array(np.nan, values.dtype)
+    return values
+
+
+def test_sort_keeps_negative_zeros_in_index_order(group):
+    host = np.tile(np.array([0.0, -0.0, 1.0, -0.0, 0.0, -1.0]), 50)
+    a = sharded.ShardedArray.from_numpy(group, host, sizes=_sizes(len(group), host.size), root=None)
+    up = sharded.sort(a, out=sharded.ShardedArray.allocate(group, list(a.shard_sizes), np.float64)).to_numpy(root=None)
+    down = sharded.sort(a, descending=True, out=sharded.ShardedArray.allocate(
+        group, list(a.shard_sizes), np.float64)).to_numpy(root=None)
+    zeros = host[host == 0]
+    assert _same(up[up == 0], zeros) and _same(down[down == 0], zeros)  # stable: the signs in index order
+
+
+@pytest.mark.parametrize("descending", [False, True])
+def test_sort_by_key_and_argsort_carry_values_across_ranks(group, descending):
+    keys_host = _with_ties_and_nans(np.float32, 999, seed=6)
+    values_host = np.arange(999, dtype=np.int64) * 3 - 7
+    records = np.dtype([("x", np.float32), ("n", np.int64), ("y", np.int32)], align=True)
+    record_host = np.zeros(999, records)
+    record_host["n"] = np.arange(999)
+    record_host["y"] = -np.arange(999)
+    results = []
+    for sizes in _layouts(len(group), keys_host.size):
+        keys = sharded.ShardedArray.from_numpy(group, keys_host, sizes=sizes, root=None)
+        values = sharded.ShardedArray.from_numpy(group, values_host, sizes=sizes, root=None)
+        rec = sharded.ShardedArray.from_numpy(group, record_host, sizes=sizes, root=None)
+        out_k = sharded.ShardedArray.allocate(group, sizes, np.float32)
+        out_v = sharded.ShardedArray.allocate(group, sizes, np.int64)
+        sk, sv = sharded.sort_by_key(keys, values, descending=descending, out_keys=out_k, out_values=out_v)
+        out_k2 = sharded.ShardedArray.allocate(group, sizes, np.float32)
+        _, sr = sharded.sort_by_key(keys, rec, descending=descending, out_keys=out_k2,
+                                    out_values=sharded.ShardedArray.allocate(group, sizes, records))
+        order = sharded.argsort(keys, descending=descending)
+        results.append((sk.to_numpy(root=None), sv.to_numpy(root=None), sr.to_numpy(root=None),
+                        order.to_numpy(root=None), order.shard_sizes, tuple(sizes), keys.to_numpy(root=None)))
+    expected = _np_argsort(keys_host, descending)
+    for sorted_keys, sorted_values, sorted_records, indices, order_sizes, sizes, keys_after in results:
+        assert _same(sorted_keys, _canonical_nans(keys_host[expected]))
+        assert np.array_equal(sorted_values, values_host[expected])
+        assert np.array_equal(sorted_records["n"], expected) and np.array_equal(sorted_records["y"], -expected)
+        assert indices.dtype == np.int64 and np.array_equal(indices, expected) and order_sizes == sizes
+        assert _same(keys_after, keys_host)  # argsort and the out= sorts leave the keys as they were
+
+
+def test_sorts_match_one_process_on_the_stand_in(group):
+    """The same stand-in on one process (a by_devices group of as many places, the same shard
+    sizes) sorts the same data to the same bits."""
+    host = _with_ties_and_nans(np.float64, 777, seed=7)
+    payload = np.arange(host.size, dtype=np.int64)
+    sizes = _sizes(len(group), host.size)
+    results = []
+    for grouping in (group, sharded.PlaceGroup.by_devices([0] * len(group))):
+        def make(values):
+            return sharded.ShardedArray.from_numpy(grouping, values, sizes=sizes, root=None if grouping is group else 0)
+
+        down = sharded.sort(make(host), descending=True)
+        keys, values = sharded.sort_by_key(make(host), make(payload))
+        results.append([array.to_numpy() for array in (down, keys, values)] + [down.shard_sizes])
+    (mpi_down, mpi_keys, mpi_values, mpi_sizes), (one_down, one_keys, one_values, one_sizes) = results
+    assert mpi_sizes == one_sizes == tuple(sizes)
+    if RANK == 0:  # to_numpy(root=0): rank 0 holds the gathered arrays
+        assert _same(mpi_down, one_down) and _same(mpi_keys, one_keys) and _same(mpi_values, one_values)
+
+
+def test_selections_keep_each_shard_s_elements(group):
+    host = _host(n=601, seed=8)
+    sizes = _sizes(len(group), host.size)
+    a = sharded.ShardedArray.from_numpy(group, host, sizes=sizes, root=None)
+    kept = sharded.select(a, lambda x: x % 3 == 0)
+    indexed = sharded.select(a, lambda x, i: i % 4 == 1, with_index=True)
+    yes, no = sharded.partition(a, lambda x: x < 0)
+    low, middle, high = sharded.three_way_partition(a, lambda x: x < -30, lambda x: x < 30)
+    results = {name: (array.shard_sizes, array.to_numpy(root=None)) for name, array in
+               dict(kept=kept, indexed=indexed, yes=yes, no=no, low=low, middle=middle, high=high).items()}
+    bounds = np.cumsum([0] + sizes)
+    shards = [host[bounds[p]:bounds[p + 1]] for p in range(len(group))]
+    index = np.arange(host.size)
+
+    def expect(mask):
+        return tuple(int(np.count_nonzero(mask[bounds[p]:bounds[p + 1]])) for p in range(len(group))), host[mask]
+
+    masks = dict(kept=host % 3 == 0, indexed=index % 4 == 1, yes=host < 0, no=host >= 0, low=host < -30,
+                 middle=(host >= -30) & (host < 30), high=host >= 30)
+    assert len(shards) == len(group)
+    for name, mask in masks.items():
+        expected_sizes, expected = expect(mask)
+        assert results[name][0] == expected_sizes, name
+        assert np.array_equal(results[name][1], expected), name
+
+
+@pytest.mark.parametrize("dtype", [np.int64, np.float32])
+def test_top_k_and_searchsorted_on_every_rank(group, dtype):
+    host = _with_ties_and_nans(dtype, 803, seed=9)
+    sizes = _sizes(len(group), host.size)
+    a = sharded.ShardedArray.from_numpy(group, host, sizes=sizes, root=None)
+    tops = {(k, largest): sharded.top_k(a, k, largest) for k in (0, 1, 7, 300, host.size) for largest in (True, False)}
+    sorted_a = sharded.sort(sharded.ShardedArray.from_numpy(group, host, sizes=sizes, root=None))
+    queries = np.array([-100, -20, -3, 0, 5, 19, 50, np.nan if np.dtype(dtype).kind == "f" else 7]).astype(dtype)
+    left = sharded.searchsorted(sorted_a, queries)
+    right = sharded.searchsorted(sorted_a, queries, side="right")
+    scalar = sharded.searchsorted(sorted_a, 3)
+    refused = _outcome(lambda: sharded.searchsorted(sorted_a, sorted_a))
+    everywhere = allgather((left.tolist(), right.tolist(), int(scalar)))
+    reference = np.sort(host)
+    assert all(seen == everywhere[0] for seen in everywhere)
+    assert np.array_equal(left, np.searchsorted(reference, queries)) and left.dtype == np.int64
+    assert np.array_equal(right, np.searchsorted(reference, queries, side="right"))
+    assert scalar == np.searchsorted(reference, 3) and np.ndim(scalar) == 0
+    assert refused[0] == "ValueError" and refused[1].startswith("values: searchsorted on a PlaceGroup.from_mpi")
+    for (k, largest), (values, indices) in tops.items():
+        order = _np_argsort(host, largest)[:k]  # best first, ties to the lower index, NaNs the largest
+        assert indices.dtype == np.int64 and np.array_equal(indices, order), (k, largest)
+        assert _same(values, host[order]), (k, largest)
+
+
+# ---- runs of equal keys across ranks ---------------------------------------------------------------
+
+
+def _runs_of(keys):
+    """[(start, stop)] of the runs of equal consecutive keys."""
+    starts = [0] + [i for i in range(1, keys.size) if keys[i] != keys[i - 1]]
+    return list(zip(starts, starts[1:] + [keys.size]))
+
+
+def _long_runs(n, seed):
+    """Keys with runs long enough to cross shards and ranks, and short ones."""
+    rng = np.random.default_rng(seed)
+    lengths = rng.choice([1, 2, 5, 40, 300], size=n)
+    return np.repeat(np.arange(lengths.size, dtype=np.int64) % 7, lengths)[:n].copy()
+
+
+def _in_shards(host_positions, sizes):
+    """How many of `host_positions` fall in each shard."""
+    bounds = np.cumsum(sizes)
+    places = np.searchsorted(bounds, np.asarray(host_positions, np.int64), side="right")
+    return tuple(int(np.count_nonzero(places == place)) for place in range(len(sizes)))
+
+
+@pytest.mark.parametrize("layout", [0, 1, 2])
+def test_by_key_algorithms_carry_runs_across_ranks(group, layout):
+    n = 901
+    keys_host = _long_runs(n, seed=10)
+    values_host = np.random.default_rng(11).integers(-1000, 1000, n).astype(np.int64)
+    sizes = _layouts(len(group), n)[layout]
+    keys = sharded.ShardedArray.from_numpy(group, keys_host, sizes=sizes, root=None)
+    values = sharded.ShardedArray.from_numpy(group, values_host, sizes=sizes, root=None)
+    inclusive = sharded.inclusive_scan_by_key(keys, values, "sum")
+    maxima = sharded.inclusive_scan_by_key(keys, values, lambda x, y: x if x > y else y)
+    # the last positive value seen: associative, not commutative
+    exclusive = sharded.exclusive_scan_by_key(keys, values, lambda x, y: y if y > 0 else x, 5)
+    unique_keys, sums = sharded.reduce_by_key(keys, values, "sum")
+    first_keys, first_values = sharded.unique_by_key(keys, values)
+    only_keys, none = sharded.unique_by_key(keys)
+    results = {name: (array.shard_sizes, array.to_numpy(root=None)) for name, array in dict(
+        inclusive=inclusive, maxima=maxima, exclusive=exclusive, unique_keys=unique_keys, sums=sums,
+        first_keys=first_keys, first_values=first_values, only_keys=only_keys).items()}
+    runs = _runs_of(keys_host)
+    expected_inclusive, expected_maxima, expected_exclusive = (np.empty(n, np.int64) for _ in range(3))
+    for start, stop in runs:
+        expected_inclusive[start:stop] = np.cumsum(values_host[start:stop])
+        expected_maxima[start:stop] = np.maximum.accumulate(values_host[start:stop])
+        acc = 5
+        for i in range(start, stop):
+            expected_exclusive[i] = acc
+            acc = values_host[i] if values_host[i] > 0 else acc
+    heads = [start for start, _ in runs]
+    ends = [stop - 1 for _, stop in runs]
+    assert none is None
+    assert np.array_equal(results["inclusive"][1], expected_inclusive)
+    assert np.array_equal(results["maxima"][1], expected_maxima)
+    assert np.array_equal(results["exclusive"][1], expected_exclusive)
+    assert results["inclusive"][0] == tuple(sizes)
+    assert np.array_equal(results["unique_keys"][1], keys_host[heads])
+    assert np.array_equal(results["sums"][1], [values_host[start:stop].sum() for start, stop in runs])
+    assert results["unique_keys"][0] == results["sums"][0] == _in_shards(ends, sizes)  # where each run ends
+    for name in ("first_keys", "only_keys"):
+        assert np.array_equal(results[name][1], keys_host[heads])
+        assert results[name][0] == _in_shards(heads, sizes)  # where each run starts
+    assert np.array_equal(results["first_values"][1], values_host[heads])
+
+
+def test_one_run_over_every_rank(group):
+    n = 400
+    keys_host = np.full(n, 3, np.int32)
+    values_host = np.arange(n, dtype=np.int32)
+    sizes = _sizes(len(group), n)
+    keys = sharded.ShardedArray.from_numpy(group, keys_host, sizes=sizes, root=None)
+    values = sharded.ShardedArray.from_numpy(group, values_host, sizes=sizes, root=None)
+    scanned = sharded.inclusive_scan_by_key(keys, values, "sum").to_numpy(root=None)
+    unique_keys, sums = sharded.reduce_by_key(keys, values, "sum")
+    result = (unique_keys.to_numpy(root=None), sums.to_numpy(root=None), sums.shard_sizes)
+    assert np.array_equal(scanned, np.cumsum(values_host, dtype=np.int32))
+    assert result[0].tolist() == [3] and result[1].tolist() == [values_host.sum()]
+    assert result[2] == _in_shards([n - 1], sizes)
+
+
+@pytest.mark.parametrize("dtype", [np.int64, np.float64])
+def test_unique_sorts_then_keeps_the_first_of_each_run(group, dtype):
+    host = _with_ties_and_nans(dtype, 700, seed=12)
+    a = sharded.ShardedArray.from_numpy(group, host, sizes=_sizes(len(group), host.size), root=None)
+    found = sharded.unique(a)
+    result = (found.to_numpy(root=None), a.to_numpy(root=None))
+    ordered = _canonical_nans(host[np.argsort(host, kind="stable")])
+    same_as_previous = (ordered[1:] == ordered[:-1]) | (np.isnan(ordered[1:]) & np.isnan(ordered[:-1]))
+    expected = ordered[np.concatenate([[True], ~same_as_previous])]  # the NaNs make one; the first zero's sign
+    assert np.array_equal(expected, np.unique(host), equal_nan=True)
+    assert _same(result[0], expected)
+    assert _same(result[1], host)
+
+
+def test_runs_selections_and_top_k_match_one_process_on_the_stand_in(group):
+    """The cross-rank steps against the one-process paths of the same stand-in (a by_devices
+    group of as many places, the same shard sizes): the same values and shard sizes."""
+    n = 833
+    keys_host = _long_runs(n, seed=13)
+    values_host = np.random.default_rng(14).integers(-50, 50, n).astype(np.int32)
+    sizes = _sizes(len(group), n)
+    results = []
+    for grouping in (group, sharded.PlaceGroup.by_devices([0] * len(group))):
+        def make(host):
+            return sharded.ShardedArray.from_numpy(grouping, host, sizes=sizes, root=None if grouping is group else 0)
+
+        keys, values = make(keys_host), make(values_host)
+        arrays = [sharded.inclusive_scan_by_key(keys, values, "sum"),
+                  sharded.exclusive_scan_by_key(keys, values, "max", -7),
+                  *sharded.reduce_by_key(keys, values, "sum"), sharded.unique_by_key(keys, values)[1],
+                  sharded.select(values, lambda x: x > 10), *sharded.partition(values, lambda x: x % 2 == 0)]
+        results.append(([(array.shard_sizes, array.to_numpy()) for array in arrays],
+                        [sharded.top_k(values, k, largest) for k in (0, 5, n) for largest in (True, False)]))
+    (mpi_arrays, mpi_tops), (one_arrays, one_tops) = results
+    for (mpi_sizes, mpi_host), (one_sizes, one_host) in zip(mpi_arrays, one_arrays):
+        assert mpi_sizes == one_sizes
+        assert RANK != 0 or np.array_equal(mpi_host, one_host)  # to_numpy(root=0): rank 0 holds them
+    for (mpi_values, mpi_indices), (one_values, one_indices) in zip(mpi_tops, one_tops):
+        assert np.array_equal(mpi_values, one_values) and np.array_equal(mpi_indices, one_indices)
+
+
+def test_the_new_collectives_agree_on_errors_and_calls(group):
+    last = SIZE - 1
+    host = _host(n=300, seed=15)
+    a = sharded.ShardedArray.from_numpy(group, host, sizes=_sizes(len(group), host.size), root=None)
+    queries = np.array([0, 5]) if RANK != last else np.array([0, 6])
+    out = sharded.ShardedArray.allocate(group, list(a.shard_sizes), np.int64)
+    outcomes = {
+        "top_k k": _outcome(lambda: sharded.top_k(a, 3 if RANK == last else 4)),
+        "top_k bad k": _outcome(lambda: sharded.top_k(a, host.size + 1 if RANK == last else 2)),
+        "searchsorted queries": _outcome(lambda: sharded.searchsorted(a, queries)),
+        "select arity": _outcome(lambda: sharded.select(a, (lambda x, y: x > y) if RANK == last
+                                                        else (lambda x: x > 0))),
+        "descending": _outcome(lambda: sharded.sort(a, descending=RANK == last, out=out)),
+        "sort key": _outcome(lambda: sharded.sort(a, key=lambda x: -x)),
+    }
+    after = sharded.sort(a).to_numpy(root=None)  # the group still works
+    everywhere = allgather(outcomes)
+    assert all(seen == everywhere[0] for seen in everywhere)
+    assert outcomes["top_k bad k"][0] == "ValueError" and outcomes["top_k bad k"][1].startswith("k: expected")
+    assert outcomes["select arity"][0] == "TypeError"
+    assert outcomes["sort key"][0] == "ValueError" and outcomes["sort key"][1].startswith("key: ")
+    if SIZE > 1:
+        assert outcomes["top_k k"][0] == "ValueError" and f"on rank {last}" in outcomes["top_k k"][1]
+        assert outcomes["searchsorted queries"][0] == "ValueError" and "queries" in outcomes["searchsorted queries"][1]
+        assert outcomes["descending"][0] == "ValueError" and "descending" in outcomes["descending"][1]
+    else:
+        assert outcomes["top_k k"] is None and outcomes["searchsorted queries"] is None
+    assert np.array_equal(after, np.sort(host))

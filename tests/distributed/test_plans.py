@@ -219,3 +219,112 @@ def test_choose_transport():
         plans.choose_transport("nccl", True, False, True)
     with pytest.raises(ValueError, match="transport: expected one of 'auto', 'nccl', 'mpi', got 'tcp'"):
         plans.choose_transport("tcp", True, True, True)
+
+
+# ---- the sort's split ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [np.int8, np.int32, np.int64, np.uint16, np.uint64, np.float32, np.float64])
+@pytest.mark.parametrize("descending", [False, True])
+def test_order_codes_order_as_numpy_sorts(dtype, descending):
+    rng = np.random.default_rng(1)
+    dtype = np.dtype(dtype)
+    if dtype.kind == "f":
+        values = np.concatenate([rng.standard_normal(200), [0.0, -0.0, np.inf, -np.inf, np.nan, -np.nan]]).astype(dtype)
+    else:
+        info = np.iinfo(dtype)
+        values = np.concatenate([rng.integers(info.min, info.max, 200, dtype=dtype, endpoint=True),
+                                 np.array([info.min, info.max, 0], dtype)])
+    codes = plans.order_codes(values, descending)
+    order = np.argsort(codes, kind="stable")
+    ascending = np.argsort(values, kind="stable")  # numpy: NaNs last, -0.0 == 0.0
+    expected = values.size - 1 - np.argsort(values[::-1], kind="stable")[::-1] if descending else ascending
+    assert np.array_equal(order, expected)
+    if dtype.kind == "f":
+        assert codes[values.size - 6] == codes[values.size - 5]  # 0.0 and -0.0 equal
+        assert codes[-1] == codes[-2]  # every NaN equal
+
+
+def _split_on_host(per_rank: list[np.ndarray], targets: list[int], ways: int) -> list[list[int]]:
+    """The search of _sorting._split with the allreduce done by a sum over simulated ranks."""
+    present = [codes for codes in per_rank if codes.size]
+    low = [int(min(codes[0] for codes in present))] * len(targets)
+    high = [int(max(codes[-1] for codes in present))] * len(targets)
+    rounds = 0
+    while any(lo < hi for lo, hi in zip(low, high)):
+        candidates = plans.search_candidates(low, high, ways)
+        totals = [[sum(int(np.searchsorted(codes, codes.dtype.type(cut), side="right")) for codes in per_rank)
+                   for cut in cuts] for cuts in candidates]
+        low, high = plans.narrow(low, high, candidates, totals, targets)
+        rounds += 1
+    assert rounds <= 64
+    splitters = np.array(low, per_rank[0].dtype)
+    before = [np.searchsorted(codes, splitters, side="left").tolist() for codes in per_rank]
+    equal = [(np.searchsorted(codes, splitters, side="right") - np.searchsorted(codes, splitters)).tolist()
+             for codes in per_rank]
+    return plans.split_points(targets, before, equal)
+
+
+@pytest.mark.parametrize("counts", [[5, 0, 9, 3], [0, 0, 12], [7], [4, 4, 4, 4, 4], [0, 10, 0, 0]])
+@pytest.mark.parametrize("ways", [2, 16])
+def test_the_split_sends_each_position_to_its_rank_in_stable_order(counts, ways):
+    rng = np.random.default_rng(sum(counts))
+    host = rng.integers(-3, 4, sum(counts)).astype(np.int64)  # many ties
+    starts = plans.offsets(counts)
+    per_rank = [np.sort(host[start:start + count]) for start, count in zip(starts, counts)]
+    tagged = [(value, rank, i) for rank, part in enumerate(per_rank) for i, value in enumerate(part)]
+    stable = sorted(tagged)  # the stable global order: value, then rank, then local position
+    targets = starts[1:]
+    codes = [plans.order_codes(part) for part in per_rank]
+    points = _split_on_host(codes, targets, ways) if targets and sum(counts) else [[0] * len(targets)] * len(counts)
+    received = {}
+    for rank in range(len(counts)):
+        plan = plans.sort_exchange_plan(points, counts, rank)
+        assert sum(plan.send_counts) == counts[rank]
+        assert sum(plan.receive_counts) == counts[rank]  # every rank keeps its element count
+        received[rank] = [(per_rank[source][plan_start + j], source, plan_start + j)
+                          for source in range(len(counts))
+                          for other in [plans.sort_exchange_plan(points, counts, source)]
+                          for plan_start in [other.send_displacements[rank]]
+                          for j in range(other.send_counts[rank])]
+    for rank, start in enumerate(starts):
+        assert sorted(received[rank]) == stable[start:start + counts[rank]]
+
+
+def test_merge_best_takes_the_lower_index_among_ties():
+    values = np.array([5, 7, 7, 1, 7], np.int32)
+    indices = np.array([10, 40, 3, 2, 20], np.int64)
+    best, where = plans.merge_best(values, indices, plans.order_codes(values, True), 3)
+    assert best.tolist() == [7, 7, 7] and where.tolist() == [3, 20, 40]
+    best, where = plans.merge_best(values, indices, plans.order_codes(values, False), 2)
+    assert best.tolist() == [1, 5] and where.tolist() == [2, 10]
+
+
+def _edges_of(part: np.ndarray, values: np.ndarray):
+    """A rank's RunEdges computed directly (runs of equal keys, folds by sum)."""
+    if part.size == 0:
+        return None
+    starts = [0] + [i for i in range(1, part.size) if part[i] != part[i - 1]]
+    folds = [int(values[s:e].sum()) for s, e in zip(starts, starts[1:] + [part.size])]
+    return plans.RunEdges(int(part[0]), int(part[-1]), len(starts), folds[0], folds[-1], int(part[starts[-1]]))
+
+
+@pytest.mark.parametrize("counts", [[4, 0, 3, 5, 0, 2], [6], [0, 7, 0], [1, 1, 1, 1]])
+def test_run_carries_fold_the_runs_that_cross_ranks(counts):
+    keys = np.array([1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1])[:sum(counts)]
+    values = np.arange(1, keys.size + 1)
+    starts = plans.offsets(counts)
+    edges = [_edges_of(keys[s:s + c], values[s:s + c]) for s, c in zip(starts, counts)]
+    carries = plans.run_carries(edges, lambda x, y: x == y, lambda x, y: x + y)
+    for rank, (start, count) in enumerate(zip(starts, counts)):
+        carry = carries[rank]
+        if count == 0:
+            assert carry == plans.RunCarry(None, None, False)
+            continue
+        head = start
+        while head > 0 and keys[head - 1] == keys[start]:
+            head -= 1
+        end = start + count - 1
+        assert carry.carry == (int(values[head:start].sum()) if head < start else None)
+        assert carry.head == (int(keys[head]) if head < start else None)
+        assert carry.continues == (end + 1 < keys.size and keys[end + 1] == keys[end])

@@ -1,0 +1,215 @@
+"""The sorts, selections and searches on from_mpi groups, each inside its collective (the
+algorithm's own call, see _collective.py). Each rank runs the one-process algorithm on its
+own part (a one-process view of its shards, over its local places); what crosses ranks is
+host data through MPI (the "mpi" transport):
+
+- sort, sort_by_key, argsort: each rank sorts its part (the local multi-place sort), the exact
+  split of the global order is searched on the host (every rank's sorted order codes
+  counted at candidate codes, the counts allreduced: a few rounds), the pieces move in one
+  all-to-all-v, and each rank sorts what it received, which lays it out in its shards. The
+  global order's element at position k ends in the shard owning k, so the result is
+  by_devices' bit for bit (the sorts are stable: ties in global index order).
+- select, partition, three_way_partition: each rank selects from its shards; the outputs'
+  shard sizes are allgathered (no element crosses ranks, as none crosses places).
+- top_k: each rank's best (at most k), allgathered and merged in order on every rank.
+- searchsorted (numpy queries): each rank counts in its part; the counts add up (int64
+  allreduce: any order, the same sum).
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+
+from .. import _shim
+from ..array import ShardedArray
+from ._agreement import begin, gather, moving
+from ._arrays import empty, wrap
+from ._mpi import mpi
+from ._plans import (merge_best, narrow, order_codes, rank_counts, search_candidates, sort_exchange_plan,
+                     split_points)
+
+_WAYS = 16  # candidate codes per bracket a round: 4 bits of a code a round
+
+
+def local(a) -> ShardedArray:
+    """This rank's shards of a from_mpi array as a one-process array (the same storage)."""
+    return ShardedArray(a._impl, a.group._local, a.dtype)
+
+
+def _to_host(array: ShardedArray) -> np.ndarray:
+    host = np.empty(array.size, array.dtype)
+    array._impl.copy_to_host(host.ctypes.data, host.nbytes)
+    return host
+
+
+def _bytes(array: np.ndarray) -> np.ndarray:
+    return array.reshape(-1).view(np.uint8)
+
+
+def _split(group, codes: np.ndarray, shard_sizes) -> list[list[int]]:
+    """points[r][d - 1]: how many of rank r's sorted elements go to ranks before d, found by
+    the multi-way search of the codes (every rank's `codes` sorted, non-decreasing)."""
+    MPI = mpi()
+    comm = group.comm
+    counts, starts = rank_counts(shard_sizes, group.place_ranks, group.nranks)
+    targets = starts[1:]
+    total = sum(counts)
+    if not targets or total == 0:
+        return [[0] * len(targets) for _ in range(group.nranks)]
+    with moving(group):
+        ends = comm.allgather((int(codes[0]), int(codes[-1])) if codes.size else None)
+        present = [end for end in ends if end is not None]
+        low = [min(first for first, _ in present)] * len(targets)
+        high = [max(last for _, last in present)] * len(targets)
+        while any(lo < hi for lo, hi in zip(low, high)):
+            candidates = search_candidates(low, high, _WAYS)
+            flat = np.array([cut for cuts in candidates for cut in cuts], dtype=codes.dtype)
+            found = np.searchsorted(codes, flat, side="right").astype(np.int64)
+            comm.Allreduce(MPI.IN_PLACE, found, op=MPI.SUM)
+            totals, at = [], 0
+            for cuts in candidates:
+                totals.append(found[at:at + len(cuts)].tolist())
+                at += len(cuts)
+            low, high = narrow(low, high, candidates, totals, targets)
+        splitters = np.array(low, dtype=codes.dtype)
+        before = np.searchsorted(codes, splitters, side="left")
+        equal = np.searchsorted(codes, splitters, side="right") - before
+        gathered = comm.allgather((before.tolist(), equal.tolist()))
+    return split_points(targets, [b for b, _ in gathered], [e for _, e in gathered])
+
+
+def _alltoallv(group, host: np.ndarray, plan) -> np.ndarray:
+    MPI = mpi()
+    itemsize = host.dtype.itemsize
+    received = np.empty(sum(plan.receive_counts), host.dtype)
+    scale = lambda counts: [count * itemsize for count in counts]  # noqa: E731
+    with moving(group):
+        group.comm.Alltoallv([_bytes(host), (scale(plan.send_counts), scale(plan.send_displacements)), MPI.BYTE],
+                             [_bytes(received), (scale(plan.receive_counts), scale(plan.receive_displacements)),
+                              MPI.BYTE])
+    return received
+
+
+def _agree(name: str, keys, values, descending: bool) -> None:
+    """Every rank makes the same sort (before any rank sorts its part)."""
+    begin(keys.group, (name, ("shard sizes", keys.shard_sizes), ("dtype", keys.dtype.str),
+                       ("values", None if values is None else values.dtype.str), ("descending", descending)))
+
+
+def _exchange(group, shard_sizes, keys: ShardedArray, values: ShardedArray | None, descending: bool) -> None:
+    """keys (and values), this rank's part sorted, in place: the pieces of the global order
+    moved to the ranks that own their positions, in rank order (local views). Everything
+    that can fail on one rank alone (the host copies, the codes) comes before the agreement
+    that precedes the data's movement."""
+    key_host = _to_host(keys)
+    value_host = None if values is None else _to_host(values)
+    codes = order_codes(key_host, descending)
+    begin(group, ("sort: exchange",))
+    points = _split(group, codes, shard_sizes)
+    counts, _ = rank_counts(shard_sizes, group.place_ranks, group.nranks)
+    plan = sort_exchange_plan(points, counts, group.rank)
+    received = _alltoallv(group, key_host, plan)
+    if value_host is not None:
+        received_values = _alltoallv(group, value_host, plan)
+    keys._impl.copy_from_host(received.ctypes.data, received.nbytes)
+    if value_host is not None:
+        values._impl.copy_from_host(received_values.ctypes.data, received_values.nbytes)
+
+
+def sort(a, out, descending: bool):
+    """sharded.sort of numbers on a from_mpi group (into `out`, which may be `a`)."""
+    _agree("sort", a, None, descending)
+    mine, target = local(a), local(out)
+    held = mine.size > 0  # a rank may hold no elements: it only takes part in the exchange
+    if held:
+        _shim.sort(mine._impl, target._impl, descending)
+    _exchange(a.group, a.shard_sizes, target, None, descending)
+    if held:
+        _shim.sort(target._impl, target._impl, descending)  # the received runs, in rank order: stable
+    return out
+
+
+def sort_by_key(keys, values, out_keys, out_values, descending: bool):
+    """sharded.sort_by_key on a from_mpi group."""
+    from ..algorithms.sort import _sort_values
+
+    _agree("sort_by_key", keys, values, descending)
+    parts = [local(array) for array in (keys, out_keys, values, out_values)]
+    held = parts[0].size > 0
+    if held:
+        _sort_values(*parts, descending)
+    _, sorted_keys, _, sorted_values = parts
+    _exchange(keys.group, keys.shard_sizes, sorted_keys, sorted_values, descending)
+    if held:
+        _sort_values(sorted_keys, sorted_keys, sorted_values, sorted_values, descending)
+    return out_keys, out_values
+
+
+def argsort(a, descending: bool):
+    """sharded.argsort on a from_mpi group: the elements sorted with their global indices."""
+    from ..algorithms.opaque import sequence
+
+    group = a.group
+    _agree("argsort", a, None, descending)
+    indices = empty(group, list(a.shard_sizes), np.dtype(np.int64))
+    sequence(local(indices))  # its index origin is this rank's: global indices
+    keys = local(a).copy()
+    held = keys.size > 0
+    try:
+        if held:
+            _shim.sort_by_key(keys._impl, keys._impl, indices._impl, indices._impl, descending)
+        _exchange(group, a.shard_sizes, keys, local(indices), descending)
+        if held:
+            _shim.sort_by_key(keys._impl, keys._impl, indices._impl, indices._impl, descending)
+    finally:
+        keys.free()
+    return indices
+
+
+def selected(a, parts: list[ShardedArray], name: str) -> list:
+    """The outputs of a selection on this rank's shards (`parts`, one-process arrays), as
+    from_mpi arrays: their shard sizes allgathered."""
+    group = a.group
+    sizes = gather(group, [tuple(part.shard_sizes) for part in parts],
+                   (name, ("shard sizes", a.shard_sizes), ("dtype", a.dtype.str), ("outputs", len(parts))))
+    return [wrap(part, group, [size for per_rank in sizes for size in per_rank[index]])
+            for index, part in enumerate(parts)]
+
+
+def top_k(a, k: int, largest: bool) -> tuple[np.ndarray, np.ndarray]:
+    """sharded.top_k on a from_mpi group: every rank's best, merged on every rank."""
+    mine = local(a)
+    count = min(k, mine.size)
+    values = np.empty(count, dtype=a.dtype)
+    indices = np.empty(count, dtype=np.int64)
+    if count:
+        _shim.top_k(mine._impl, count, largest, values.ctypes.data, values.nbytes, indices.ctypes.data,
+                    indices.nbytes)
+        indices += a._impl.index_origin
+    gathered = gather(a.group, (values, indices),
+                      ("top_k", ("shard sizes", a.shard_sizes), ("dtype", a.dtype.str), ("k", k),
+                       ("largest", largest)))
+    every_value = np.concatenate([v for v, _ in gathered])
+    every_index = np.concatenate([i for _, i in gathered])
+    return merge_best(every_value, every_index, order_codes(every_value, largest), k)
+
+
+def searchsorted(sorted_a, host: np.ndarray, right: bool):
+    """sharded.searchsorted of numpy queries (`host`, already cast) on a from_mpi group."""
+    from ..algorithms.search import searchsorted as search
+
+    digest = hashlib.blake2b(np.ascontiguousarray(host).tobytes(), digest_size=8).hexdigest()
+    result = np.zeros(host.shape, dtype=np.int64)
+    if host.size and sorted_a._impl.size:
+        result = np.asarray(search(local(sorted_a), host, "right" if right else "left"), dtype=np.int64)
+        result = result.reshape(host.shape)
+    begin(sorted_a.group, ("searchsorted", ("shard sizes", sorted_a.shard_sizes), ("dtype", sorted_a.dtype.str),
+                           ("queries", (host.shape, digest)), ("side", right)))
+    MPI = mpi()
+    flat = np.ascontiguousarray(result).reshape(-1)
+    with moving(sorted_a.group):
+        sorted_a.group.comm.Allreduce(MPI.IN_PLACE, flat, op=MPI.SUM)
+    result = flat.reshape(host.shape)
+    return result[()] if result.ndim == 0 else result
