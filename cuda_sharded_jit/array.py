@@ -79,10 +79,11 @@ def check_out(out, like: "ShardedArray", like_name: str = "the inputs"):
     ShardedArray, ValueError when its group or shard sizes differ from `like`'s."""
     if out is None:
         return None
-    check_array(out, "out")
-    if out.group is not like.group:
+    if not isinstance(out, ShardedArray):
+        check_array(out, "out")  # raises
+    if out._group is not like._group:  # the slots behind .group and .shard_sizes: every call asks
         raise ValueError(f"out: belongs to another PlaceGroup than {like_name}")
-    if out.shard_sizes != like.shard_sizes:
+    if out._shard_sizes != like._shard_sizes:
         raise ValueError(f"out: shard sizes {out.shard_sizes} differ from {like_name}: "
                          f"{like.shard_sizes}")
     return out

@@ -509,7 +509,9 @@ def kernel_libraries(op: Op, algorithm: str, arg_kinds: tuple, out_request, arch
 
     The hit path is one identity computation and one dict lookup.
     """
-    base = (algorithm, op.identity(), _map_identity(map_spec), arg_kinds, out_request)
+    # the plain maps' identities are constants (every transform and reduce asks)
+    map_identity = map_spec if map_spec is VALUE_MAP or map_spec is INDEX_MAP else _map_identity(map_spec)
+    base = (algorithm, op.identity(), map_identity, arg_kinds, out_request)
     found = _libraries.get((base, archs))
     if found is not None:
         return found
