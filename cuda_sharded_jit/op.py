@@ -368,7 +368,8 @@ class Op:
     5.0
     """
 
-    __slots__ = ("func", "name", "_has_dynamic", "_nparams", "_static_for", "__weakref__")
+    __slots__ = ("func", "name", "_has_dynamic", "_nparams", "_static_for", "_last_libraries",
+                 "__weakref__")
 
     def __init__(self, func):
         if isinstance(func, Op):
@@ -399,6 +400,7 @@ class Op:
         # digest depends on the code alone then, so it is reused while func.__code__ is that
         # code (one tuple, read and written whole, so threads never see a mixed pair)
         self._static_for = (None, None)
+        self._last_libraries = None  # compiler.kernel_libraries' memo of this operator's last call
 
     def __call__(self, *args):
         return self.func(*args)

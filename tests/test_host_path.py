@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import cuda_sharded_jit as sharded
-from cuda_sharded_jit import _shim
+from cuda_sharded_jit import _shim, compiler
 from cuda_sharded_jit._layout import layout_of
 from cuda_sharded_jit.algorithms import transform as transform_module
 from cuda_sharded_jit.op import Op, as_op
@@ -108,6 +108,35 @@ def test_operator_checks_name_their_argument():
         as_op(3, "map_op")
     made = as_op(lambda x, y: x, "op")
     assert isinstance(made, Op) and made.num_params == 2
+
+
+def test_the_last_call_memo_answers_only_the_same_call(monkeypatch):
+    built = []
+
+    def lookup(op, key, map_spec=compiler.VALUE_MAP):  # a kernel per key, float64 when inferred
+        built.append(key)
+        out = key[4] if key[4] is not None else np.dtype(np.float64)
+        return compiler.CompiledKernel(key[0], op.name, key[3], out, key[5], "stub", b"", b"", "", False, 0.0)
+
+    monkeypatch.setattr(compiler, "_lookup", lookup)
+    monkeypatch.setattr(_shim, "KernelLibrary", lambda cubin, entry_points: object())
+    operator = Op(lambda x, y: x + y)
+    f32, f64 = np.dtype(np.float32), np.dtype(np.float64)
+    kinds = (("array", f32), ("array", f32))
+
+    def libraries(out_request, archs=("sm_90",), map_spec=compiler.VALUE_MAP):
+        return compiler.kernel_libraries(operator, "transform", kinds, out_request, archs, map_spec)
+
+    first = libraries(f32)
+    assert libraries(f32) is first and len(built) == 1
+    inferred, requested = libraries(None), libraries(f64)  # float64 == None in numpy: kept apart
+    assert inferred is not requested and libraries(None) is inferred
+    assert libraries(f32, ("sm_90", "sm_90")) is not first
+    assert libraries(f32, map_spec=compiler.INDEX_MAP) is not first
+    assert libraries(f32) is first and len(built) == 6  # ("sm_90", "sm_90") built one per place
+    compiler.clear_cache(memory=True, disk=False)
+    rebuilt = libraries(f32)
+    assert rebuilt is not first and rebuilt[1] == first[1] and len(built) == 7
 
 
 POINT = np.dtype([("x", np.float32), ("y", np.float32)], align=True)
