@@ -497,9 +497,18 @@ class ShardedArray:
         """Internal (the algorithms' outputs): an uninitialised array with `like`'s group and
         shard sizes, of a `dtype` the caller has already checked; no argument is re-checked."""
         group = like._group
+        sizes = like._shard_sizes
         if group._distributed:  # a collective there: every rank allocates its part, then agrees
-            return _distributed().allocate(group, list(like._shard_sizes), dtype)
-        return cls(_allocate(group, list(like._shard_sizes), dtype, False), group, dtype)
+            return _distributed().allocate(group, list(sizes), dtype)
+        # __init__ less its checks, and with the sizes asked for (reading them back from the
+        # shim would convert its vector again): every call that returns a new array comes here
+        array = object.__new__(cls)
+        array._impl = _allocate(group, list(sizes), dtype, False)
+        array._group = group
+        array._dtype = dtype
+        array._keepalive = None
+        array._shard_sizes = sizes
+        return array
 
     @classmethod
     def allocate_contiguous(cls, group: PlaceGroup, n, dtype) -> ShardedArray:

@@ -123,12 +123,12 @@ def _code_names(code: types.CodeType) -> tuple[tuple[str, ...], tuple[str, ...]]
 
 
 @functools.lru_cache(maxsize=4096)
-def _code_facts(code: types.CodeType) -> tuple[bool, bool]:
+def _code_facts(code: types.CodeType) -> tuple[bool, bool, str]:
     """(whether the code can be an operator's, _check_function's test: no generator or async,
-    plain positional parameters; whether it loads a global)."""
+    plain positional parameters; whether it loads a global; its static digest)."""
     plain = not (code.co_flags & (_NOT_GENERATOR | inspect.CO_VARARGS | inspect.CO_VARKEYWORDS)
                  or code.co_kwonlyargcount)
-    return plain, bool(_code_names(code)[0])
+    return plain, bool(_code_names(code)[0]), _code_static_digest(code)
 
 
 # ---- values -------------------------------------------------------------------------------
@@ -399,7 +399,8 @@ class Op:
         # (code, static digest) of the last identity of a function with no defaults: the
         # digest depends on the code alone then, so it is reused while func.__code__ is that
         # code (one tuple, read and written whole, so threads never see a mixed pair)
-        self._static_for = (None, None)
+        self._static_for = ((func.__code__, (facts[2], _NO_DEFAULTS)) if facts is not None and not func.__defaults__
+                            else (None, None))
         self._last_libraries = None  # compiler.kernel_libraries' memo of this operator's last call
 
     def __call__(self, *args):

@@ -91,7 +91,7 @@ def _operator(op, arity: int, what: str, values: Layout | None = None):
 def _reduce_call(a: ShardedArray, acc_size: int, init: bytes, libraries=None, builtin=None):
     """(valid, accumulator bytes) of the shim's reduce (`builtin`: a BuiltinReduction), or of
     its cross-rank form on a PlaceGroup.from_mpi group."""
-    if a.group._distributed:
+    if a._group._distributed:
         from ..distributed import _algorithms
 
         return _algorithms.reduce(a, acc_size, init, libraries, builtin)
