@@ -509,7 +509,8 @@ def kernel_libraries(op: Op, algorithm: str, arg_kinds: tuple, out_request, arch
     """(out dtype, one loaded KernelLibrary per place) for a group whose places have `archs`.
 
     The hit path is one identity computation and one dict lookup; a call that repeats the
-    operator's last one (same identity, dtypes, archs, plain map) skips the lookup too.
+    last one of the operator, or of its code, (same identity, dtypes, archs, plain map) skips
+    the lookup too.
     """
     generation, identity = _generation, op.identity()
     plain = map_spec is VALUE_MAP or map_spec is INDEX_MAP  # their identities are themselves
@@ -525,7 +526,8 @@ def kernel_libraries(op: Op, algorithm: str, arg_kinds: tuple, out_request, arch
     if found is None:
         found = _libraries.get_or_build((base, archs), lambda: _build_libraries(op, base, archs, map_spec))
     if plain:  # one tuple, written whole: a thread reads this call's or another's, never a mix
-        op._last_libraries = (generation, map_spec, algorithm, identity, arg_kinds, archs, out_request, found)
+        op._last_libraries = op._code_memo[0] = (generation, map_spec, algorithm, identity, arg_kinds,
+                                                 archs, out_request, found)
     return found
 
 

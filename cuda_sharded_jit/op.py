@@ -123,12 +123,14 @@ def _code_names(code: types.CodeType) -> tuple[tuple[str, ...], tuple[str, ...]]
 
 
 @functools.lru_cache(maxsize=4096)
-def _code_facts(code: types.CodeType) -> tuple[bool, bool, str]:
+def _code_facts(code: types.CodeType) -> tuple[bool, bool, str, list]:
     """(whether the code can be an operator's, _check_function's test: no generator or async,
-    plain positional parameters; whether it loads a global; its static digest)."""
+    plain positional parameters; whether it loads a global; its static digest; a one-item
+    list holding the last kernel_libraries memo of any operator of this code, which a new
+    operator of it starts from: a lambda written in the call is a new operator each time)."""
     plain = not (code.co_flags & (_NOT_GENERATOR | inspect.CO_VARARGS | inspect.CO_VARKEYWORDS)
                  or code.co_kwonlyargcount)
-    return plain, bool(_code_names(code)[0]), _code_static_digest(code)
+    return plain, bool(_code_names(code)[0]), _code_static_digest(code), [None]
 
 
 # ---- values -------------------------------------------------------------------------------
@@ -369,7 +371,7 @@ class Op:
     """
 
     __slots__ = ("func", "name", "_has_dynamic", "_nparams", "_static_for", "_last_libraries",
-                 "__weakref__")
+                 "_code_memo", "__weakref__")
 
     def __init__(self, func):
         if isinstance(func, Op):
@@ -401,7 +403,10 @@ class Op:
         # code (one tuple, read and written whole, so threads never see a mixed pair)
         self._static_for = ((func.__code__, (facts[2], _NO_DEFAULTS)) if facts is not None and not func.__defaults__
                             else (None, None))
-        self._last_libraries = None  # compiler.kernel_libraries' memo of this operator's last call
+        # compiler.kernel_libraries' memo of this operator's last call (checked against the
+        # call's identity before use, so one of another operator of the same code is safe)
+        self._code_memo = facts[3]
+        self._last_libraries = facts[3][0]
 
     def __call__(self, *args):
         return self.func(*args)

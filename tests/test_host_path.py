@@ -110,16 +110,22 @@ def test_operator_checks_name_their_argument():
     assert isinstance(made, Op) and made.num_params == 2
 
 
-def test_the_last_call_memo_answers_only_the_same_call(monkeypatch):
-    built = []
+@pytest.fixture
+def built(monkeypatch):
+    """The keys of the kernels a stand-in compiler makes (float64 results when inferred)."""
+    keys = []
 
-    def lookup(op, key, map_spec=compiler.VALUE_MAP):  # a kernel per key, float64 when inferred
-        built.append(key)
+    def lookup(op, key, map_spec=compiler.VALUE_MAP):
+        keys.append(key)
         out = key[4] if key[4] is not None else np.dtype(np.float64)
         return compiler.CompiledKernel(key[0], op.name, key[3], out, key[5], "stub", b"", b"", "", False, 0.0)
 
     monkeypatch.setattr(compiler, "_lookup", lookup)
     monkeypatch.setattr(_shim, "KernelLibrary", lambda cubin, entry_points: object())
+    return keys
+
+
+def test_the_last_call_memo_answers_only_the_same_call(built):
     operator = Op(lambda x, y: x + y)
     f32, f64 = np.dtype(np.float32), np.dtype(np.float64)
     kinds = (("array", f32), ("array", f32))
@@ -137,6 +143,22 @@ def test_the_last_call_memo_answers_only_the_same_call(monkeypatch):
     compiler.clear_cache(memory=True, disk=False)
     rebuilt = libraries(f32)
     assert rebuilt is not first and rebuilt[1] == first[1] and len(built) == 7
+
+
+def test_operators_of_one_code_share_answers_only_with_equal_identities(built):
+    def scaled(factor):
+        return Op(lambda x, y: x * y * factor)  # one code, a closure per factor
+
+    kinds = (("array", np.dtype(np.float32)),) * 2
+
+    def libraries(operator):
+        return compiler.kernel_libraries(operator, "transform", kinds, None, ("sm_90",))
+
+    two = libraries(scaled(2.0))
+    assert libraries(scaled(2.0)) is two and len(built) == 1
+    three = libraries(scaled(3.0))
+    assert three is not two and len(built) == 2
+    assert libraries(scaled(2.0)) is two and libraries(scaled(3.0)) is three and len(built) == 2
 
 
 POINT = np.dtype([("x", np.float32), ("y", np.float32)], align=True)
