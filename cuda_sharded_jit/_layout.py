@@ -22,6 +22,7 @@ from __future__ import annotations
 import collections
 import json
 import keyword
+import struct
 import threading
 
 import numpy as np
@@ -102,7 +103,12 @@ class Layout:
 class NumberLayout(Layout):
     """One number, passed to operators by value and moved by kernels as a machine word."""
 
-    __slots__ = ()
+    # The supported dtypes' struct formats (native order, as tobytes writes): pack_init and
+    # unpack take them for the common values, a Python float or int and a number read back,
+    # where numpy's casts cost a few µs per call; anything else goes through numpy.
+    _FORMATS = {"float32": "=f", "float64": "=d", "int32": "=i", "int64": "=q", "uint32": "=I",
+                "uint64": "=Q"}
+    __slots__ = ("_struct", "_int_range")
 
     def __init__(self, dtype: np.dtype):
         self.dtype = dtype
@@ -113,6 +119,15 @@ class NumberLayout(Layout):
         self.shim_dtype = (dtype.name, 0)
         self.repr_label = dtype.name
         self.field_names = None
+        layout = self._FORMATS.get(dtype.name) if dtype.isnative else None
+        self._struct = None if layout is None else struct.Struct(layout)
+        # the Python ints packed without numpy: the dtype's range, or for floats those exact
+        # in a double (converted once, as numpy's cast from int64 rounds them)
+        if dtype.kind in "iu":
+            info = np.iinfo(dtype)
+            self._int_range = (int(info.min), int(info.max))
+        else:
+            self._int_range = (-(1 << 53), 1 << 53)
 
     def value_type(self):
         return _scalar_type(self.dtype)
@@ -141,9 +156,24 @@ class NumberLayout(Layout):
         if isinstance(value, tuple):
             raise TypeError(f"init: a tuple, but the accumulator is a single {self.dtype}; a tuple "
                             f"accumulator comes from a map that returns tuples (transform_reduce)")
+        packer = self._struct
+        if packer is not None:  # the bytes exact_cast's would have, without numpy
+            kind = type(value)
+            if kind is float and self.dtype.kind == "f":
+                try:
+                    return packer.pack(value)
+                except OverflowError:  # beyond float32: numpy's cast makes it inf
+                    pass
+            elif kind is int and self._int_range[0] <= value <= self._int_range[1]:
+                return packer.pack(value)
         return exact_cast(value, self.dtype, "init").tobytes()
 
     def unpack(self, raw: bytes):
+        packer = self._struct
+        if packer is not None and len(raw) == self.itemsize:
+            value = packer.unpack(raw)[0]
+            if value == value:  # a NaN keeps its exact bits through numpy (float32's payload)
+                return self.dtype.type(value)
         return np.frombuffer(raw, dtype=self.dtype)[0]
 
     def interface_entries(self) -> dict:

@@ -79,10 +79,11 @@ def check_out(out, like: "ShardedArray", like_name: str = "the inputs"):
     ShardedArray, ValueError when its group or shard sizes differ from `like`'s."""
     if out is None:
         return None
-    check_array(out, "out")
-    if out.group is not like.group:
+    if not isinstance(out, ShardedArray):
+        check_array(out, "out")  # raises
+    if out._group is not like._group:  # the slots behind .group and .shard_sizes: every call asks
         raise ValueError(f"out: belongs to another PlaceGroup than {like_name}")
-    if out.shard_sizes != like.shard_sizes:
+    if out._shard_sizes != like._shard_sizes:
         raise ValueError(f"out: shard sizes {out.shard_sizes} differ from {like_name}: "
                          f"{like.shard_sizes}")
     return out
@@ -496,9 +497,18 @@ class ShardedArray:
         """Internal (the algorithms' outputs): an uninitialised array with `like`'s group and
         shard sizes, of a `dtype` the caller has already checked; no argument is re-checked."""
         group = like._group
+        sizes = like._shard_sizes
         if group._distributed:  # a collective there: every rank allocates its part, then agrees
-            return _distributed().allocate(group, list(like._shard_sizes), dtype)
-        return cls(_allocate(group, list(like._shard_sizes), dtype, False), group, dtype)
+            return _distributed().allocate(group, list(sizes), dtype)
+        # __init__ less its checks, and with the sizes asked for (reading them back from the
+        # shim would convert its vector again): every call that returns a new array comes here
+        array = object.__new__(cls)
+        array._impl = _allocate(group, list(sizes), dtype, False)
+        array._group = group
+        array._dtype = dtype
+        array._keepalive = None
+        array._shard_sizes = sizes
+        return array
 
     @classmethod
     def allocate_contiguous(cls, group: PlaceGroup, n, dtype) -> ShardedArray:

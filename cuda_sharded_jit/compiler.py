@@ -265,6 +265,7 @@ def _dump(op: Op, module: str, arch: str, ltoirs, cubin: bytes) -> None:
 _kernels = _cache.MemoryCache()     # key -> CompiledKernel
 _libraries = _cache.MemoryCache()   # (key less arch, archs) -> (out dtype, [KernelLibrary per place])
 _loaded = _cache.MemoryCache()      # key -> KernelLibrary (one load per process)
+_generation = 0  # clear_cache's count: an operator's memo of its last libraries holds it
 _ENTRY_POINTS = {
     "transform": ["csj_transform"],
     "transform_indexed": ["csj_transform_indexed"],
@@ -507,25 +508,40 @@ def kernel_libraries(op: Op, algorithm: str, arg_kinds: tuple, out_request, arch
                      map_spec=VALUE_MAP):
     """(out dtype, one loaded KernelLibrary per place) for a group whose places have `archs`.
 
-    The hit path is one identity computation and one dict lookup.
+    The hit path is one identity computation and one dict lookup; a call that repeats the
+    last one of the operator, or of its code, (same identity, dtypes, archs, plain map) skips
+    the lookup too.
     """
-    base = (algorithm, op.identity(), _map_identity(map_spec), arg_kinds, out_request)
+    generation, identity = _generation, op.identity()
+    plain = map_spec is VALUE_MAP or map_spec is INDEX_MAP  # their identities are themselves
+    if plain:
+        last = op._last_libraries
+        if (last is not None and last[0] == generation and last[1] is map_spec and last[2] == algorithm
+                and last[3] == identity and last[4] == arg_kinds and last[5] == archs
+                and (last[6] is out_request or (last[6] is not None and out_request is not None
+                                                and last[6] == out_request))):  # dtype == None is True
+            return last[7]
+    base = (algorithm, identity, map_spec if plain else _map_identity(map_spec), arg_kinds, out_request)
     found = _libraries.get((base, archs))
-    if found is not None:
-        return found
+    if found is None:
+        found = _libraries.get_or_build((base, archs), lambda: _build_libraries(op, base, archs, map_spec))
+    if plain:  # one tuple, written whole: a thread reads this call's or another's, never a mix
+        op._last_libraries = op._code_memo[0] = (generation, map_spec, algorithm, identity, arg_kinds,
+                                                 archs, out_request, found)
+    return found
 
-    def build():
-        libraries, out_dtype = [], None
-        for arch in archs:
-            key = base + (arch,)
-            kernel = _lookup(op, key, map_spec)
-            library = _loaded.get_or_build(
-                key, lambda: _shim.KernelLibrary(kernel.cubin, _entry_points(kernel)))
-            libraries.append(library)
-            out_dtype = kernel.out_dtype
-        return out_dtype, libraries
 
-    return _libraries.get_or_build((base, archs), build)
+def _build_libraries(op: Op, base: tuple, archs: tuple, map_spec):
+    """kernel_libraries' miss: the kernel of every place's arch, loaded once per process."""
+    libraries, out_dtype = [], None
+    for arch in archs:
+        key = base + (arch,)
+        kernel = _lookup(op, key, map_spec)
+        library = _loaded.get_or_build(
+            key, lambda: _shim.KernelLibrary(kernel.cubin, _entry_points(kernel)))
+        libraries.append(library)
+        out_dtype = kernel.out_dtype
+    return out_dtype, libraries
 
 
 def clear_cache(memory: bool = True, disk: bool = True) -> int:
@@ -537,8 +553,10 @@ def clear_cache(memory: bool = True, disk: bool = True) -> int:
     >>> sharded.clear_cache(memory=False)   # empty the disk cache only      # doctest: +SKIP
     12
     """
+    global _generation
     removed = 0
     if memory:
+        _generation += 1  # operators' last-call memos (kernel_libraries) from before go stale
         _kernels.clear()
         _libraries.clear()
     if disk:

@@ -122,6 +122,17 @@ def _code_names(code: types.CodeType) -> tuple[tuple[str, ...], tuple[str, ...]]
     return tuple(dict.fromkeys(loaded)), tuple(sorted(set(attributes)))
 
 
+@functools.lru_cache(maxsize=4096)
+def _code_facts(code: types.CodeType) -> tuple[bool, bool, str, list]:
+    """(whether the code can be an operator's, _check_function's test: no generator or async,
+    plain positional parameters; whether it loads a global; its static digest; a one-item
+    list holding the last kernel_libraries memo of any operator of this code, which a new
+    operator of it starts from: a lambda written in the call is a new operator each time)."""
+    plain = not (code.co_flags & (_NOT_GENERATOR | inspect.CO_VARARGS | inspect.CO_VARKEYWORDS)
+                 or code.co_kwonlyargcount)
+    return plain, bool(_code_names(code)[0]), _code_static_digest(code), [None]
+
+
 # ---- values -------------------------------------------------------------------------------
 
 def _fingerprint(value, attributes: tuple[str, ...], seen: frozenset, path: str):
@@ -359,19 +370,43 @@ class Op:
     5.0
     """
 
-    __slots__ = ("func", "name", "_has_dynamic", "_nparams", "__weakref__")
+    __slots__ = ("func", "name", "_has_dynamic", "_nparams", "_static_for", "_last_libraries",
+                 "_code_memo", "__weakref__")
 
     def __init__(self, func):
         if isinstance(func, Op):
             func = func.func
-        _check_function(func, "op")
+        self._setup(func, "op")
+
+    @classmethod
+    def _checked(cls, func, argument: str) -> Op:
+        """Op(func), its checks naming `argument` (as_op: one check, not two)."""
+        made = object.__new__(cls)
+        made._setup(func, argument)
+        return made
+
+    def _setup(self, func, argument: str) -> None:
+        # the checks and the facts below depend on the code only: one cached lookup per call
+        # of a new function object (a lambda written in the call makes one each time)
+        facts = _code_facts(func.__code__) if type(func) is types.FunctionType else None
+        if facts is None or not facts[0]:
+            _check_function(func, argument)  # raises
         self.func = func
         self.name = getattr(func, "__qualname__", func.__name__)
         # Code that names no global and captures nothing has no dynamic part beyond its
         # defaults; anything else is re-read at every call (a global may be defined after
         # decoration).
-        self._has_dynamic = bool(func.__closure__) or bool(_code_names(func.__code__)[0])
+        self._has_dynamic = bool(func.__closure__) or facts[1]
         self._nparams = func.__code__.co_argcount
+        # (code, static digest) of the last identity of a function with no defaults: the
+        # digest depends on the code alone then, so it is reused while func.__code__ is that
+        # code (one tuple, read and written whole, so threads never see a mixed pair)
+        self._static_for = ((func.__code__, (facts[2], _NO_DEFAULTS)) if facts is not None and not func.__defaults__
+                            else (None, None))
+        # compiler.kernel_libraries' memo of this operator's last call (checked against the
+        # call's identity before use, so one of another operator of the same code is safe)
+        self._code_memo = facts[3]
+        self._last_libraries = facts[3][0]
 
     def __call__(self, *args):
         return self.func(*args)
@@ -395,7 +430,14 @@ class Op:
         TypeError when the operator reads a value no identity can describe."""
         func = self.func
         try:
-            return (_static_digest(func), _dynamic_values(func, frozenset()) if self._has_dynamic else ())
+            code, cached = func.__code__, self._static_for
+            if code is cached[0] and not func.__defaults__:
+                static = cached[1]
+            else:
+                static = _static_digest(func)
+                if not func.__defaults__:
+                    self._static_for = (code, static)
+            return (static, _dynamic_values(func, frozenset()) if self._has_dynamic else ())
         except _Refused as refused:
             raise TypeError(f"operator {self.name} reads {refused.path}: {refused.reason}; "
                             f"{refused.hint}") from None
@@ -456,6 +498,5 @@ def as_op(func, argument: str = "op") -> Op:
     if isinstance(func, Op):
         return func
     if callable(func):
-        _check_function(func, argument)
-        return Op(func)
+        return Op._checked(func, argument)
     raise TypeError(f"{argument}: expected an operator (function), got {type(func).__name__}")

@@ -38,6 +38,9 @@ _ADD = _PYTHON_OPS["sum"]
 
 
 
+_WEAK_TYPES = (float, int, bool)  # exactly these: numpy's float64 subclasses float
+
+
 def _accumulator(dtype: np.dtype, layout: Layout, init) -> np.dtype:
     """The input dtype, or init's when it is an explicitly typed (numpy) value and wider.
 
@@ -45,6 +48,8 @@ def _accumulator(dtype: np.dtype, layout: Layout, init) -> np.dtype:
     float32; `init=np.float64(0)` accumulates in float64. Records accumulate as themselves
     (init: a tuple).
     """
+    if type(init) in _WEAK_TYPES:  # the common call, reduce(a, op, 0.0): a weak Python scalar
+        return dtype
     init_dtype = None if layout.is_record else _init_request(init)
     if init_dtype is None:
         return dtype
@@ -86,7 +91,7 @@ def _operator(op, arity: int, what: str, values: Layout | None = None):
 def _reduce_call(a: ShardedArray, acc_size: int, init: bytes, libraries=None, builtin=None):
     """(valid, accumulator bytes) of the shim's reduce (`builtin`: a BuiltinReduction), or of
     its cross-rank form on a PlaceGroup.from_mpi group."""
-    if a.group._distributed:
+    if a._group._distributed:
         from ..distributed import _algorithms
 
         return _algorithms.reduce(a, acc_size, init, libraries, builtin)
@@ -138,7 +143,7 @@ def reduce(a: ShardedArray, op="sum", init=None):
         raise TypeError("init: a tuple accumulator is built from each element by a map: use "
                         "sharded.transform_reduce(a, map_op, reduce_op, init)")
     acc_dtype = _accumulator(a.dtype, values, init)
-    acc = layout_of(acc_dtype)
+    acc = values if acc_dtype is a.dtype else layout_of(acc_dtype)
     packed = acc.pack_init(init)
     if isinstance(op, str):
         if acc_dtype == a.dtype:

@@ -71,12 +71,21 @@ def prepare(op, args, out: ShardedArray | None, with_index: bool = False, reques
     if with_index is not False and with_index is not True:
         with_index = as_flag(with_index, "with_index")
     op = as_op(op)
-    op.check_arity(len(args) + with_index, "transform" + (" (with the index)" if with_index else ""))
+    op.check_arity(len(args) + with_index, "transform (with the index)" if with_index else "transform")
     arrays, scalars, scalar_dtypes, kinds = [], [], [], []
+    records = False  # an array of records: the indexed module (is_indexed_transform)
+    group = sizes = None  # array 0's; `matched` stays True while every array shares them
+    matched = True
     for position, value in enumerate(args):
         if isinstance(value, ShardedArray):
+            if group is None:
+                group, sizes = value._group, value._shard_sizes
+            elif value._group is not group or value._shard_sizes != sizes:
+                matched = False
             arrays.append(value)
-            kinds.append(("array", value.dtype))
+            dtype = value._dtype
+            kinds.append(("array", dtype))
+            records = records or dtype.names is not None
         elif is_scalar(value):
             dtype = scalar_dtype(value, f"args[{position}]")
             scalars.append(value)
@@ -90,20 +99,24 @@ def prepare(op, args, out: ShardedArray | None, with_index: bool = False, reques
         raise TypeError("transform: at least one argument must be a ShardedArray")
     check_transform_counts(len(arrays), len(scalars), "args", "args")
     first = arrays[0]
-    for index, array in enumerate(arrays[1:], 1):
-        if array.group is not first.group:
-            raise ValueError(f"args: array {index} belongs to another PlaceGroup than array 0")
-        if array.shard_sizes != first.shard_sizes:
-            raise ValueError(
-                f"args: array {index} has shard sizes {array.shard_sizes}, array 0 has {first.shard_sizes}"
-            )
-    out = check_out(out, first)
-    out_request = request if out is None else out.dtype
-    map_spec = INDEX_MAP if with_index else VALUE_MAP
-    out_dtype, libraries = kernel_libraries(op, "transform", tuple(kinds), out_request, first.group.archs,
-                                            map_spec)
-    packed = pack_scalars(scalars, scalar_dtypes)
-    return arrays, packed, out_dtype, libraries, is_indexed_transform(tuple(kinds), out_dtype, map_spec)
+    if not matched:  # which array differs, and how, in argument order
+        for index, array in enumerate(arrays[1:], 1):
+            if array.group is not first.group:
+                raise ValueError(f"args: array {index} belongs to another PlaceGroup than array 0")
+            if array.shard_sizes != first.shard_sizes:
+                raise ValueError(
+                    f"args: array {index} has shard sizes {array.shard_sizes}, array 0 has {first.shard_sizes}"
+                )
+    if out is not None:
+        check_out(out, first)
+        out_request = out._dtype
+    else:
+        out_request = request
+    out_dtype, libraries = kernel_libraries(op, "transform", tuple(kinds), out_request, group.archs,
+                                            INDEX_MAP if with_index else VALUE_MAP)
+    packed = pack_scalars(scalars, scalar_dtypes) if scalars else b""
+    # is_indexed_transform's answer, from what the loop saw (its cached form hashes the kinds)
+    return arrays, packed, out_dtype, libraries, with_index or records or out_dtype.names is not None
 
 
 def run(prepared, out: ShardedArray | None) -> ShardedArray:
@@ -111,7 +124,7 @@ def run(prepared, out: ShardedArray | None) -> ShardedArray:
     arrays, packed, out_dtype, libraries, indexed = prepared
     if out is None:
         out = ShardedArray._new_like(arrays[0], out_dtype)
-    if out.group._distributed:  # every rank's checks passed, and it makes the same call
+    if out._group._distributed:  # every rank's checks passed, and it makes the same call
         begin(out.group, "transform", ("shard sizes", out.shard_sizes),
               ("dtypes", tuple(array.dtype.str for array in arrays) + (out.dtype.str,)))
     _shim.transform(libraries, [array._impl for array in arrays], out._impl, packed, indexed)
