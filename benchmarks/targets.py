@@ -21,6 +21,16 @@ from common import Measure, fmt_seconds, log2_label
 TARGET_ELEMENTS = 1 << 28  # the targets' size: elements per GPU (sort: keys in total)
 
 
+def by_size_threshold(elements: int) -> float | None:
+    """The by-size target for ours on one place against the fastest peer at that size: at
+    least 1.0× from 2^22 to 2^28 elements, 0.9× from 2^20; no target at other sizes."""
+    if (1 << 22) <= elements <= (1 << 28):
+        return 1.0
+    if (1 << 20) <= elements < (1 << 22):
+        return 0.9
+    return None
+
+
 @dataclass(frozen=True)
 class Ref:
     """Which measure a figure comes from, and by which timer."""

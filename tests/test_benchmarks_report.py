@@ -364,3 +364,15 @@ def test_performance_doc_lists_every_target_as_defined():
     assert "| reduce on 2 GPUs ≤ 1.05 × one-GPU reduce time (same size per GPU) | ours / reference ≤ 1.05 | " \
            "2^28 per GPU | host wall clock |" in listed
     assert "| first call in a new process, warm disk cache ≤ 50 ms | ours ≤ 50 ms | — |" in listed
+
+
+def test_by_size_table_marks_the_cells_under_the_by_size_target():
+    assert [targets.by_size_threshold(1 << e) for e in (18, 20, 21, 22, 26, 28, 29)] == \
+        [None, 0.9, 0.9, 1.0, 1.0, 1.0, None]
+    table = report.sweep_table(fake_measures(), "float32")
+    lines = {line.split("|")[1].strip(): line for line in table.splitlines() if line.startswith("| ")}
+    reduce_cells = [cell.strip() for cell in lines["reduce"].split("|")[2:-1]]
+    assert reduce_cells[0].endswith("(0.50×) **miss**")   # 2^20: half of cupy, under 0.9
+    assert reduce_cells[1].endswith("(0.93×) **miss**")   # 2^28: under 1.0
+    assert "**miss**" not in lines["histogram_even"]       # 6.43× cupy
+    assert lines["transform_binary"].count("**miss**") == 1  # 0.98× cuda.compute at 2^28
