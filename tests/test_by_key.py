@@ -155,6 +155,16 @@ def test_runs_longer_than_tiles_and_chunks(places):
 
 
 @gpu
+def test_scan_by_key_into_its_own_keys(places):
+    keys = np.repeat(np.arange(300, dtype=np.int64), np.random.default_rng(15).integers(1, 900, 300))
+    k = sharded.ShardedArray.from_numpy(places, keys, sizes=uneven(places, keys.size))
+    add = lambda x, y: x + y  # noqa: E731
+    expected = _scan_reference(keys, keys.tolist(), add)
+    assert sharded.inclusive_scan_by_key(k, k, add, out=k) is k
+    np.testing.assert_array_equal(k.to_numpy(), expected)
+
+
+@gpu
 def test_float_scans_by_key_are_deterministic(places):
     """The same bits on every call (a fixed association), near the float64 answer."""
     rng = np.random.default_rng(14)

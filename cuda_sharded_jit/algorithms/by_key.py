@@ -32,6 +32,7 @@ from ..op import Op, as_op
 from .reduce import _PYTHON_OPS, _operator
 from .select import select_flagged
 from .sort import sort
+from .transform import transform
 
 _FLAG = np.dtype(np.int32)
 
@@ -48,7 +49,11 @@ def _one(x):
     return 1
 
 
-_EQUAL, _EQUAL_NAN, _ONE = Op(_equal), Op(_equal_or_both_nan), Op(_one)
+def _same(x):
+    return x
+
+
+_EQUAL, _EQUAL_NAN, _ONE, _SAME = Op(_equal), Op(_equal_or_both_nan), Op(_one), Op(_same)
 
 
 def _head_flag(equal: Op) -> Op:
@@ -179,6 +184,10 @@ def _scan_by_key(keys, values, op, init, out, equal, exclusive: bool, what: str)
 
         _runs.scan_by_key(keys, source, out, op, equal, exclusive, init)
         return out
+    if out is keys:  # the sweep reads keys across tile edges as it writes: a new array first
+        result = ShardedArray.allocate(keys.group, list(keys.shard_sizes), out_dtype)
+        _shim.scan_by_key(libraries, keys._impl, source._impl, result._impl, exclusive, packed)
+        return transform(_SAME, result, out=keys)
     _shim.scan_by_key(libraries, keys._impl, source._impl, out._impl, exclusive, packed)
     return out
 
