@@ -149,6 +149,14 @@ def _engine(keys: ShardedArray, value_dtype: np.dtype, op: Op, equal: Op, argume
     return kernel_libraries(op, "by_key", kinds, value_dtype, keys.group.archs, (BY_KEY_MAP, equal))[1]
 
 
+def _shares_storage(out: ShardedArray, keys: ShardedArray) -> bool:
+    """Whether `out` is keys' memory (the same array, or another view of it)."""
+    if out is keys:
+        return True
+    return any(size and out._impl.shard_pointer(p) == keys._impl.shard_pointer(p)
+               for p, size in enumerate(keys.shard_sizes))
+
+
 def _init_bytes(layout, init) -> bytes:
     """init packed as one value of `layout` (a tuple for records), with what went wrong."""
     if init is None:
@@ -184,7 +192,7 @@ def _scan_by_key(keys, values, op, init, out, equal, exclusive: bool, what: str)
 
         _runs.scan_by_key(keys, source, out, op, equal, exclusive, init)
         return out
-    if out is keys:  # the sweep reads keys across tile edges as it writes: a new array first
+    if _shares_storage(out, keys):  # the sweep reads keys across tile edges: a new array first
         result = ShardedArray.allocate(keys.group, list(keys.shard_sizes), out_dtype)
         _shim.scan_by_key(libraries, keys._impl, source._impl, result._impl, exclusive, packed)
         return transform(_SAME, result, out=keys)
@@ -232,8 +240,8 @@ def reduce_by_key(keys: ShardedArray, values: ShardedArray, op, equal=None):
     `op` need only be associative (not commutative): each run is folded in element order,
     with an association fixed by the shard layout, so the result is bitwise the same run
     after run; runs may cross shard boundaries. `values`: numbers or records, of keys' group
-    and shard sizes. Both results are new arrays with the same shard
-    sizes: shard i holds the runs that end in shard i.
+    and shard sizes. Both results are new arrays, with shard sizes of their own (the same for
+    both): shard i holds the runs that end in shard i.
 
     >>> k = sharded.ShardedArray.from_numpy(g, np.array([1, 1, 2, 2, 2], np.int32))  # doctest: +SKIP
     >>> v = sharded.ShardedArray.from_numpy(g, np.array([1, 2, 3, 4, 5], np.int32))  # doctest: +SKIP

@@ -61,7 +61,9 @@ __device__ __forceinline__ void count_tile(const SelectParams& p, ClassOf class_
 template <int Items, class Stage, class Emit>
 __device__ __forceinline__ void scatter_tile(const SelectParams& p, const int (&classes)[Items], Stage stage,
                                              Emit emit) {
-  // classes 0 .. written - 1 have outputs (select: class 0; partition: 0 and 1; else all)
+  // Classes 0 .. written - 1 have outputs (select: class 0; partition: 0 and 1; else all).
+  // An output shard is null only when it is empty, that is when this shard has no element
+  // of its class, so a null among the first `written` is never stored through.
   const int written = p.out[2] != nullptr ? 3 : p.out[1] != nullptr ? 2 : 1;
   using Scan = cub::BlockScan<unsigned long long, kSelectBlock>;
   __shared__ typename Scan::TempStorage storage;

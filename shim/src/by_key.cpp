@@ -119,11 +119,15 @@ std::vector<ByKeyPlace> reduce_places(const std::vector<const KernelLibrary*>& l
                     "cudaMemcpyPeerAsync (the key after the shard)");
       params.next_key = neighbour_keys + 8;
     }
+  }
+  // launched once every neighbour copy is queued, so no place's pass waits for another's
+  for (ByKeyPlace& item : places) {
+    DeviceGuard guard(item.device);
     detail::launch(KernelHandle::linked(item.library->kernel("csj_by_key_reduce", item.device)),
-                   static_cast<unsigned>(params.num_chunks), k::kByKeyBlock, item.stream, params,
+                   static_cast<unsigned>(item.params.num_chunks), k::kByKeyBlock, item.stream, item.params,
                    "launching by-key reduce");
     detail::launch(KernelHandle::linked(item.library->kernel("csj_by_key_chunks", item.device)), 1,
-                   k::by_key_scan_block(static_cast<int>(values.itemsize())), item.stream, params,
+                   k::by_key_scan_block(static_cast<int>(values.itemsize())), item.stream, item.params,
                    "launching by-key chunk scan");
   }
   for (std::size_t i = 1; i < places.size(); ++i) {
@@ -167,6 +171,11 @@ void scan_by_key(const std::vector<const KernelLibrary*>& libraries, const Shard
   if (out.group() != keys.group()) throw std::invalid_argument("out: belongs to another PlaceGroup");
   if (out.shard_sizes() != values.shard_sizes()) throw std::invalid_argument("out: shard sizes differ from the values'");
   if (out.itemsize() != values.itemsize()) throw std::invalid_argument("out: element size differs from the values'");
+  for (std::size_t p = 0; p < keys.num_shards(); ++p) {  // the sweep reads keys beyond its tile
+    if (keys.shard_size(p) > 0 && out.shard_pointer(p) == keys.shard_pointer(p)) {
+      throw std::invalid_argument("out: shares its memory with keys (scan into another array)");
+    }
+  }
   if (exclusive && init.size() != values.itemsize()) {
     throw std::invalid_argument("init: expected " + std::to_string(values.itemsize()) + " bytes");
   }

@@ -15,7 +15,8 @@ namespace csj {
 // `libraries`: per place, a linked by-key module (by_key_jit.cu) for keys' and values'
 // element sizes. out[i] = values[h] op ... op values[i] (inclusive) or init op values[h] op
 // ... op values[i - 1], init at h (exclusive; `init` holds values' bytes), h the first index
-// of i's run; `out` has values' group, shard sizes and element size (it may be values).
+// of i's run; `out` has values' group, shard sizes and element size (it may be values, not
+// keys: the sweep reads keys beyond its own tile).
 // Stream-ordered.
 void scan_by_key(const std::vector<const KernelLibrary*>& libraries, const ShardedArray& keys,
                  const ShardedArray& values, ShardedArray& out, bool exclusive, const std::string& init);
