@@ -158,15 +158,22 @@ def sort_spec(key_op: Op | None, descending: bool) -> tuple:
     return (SORT_ORDERS[descending], key_op)
 
 
+def _element_size(dtype: np.dtype, argument: str, takes: str) -> int:
+    """The itemsize of `dtype` where it is one of MERGE_SORT_SIZES (the sizes the per-element
+    modules are built for); TypeError naming `argument` otherwise ("<argument>: <takes> of
+    4, 8, ... bytes, not ...")."""
+    layout = layout_of(dtype)
+    if layout.itemsize not in MERGE_SORT_SIZES:
+        raise TypeError(f"{argument}: {takes} of "
+                        f"{', '.join(map(str, MERGE_SORT_SIZES))} bytes, not {layout.description} "
+                        f"({layout.itemsize} bytes)")
+    return layout.itemsize
+
+
 def _element_module(prefix: str, what: str, dtype: np.dtype, argument: str) -> str:
     """The module `<prefix>_e<size>` built per element size (those of MERGE_SORT_SIZES);
     TypeError naming `argument` for another size."""
-    layout = layout_of(dtype)
-    if layout.itemsize not in MERGE_SORT_SIZES:
-        raise TypeError(f"{argument}: {what} takes elements of "
-                        f"{', '.join(map(str, MERGE_SORT_SIZES))} bytes, not {layout.description} "
-                        f"({layout.itemsize} bytes)")
-    return f"{prefix}_e{layout.itemsize}"
+    return f"{prefix}_e{_element_size(dtype, argument, f'{what} takes elements')}"
 
 
 def _merge_sort_module(dtype: np.dtype, argument: str = "a") -> str:
@@ -186,12 +193,8 @@ def _select_module(dtype: np.dtype, argument: str = "a") -> str:
 def by_key_module(key_dtype: np.dtype, value_dtype: np.dtype, argument: str = "values") -> str:
     """The module `by_key_k<key size>_v<value size>`; TypeError naming `argument` for values
     of another size."""
-    values = layout_of(value_dtype)
-    if values.itemsize not in MERGE_SORT_SIZES:
-        raise TypeError(f"{argument}: the by-key algorithms take values of "
-                        f"{', '.join(map(str, MERGE_SORT_SIZES))} bytes, not {values.description} "
-                        f"({values.itemsize} bytes)")
-    return f"by_key_k{np.dtype(key_dtype).itemsize}_v{values.itemsize}"
+    size = _element_size(value_dtype, argument, "the by-key algorithms take values")
+    return f"by_key_k{np.dtype(key_dtype).itemsize}_v{size}"
 
 
 def _build(op: Op, key: tuple, map_spec) -> CompiledKernel:
