@@ -80,8 +80,9 @@ def places(request):
 
 
 def uneven(places, n):
-    """Uneven shard sizes with an empty shard where there are at least three places."""
-    count = len(places)
+    """Uneven shard sizes with an empty shard where there are at least three places
+    (`places`: a group, or how many places)."""
+    count = places if isinstance(places, int) else len(places)
     if count == 1:
         return [n]
     weights = np.arange(1, count + 1, dtype=np.float64)

@@ -11,6 +11,7 @@ from cuda_sharded_jit import _shim
 
 from conftest import ALL_DTYPES, DEVICE_COUNT, uneven
 from test_errors import stand_in_array, stand_in_group
+from test_sort import keys
 
 
 def reference(host: np.ndarray, k: int, largest: bool) -> tuple[np.ndarray, np.ndarray]:
@@ -31,35 +32,6 @@ def check(array, host: np.ndarray, k: int, largest: bool) -> None:
     np.testing.assert_array_equal(values, expected_values)
     # the elements themselves, bit for bit: -0.0 stays -0.0, NaN payloads stay
     assert values.tobytes() == host[expected_indices].tobytes()
-
-
-def keys(dtype, distribution: str, n: int, seed: int = 0) -> np.ndarray:
-    rng = np.random.default_rng(seed)
-    dtype = np.dtype(dtype)
-    if dtype.kind == "f":
-        uniform = (rng.standard_normal(n) * 1e3).astype(dtype)
-    else:
-        info = np.iinfo(dtype)
-        uniform = rng.integers(info.min, info.max, n, dtype=dtype, endpoint=True)
-    if distribution == "uniform":
-        return uniform
-    if distribution == "sorted":
-        return np.sort(uniform)
-    if distribution == "reverse":
-        return np.sort(uniform)[::-1].copy()
-    if distribution == "equal":
-        return np.full(n, uniform[0] if n else 0, dtype)
-    if distribution == "few":
-        return rng.choice(uniform[:4] if n >= 4 else np.zeros(1, dtype), n).astype(dtype)
-    if distribution == "special":
-        assert dtype.kind == "f"
-        specials = np.array([np.nan, -np.nan, np.inf, -np.inf, 0.0, -0.0, np.finfo(dtype).max,
-                             np.finfo(dtype).min, np.finfo(dtype).tiny], dtype)
-        mixed = uniform.copy()
-        where = rng.random(n) < 0.4
-        mixed[where] = rng.choice(specials, int(where.sum()))
-        return mixed
-    raise ValueError(distribution)
 
 
 # ---- GPU: values against numpy ------------------------------------------------------------

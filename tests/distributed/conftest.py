@@ -75,3 +75,28 @@ def world():
 def allgather(value):
     """Every rank's `value`, in rank order (for assertions that compare ranks)."""
     return WORLD.allgather(value)
+
+
+def outcome_of(call):
+    """(exception type name, message) of what `call()` raised, or None: what ranks compare."""
+    try:
+        call()
+    except Exception as error:  # noqa: BLE001
+        return type(error).__name__, str(error)
+    return None
+
+
+def ties_and_nans(dtype, n, seed, span=20, infinities=3):
+    """Few distinct values (integers in [-span, span): many ties), and for floats NaNs, -0.0
+    and `infinities` of each sign."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    host = rng.integers(-span, span, n).astype(dtype)
+    if np.dtype(dtype).kind == "f":
+        host[rng.integers(0, n, n // 10)] = np.nan
+        host[rng.integers(0, n, n // 20)] = -0.0
+        host[rng.integers(0, n, infinities)] = np.inf
+        host[rng.integers(0, n, infinities)] = -np.inf
+    return host
+

@@ -14,7 +14,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from .conftest import RANK, SIZE, allgather
+from conftest import sample, uneven
+
+from .conftest import RANK, SIZE, allgather, outcome_of, ties_and_nans
 
 import cuda_sharded_jit as sharded
 
@@ -23,40 +25,10 @@ pytestmark = pytest.mark.gpu
 N = (1 << 20) + 4099  # several blocks per place, and a ragged tail
 
 
-def _sample(dtype, n, seed=0):
-    rng = np.random.default_rng(seed)
-    dtype = np.dtype(dtype)
-    if dtype.kind == "f":
-        return rng.standard_normal(n).astype(dtype)
-    if dtype.kind == "u":
-        return rng.integers(0, 1000, n).astype(dtype)
-    return rng.integers(-1000, 1000, n).astype(dtype)
-
-
-def _uneven(places: int, n: int) -> list[int]:
-    """Uneven shard sizes, the second shard empty where there are at least three places."""
-    if places == 1:
-        return [n]
-    weights = np.arange(1, places + 1, dtype=np.float64)
-    sizes = np.floor(weights / weights.sum() * n).astype(np.int64)
-    if places >= 3:
-        sizes[1] = 0
-    sizes[-1] += n - sizes.sum()
-    return [int(size) for size in sizes]
-
-
 def _bits(value) -> bytes:
     if isinstance(value, tuple):
         return b"".join(_bits(field) for field in value)
     return np.asarray(value).tobytes()
-
-
-def _outcome(call):
-    try:
-        call()
-    except Exception as error:  # noqa: BLE001
-        return type(error).__name__, str(error)
-    return None
 
 
 @pytest.fixture(scope="module", params=[[0], [0, 0]], ids=["one-place-a-rank", "two-places-a-rank"])
@@ -69,8 +41,8 @@ def groups(request):
 def _pair(groups, dtype, n=N, seed=0, sizes=None):
     """(host, array on the from_mpi group, array on the reference group), same shard sizes."""
     group, reference = groups
-    host = _sample(dtype, n, seed)
-    sizes = _uneven(len(group), n) if sizes is None else sizes
+    host = sample(dtype, n, seed)
+    sizes = uneven(len(group), n) if sizes is None else sizes
     return (host, sharded.ShardedArray.from_numpy(group, host, sizes=sizes, root=None),
             sharded.ShardedArray.from_numpy(reference, host, sizes=sizes))
 
@@ -93,8 +65,8 @@ def test_the_group_numbers_places_in_rank_order(groups):
 @pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int32, np.int64, np.uint32, np.uint64])
 def test_data_in_and_out(groups, dtype):
     group, _ = groups
-    host = _sample(dtype, 1000 + 7 * len(group), seed=1)
-    sizes = _uneven(len(group), host.size)
+    host = sample(dtype, 1000 + 7 * len(group), seed=1)
+    sizes = uneven(len(group), host.size)
     last = SIZE - 1
     scattered = sharded.ShardedArray.from_numpy(group, host if RANK == 0 else None, sizes=sizes)
     from_last = sharded.ShardedArray.from_numpy(group, host if RANK == last else None, root=last)
@@ -191,7 +163,7 @@ def test_argmin_keeps_numpy_s_first_index_and_nan_rules(groups):
     with_nan = host.copy()
     with_nan[[1800, 3000]] = np.nan  # the first NaN wins
     group, reference = groups
-    sizes = _uneven(len(group), host.size)
+    sizes = uneven(len(group), host.size)
     results = []
     for data in (host, with_nan):
         a = sharded.ShardedArray.from_numpy(group, data, sizes=sizes, root=None)
@@ -266,8 +238,8 @@ def test_transform_and_sequence_see_global_indices(groups):
 @pytest.mark.parametrize("dtype", [np.float32, np.int64])
 def test_adjacent_difference_meets_the_previous_rank_s_last_element(groups, dtype):
     group, reference = groups
-    host = _sample(dtype, 20000, seed=9)
-    layouts = [_uneven(len(group), host.size), [0] * (len(group) - 1) + [host.size],
+    host = sample(dtype, 20000, seed=9)
+    layouts = [uneven(len(group), host.size), [0] * (len(group) - 1) + [host.size],
                [host.size] + [0] * (len(group) - 1)]
     layouts.append([host.size // len(group) if place % 2 else 0 for place in range(len(group))])
     layouts[-1][-1] += host.size - sum(layouts[-1])  # every other shard empty
@@ -296,7 +268,7 @@ def test_resharded_moves_elements_between_ranks(groups):
     record_host = np.zeros(host.size, records)
     record_host["v"], record_host["w"] = host, host * 0.5
     record_array = sharded.ShardedArray.from_numpy(a.group, record_host, root=None)
-    record_moved = record_array.resharded(_uneven(places, host.size)[::-1])
+    record_moved = record_array.resharded(uneven(places, host.size)[::-1])
     results = (moved.to_numpy(root=None), even.to_numpy(root=None), record_moved.to_numpy(root=None))
     assert moved.shard_sizes == tuple(target) and even.shard_sizes == tuple(_even(host.size, places))
     assert np.array_equal(results[0], host) and np.array_equal(results[1], host)
@@ -308,9 +280,9 @@ def test_an_error_on_one_rank_is_raised_on_every_rank(groups):
     last = SIZE - 1
     bad_op = (lambda x: x) if RANK == last else (lambda x, y: x + y)  # one rank's operator takes 1 argument
     outcomes = [
-        _outcome(lambda: sharded.reduce(a, bad_op)),
-        _outcome(lambda: sharded.inclusive_scan(a, bad_op)),
-        _outcome(lambda: sharded.transform(bad_op, a, a)),
+        outcome_of(lambda: sharded.reduce(a, bad_op)),
+        outcome_of(lambda: sharded.inclusive_scan(a, bad_op)),
+        outcome_of(lambda: sharded.transform(bad_op, a, a)),
     ]
     after = float(sharded.sum(a))  # the group still works after each error
     everywhere = allgather(outcomes)
@@ -322,11 +294,11 @@ def test_an_error_on_one_rank_is_raised_on_every_rank(groups):
 
 def test_a_rank_with_other_shard_sizes_gets_a_clear_value_error_everywhere(groups):
     group, _ = groups
-    sizes = _uneven(len(group), 6000)
+    sizes = uneven(len(group), 6000)
     if RANK == SIZE - 1:
         sizes[0], sizes[-1] = sizes[0] + 1, sizes[-1] - 1  # this rank alone believes other sizes
     a = sharded.ShardedArray.allocate(group, sizes, np.float32)  # each allocates its own part: fine
-    outcomes = allgather([_outcome(lambda: sharded.sum(a)), _outcome(lambda: sharded.inclusive_scan(a))])
+    outcomes = allgather([outcome_of(lambda: sharded.sum(a)), outcome_of(lambda: sharded.inclusive_scan(a))])
     if SIZE == 1:
         assert outcomes == [[None, None]]
         return
@@ -340,7 +312,7 @@ def test_an_allocation_failure_on_one_rank_is_a_memory_error_everywhere(groups):
     sizes = [1000] * len(group)
     if RANK == SIZE - 1:
         sizes[group.local_places[0]] = 1 << 50  # 8 PiB of float64 on this rank's first place
-    outcome = _outcome(lambda: sharded.ShardedArray.allocate(group, sizes, np.float64))
+    outcome = outcome_of(lambda: sharded.ShardedArray.allocate(group, sizes, np.float64))
     survivor = sharded.ShardedArray.from_numpy(group, np.arange(10.0), root=None).to_numpy(root=None)
     assert allgather(outcome) == [outcome] * SIZE and outcome[0] == "MemoryError"
     assert np.array_equal(survivor, np.arange(10.0))
@@ -348,8 +320,8 @@ def test_an_allocation_failure_on_one_rank_is_a_memory_error_everywhere(groups):
 
 def test_calls_not_across_processes_yet_say_so(groups):
     _, a, _ = _pair(groups, np.float32, n=100)
-    outcomes = [_outcome(lambda: sharded.sort(a)), _outcome(lambda: a[3]),
-                _outcome(lambda: sharded.top_k(a, 3))]
+    outcomes = [outcome_of(lambda: sharded.sort(a)), outcome_of(lambda: a[3]),
+                outcome_of(lambda: sharded.top_k(a, 3))]
     assert outcomes[0] == ("ValueError", "a: lives on a PlaceGroup.from_mpi group, and sort does not run across "
                                          "processes yet; gather it with to_numpy(root=...) or work on each "
                                          "rank's local_shards()")
@@ -363,7 +335,7 @@ def test_more_places_than_one_fold_launch_takes():
         pytest.skip("more than 64 places need at least two ranks")
     per_rank = -(-65 // SIZE)
     group = sharded.PlaceGroup.from_mpi(devices=[0] * per_rank, transport="mpi")
-    host = _sample(np.int64, 40 * len(group), seed=8)
+    host = sample(np.int64, 40 * len(group), seed=8)
     a = sharded.ShardedArray.from_numpy(group, host, root=None)
     total, scanned = sharded.sum(a), sharded.inclusive_scan(a, lambda p, q: p + q).to_numpy(root=None)
     assert len(group) > 64
@@ -371,18 +343,6 @@ def test_more_places_than_one_fold_launch_takes():
 
 
 # ---- sorts, selections, searches, runs of equal keys -------------------------------------------------
-
-
-def _ties_and_nans(dtype, n, seed):
-    """Few distinct values (ties), and for floats NaNs, -0.0 and infinities."""
-    rng = np.random.default_rng(seed)
-    host = rng.integers(-50, 50, n).astype(dtype)
-    if np.dtype(dtype).kind == "f":
-        host[rng.integers(0, n, n // 10)] = np.nan
-        host[rng.integers(0, n, n // 20)] = -0.0
-        host[rng.integers(0, n, 5)] = np.inf
-        host[rng.integers(0, n, 5)] = -np.inf
-    return host
 
 
 def _stable_order(host, descending):
@@ -408,14 +368,14 @@ def _both(groups, host, sizes):
 def _shard_layouts(places, n):
     last = [0] * places
     last[-1] = n
-    return {"uneven": _uneven(places, n), "all on the last place": last}
+    return {"uneven": uneven(places, n), "all on the last place": last}
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int32, np.int64, np.uint32, np.uint64])
 @pytest.mark.parametrize("descending", [False, True])
 def test_sorts_match_by_devices_bit_for_bit(groups, dtype, descending):
     group, _ = groups
-    host = _ties_and_nans(dtype, N, seed=20)
+    host = ties_and_nans(dtype, N, seed=20, span=50, infinities=5)
     payload = np.arange(N, dtype=np.int64) * 7
     results = {}
     for name, sizes in _shard_layouts(len(group), N).items():
@@ -436,12 +396,12 @@ def test_sorts_match_by_devices_bit_for_bit(groups, dtype, descending):
 
 def test_sort_by_key_moves_records_across_ranks(groups):
     group, reference = groups
-    keys_host = _ties_and_nans(np.float32, N, seed=21)
+    keys_host = ties_and_nans(np.float32, N, seed=21, span=50, infinities=5)
     records = np.dtype([("x", np.float32), ("n", np.int64), ("y", np.int32)], align=True)
     record_host = np.zeros(N, records)
     record_host["n"] = np.arange(N)
     record_host["y"] = -np.arange(N, dtype=np.int32)
-    sizes = _uneven(len(group), N)
+    sizes = uneven(len(group), N)
     (ka, kr), (va, vr) = _both(groups, keys_host, sizes), _both(groups, record_host, sizes)
     ours = [x.to_numpy(root=None) for x in sharded.sort_by_key(ka, va, descending=True)]
     theirs = [x.to_numpy() for x in sharded.sort_by_key(kr, vr, descending=True)]
@@ -453,8 +413,8 @@ def test_sort_by_key_moves_records_across_ranks(groups):
 @pytest.mark.parametrize("dtype", [np.float32, np.int64])
 def test_selections_top_k_and_searchsorted_match_by_devices(groups, dtype):
     group, _ = groups
-    host = _ties_and_nans(dtype, N, seed=22)
-    sizes = _uneven(len(group), N)
+    host = ties_and_nans(dtype, N, seed=22, span=50, infinities=5)
+    sizes = uneven(len(group), N)
     a, r = _both(groups, host, sizes)
 
     def selections(x):
@@ -494,8 +454,8 @@ def _long_runs(n, seed):
 def test_by_key_algorithms_match_by_devices_bit_for_bit(groups, value_dtype):
     group, _ = groups
     keys_host = _long_runs(N, seed=23)
-    values_host = _sample(value_dtype, N, seed=24)
-    sizes = _uneven(len(group), N)
+    values_host = sample(value_dtype, N, seed=24)
+    sizes = uneven(len(group), N)
     (ka, kr), (va, vr) = _both(groups, keys_host, sizes), _both(groups, values_host, sizes)
 
     def by_key(k, v):
@@ -518,8 +478,8 @@ def test_by_key_algorithms_match_by_devices_bit_for_bit(groups, value_dtype):
 def test_float_scans_by_key_match_numpy_closely(groups):
     group, _ = groups
     keys_host = _long_runs(N, seed=25)
-    values_host = _sample(np.float32, N, seed=26)
-    sizes = _uneven(len(group), N)
+    values_host = sample(np.float32, N, seed=26)
+    sizes = uneven(len(group), N)
     (ka, kr), (va, vr) = _both(groups, keys_host, sizes), _both(groups, values_host, sizes)
     ours = [sharded.inclusive_scan_by_key(ka, va, "sum").to_numpy(root=None),
             sharded.reduce_by_key(ka, va, "sum")[1].to_numpy(root=None)]

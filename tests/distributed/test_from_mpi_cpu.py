@@ -10,7 +10,7 @@ import types
 
 import pytest
 
-from .conftest import RANK, SIZE, WORLD, allgather
+from .conftest import RANK, SIZE, WORLD, allgather, outcome_of
 
 import cuda_sharded_jit as sharded
 from cuda_sharded_jit import _shim
@@ -27,17 +27,9 @@ def _device_count() -> int:
 NO_GPU = _device_count() == 0
 
 
-def _outcome(call):
-    try:
-        call()
-    except Exception as error:  # noqa: BLE001
-        return type(error).__name__, str(error)
-    return None
-
-
 @pytest.mark.skipif(not NO_GPU, reason="a GPU is visible")
 def test_from_mpi_without_a_gpu_is_the_same_runtime_error_on_every_rank():
-    outcomes = allgather(_outcome(lambda: sharded.PlaceGroup.from_mpi()))
+    outcomes = allgather(outcome_of(lambda: sharded.PlaceGroup.from_mpi()))
     assert len(set(outcomes)) == 1
     kind, text = outcomes[0]
     assert kind == "RuntimeError" and "GPU" in text
@@ -45,23 +37,23 @@ def test_from_mpi_without_a_gpu_is_the_same_runtime_error_on_every_rank():
 
 @pytest.mark.skipif(not NO_GPU, reason="a GPU is visible")
 def test_from_mpi_with_devices_without_a_gpu_is_a_runtime_error_too():
-    outcomes = allgather(_outcome(lambda: sharded.PlaceGroup.from_mpi(devices=[0], transport="mpi")))
+    outcomes = allgather(outcome_of(lambda: sharded.PlaceGroup.from_mpi(devices=[0], transport="mpi")))
     assert len(set(outcomes)) == 1 and outcomes[0][0] == "RuntimeError"
 
 
 def test_from_mpi_checks_its_arguments_on_every_rank():
-    outcomes = allgather(_outcome(lambda: sharded.PlaceGroup.from_mpi(transport="tcp")))
+    outcomes = allgather(outcome_of(lambda: sharded.PlaceGroup.from_mpi(transport="tcp")))
     assert outcomes == [("ValueError", "transport: expected one of 'auto', 'nccl', 'mpi', got 'tcp'")] * SIZE
     # one rank alone passes a bad device list: every rank raises its error
     devices = "0" if RANK == SIZE - 1 else [0]
-    outcomes = allgather(_outcome(lambda: sharded.PlaceGroup.from_mpi(devices=devices, transport="mpi")))
+    outcomes = allgather(outcome_of(lambda: sharded.PlaceGroup.from_mpi(devices=devices, transport="mpi")))
     if NO_GPU and SIZE > 1:  # the lower ranks' missing GPU comes first
         assert len(set(outcomes)) == 1 and outcomes[0][0] == "RuntimeError"
     else:
         assert outcomes == [("TypeError", "devices: expected a list of device ids, got str")] * SIZE
-    assert _outcome(lambda: sharded.PlaceGroup.from_mpi(comm=42)) == (
+    assert outcome_of(lambda: sharded.PlaceGroup.from_mpi(comm=42)) == (
         "TypeError", "comm: expected an mpi4py intracommunicator (MPI.COMM_WORLD, or one split from it), got int")
-    outcomes = allgather(_outcome(lambda: sharded.PlaceGroup.from_mpi(devices=[], transport="mpi")))
+    outcomes = allgather(outcome_of(lambda: sharded.PlaceGroup.from_mpi(devices=[], transport="mpi")))
     assert len(set(outcomes)) == 1
     if not NO_GPU or SIZE == 1:
         assert outcomes[0] == ("ValueError", "devices: every rank needs at least one place; got an empty list")

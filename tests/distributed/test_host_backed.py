@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from . import host_shim
-from .conftest import RANK, SIZE, allgather
+from .conftest import RANK, SIZE, allgather, outcome_of, ties_and_nans
 
 import cuda_sharded_jit as sharded
 
@@ -30,14 +30,6 @@ def _sizes(places: int, n: int) -> list[int]:
     sizes = np.floor(weights / weights.sum() * n).astype(np.int64)
     sizes[-1] += n - sizes.sum()
     return [int(size) for size in sizes]
-
-
-def _outcome(call):
-    try:
-        call()
-    except Exception as error:  # noqa: BLE001
-        return type(error).__name__, str(error)
-    return None
 
 
 def _host(n=1003, dtype=np.int64, seed=0):
@@ -95,7 +87,7 @@ def test_builtin_reductions_counts_and_histograms(group, dtype):
     results = {
         "sum": sharded.sum(a), "min": sharded.min(a), "max": sharded.max(a),
         "sum, init": sharded.reduce(a, "sum", init=5),
-        "empty sum": sharded.sum(empty), "empty min": _outcome(lambda: sharded.min(empty)),
+        "empty sum": sharded.sum(empty), "empty min": outcome_of(lambda: sharded.min(empty)),
         "count": sharded.count(a, host[7]), "count 2.5": sharded.count(a, 2.5),
         "histogram": sharded.histogram_even(a, num_bins=16, lower=-50.0, upper=50.0),
     }
@@ -151,15 +143,15 @@ def test_errors_one_rank_hits_alone_are_raised_on_every_rank(group):
     a = sharded.ShardedArray.from_numpy(group, _host(100), root=None)
     outcomes = {
         # a value that does not fit the dtype, on the last rank only
-        "fill": _outcome(lambda: sharded.fill(a, 2.5 if RANK == last else 2)),
+        "fill": outcome_of(lambda: sharded.fill(a, 2.5 if RANK == last else 2)),
         # the root alone checks its host array
-        "from_numpy": _outcome(lambda: sharded.ShardedArray.from_numpy(group, np.zeros((2, 2)) if RANK == 0 else None)),
-        "root": _outcome(lambda: a.to_numpy(root=SIZE)),
-        "op name": _outcome(lambda: sharded.reduce(a, "prod" if RANK == last else "sum")),
-        "allocation": _outcome(lambda: sharded.ShardedArray.allocate(
+        "from_numpy": outcome_of(lambda: sharded.ShardedArray.from_numpy(group, np.zeros((2, 2)) if RANK == 0 else None)),
+        "root": outcome_of(lambda: a.to_numpy(root=SIZE)),
+        "op name": outcome_of(lambda: sharded.reduce(a, "prod" if RANK == last else "sum")),
+        "allocation": outcome_of(lambda: sharded.ShardedArray.allocate(
             group, [1 << 40 if RANK == last and place == group.local_places[0] else 4 for place in range(len(group))],
             np.float64)),
-        "sort": _outcome(lambda: sharded.sort(a, key=lambda x: -x)),
+        "sort": outcome_of(lambda: sharded.sort(a, key=lambda x: -x)),
     }
     after = sharded.sum(a)  # the group still works
     everywhere = allgather(outcomes)
@@ -178,8 +170,8 @@ def test_a_rank_with_other_shard_sizes_gets_a_value_error_everywhere(group):
     if RANK == SIZE - 1 and SIZE > 1:  # this rank alone believes other sizes
         sizes[0], sizes[-1] = sizes[0] + 1, sizes[-1] - 1
     a = sharded.ShardedArray.allocate(group, sizes, np.int32)  # each allocates its own part: fine
-    outcomes = allgather([_outcome(lambda: sharded.sum(a)), _outcome(lambda: sharded.inclusive_scan(a)),
-                          _outcome(lambda: a.to_numpy(root=None))])
+    outcomes = allgather([outcome_of(lambda: sharded.sum(a)), outcome_of(lambda: sharded.inclusive_scan(a)),
+                          outcome_of(lambda: a.to_numpy(root=None))])
     if SIZE == 1:
         assert outcomes == [[None, None, None]]
         return
@@ -191,7 +183,7 @@ def test_a_rank_with_other_shard_sizes_gets_a_value_error_everywhere(group):
 def test_ranks_calling_different_collectives_get_a_value_error_not_a_hang(group):
     a = sharded.ShardedArray.from_numpy(group, _host(50), root=None)
     call = (lambda: sharded.sum(a)) if RANK == SIZE - 1 else (lambda: sharded.inclusive_scan(a))
-    outcomes = allgather(_outcome(call))
+    outcomes = allgather(outcome_of(call))
     after = sharded.sum(a)
     if SIZE == 1:
         assert outcomes == [None]
@@ -208,25 +200,13 @@ def test_operators_between_from_mpi_arrays(group):
     b = sharded.ShardedArray.from_numpy(group, host[::-1].copy(), sizes=_sizes(len(group), host.size), root=None)
     one = sharded.ShardedArray.from_numpy(group, np.array([3], np.int64), root=None)
     results = ((a + b).to_numpy(root=None), (-a).to_numpy(root=None), a.copy().to_numpy(root=None),
-               a.astype(np.int64).to_numpy(root=None), bool(one), _outcome(lambda: bool(a)))
+               a.astype(np.int64).to_numpy(root=None), bool(one), outcome_of(lambda: bool(a)))
     assert np.array_equal(results[0], host + host[::-1]) and np.array_equal(results[1], -host)
     assert np.array_equal(results[2], host) and np.array_equal(results[3], host)
     assert results[4] is True and results[5][0] == "ValueError" and f"{host.size} elements" in results[5][1]
 
 
 # ---- sorts, selections, searches ---------------------------------------------------------------
-
-
-def _with_ties_and_nans(dtype, n, seed):
-    """Few distinct values (many ties), and for floats NaNs, -0.0 and infinities."""
-    rng = np.random.default_rng(seed)
-    host = rng.integers(-20, 20, n).astype(dtype)
-    if np.dtype(dtype).kind == "f":
-        host[rng.integers(0, n, n // 10)] = np.nan
-        host[rng.integers(0, n, n // 20)] = -0.0
-        host[rng.integers(0, n, 3)] = np.inf
-        host[rng.integers(0, n, 3)] = -np.inf
-    return host
 
 
 def _layouts(places, n):
@@ -255,7 +235,7 @@ def _same(x, y):
 @pytest.mark.parametrize("dtype", [np.int64, np.int32, np.uint32, np.float64, np.float32])
 @pytest.mark.parametrize("descending", [False, True])
 def test_sort_keeps_shard_sizes_against_numpy(group, dtype, descending):
-    host = _with_ties_and_nans(dtype, 1201, seed=5)
+    host = ties_and_nans(dtype, 1201, seed=5)
     results = []
     for sizes in _layouts(len(group), host.size):
         a = sharded.ShardedArray.from_numpy(group, host, sizes=sizes, root=None)
@@ -289,7 +269,7 @@ def test_sort_keeps_negative_zeros_in_index_order(group):
 
 @pytest.mark.parametrize("descending", [False, True])
 def test_sort_by_key_and_argsort_carry_values_across_ranks(group, descending):
-    keys_host = _with_ties_and_nans(np.float32, 999, seed=6)
+    keys_host = ties_and_nans(np.float32, 999, seed=6)
     values_host = np.arange(999, dtype=np.int64) * 3 - 7
     records = np.dtype([("x", np.float32), ("n", np.int64), ("y", np.int32)], align=True)
     record_host = np.zeros(999, records)
@@ -321,7 +301,7 @@ def test_sort_by_key_and_argsort_carry_values_across_ranks(group, descending):
 def test_sorts_match_one_process_on_the_stand_in(group):
     """The same stand-in on one process (a by_devices group of as many places, the same shard
     sizes) sorts the same data to the same bits."""
-    host = _with_ties_and_nans(np.float64, 777, seed=7)
+    host = ties_and_nans(np.float64, 777, seed=7)
     payload = np.arange(host.size, dtype=np.int64)
     sizes = _sizes(len(group), host.size)
     results = []
@@ -366,7 +346,7 @@ def test_selections_keep_each_shard_s_elements(group):
 
 @pytest.mark.parametrize("dtype", [np.int64, np.float32])
 def test_top_k_and_searchsorted_on_every_rank(group, dtype):
-    host = _with_ties_and_nans(dtype, 803, seed=9)
+    host = ties_and_nans(dtype, 803, seed=9)
     sizes = _sizes(len(group), host.size)
     a = sharded.ShardedArray.from_numpy(group, host, sizes=sizes, root=None)
     tops = {(k, largest): sharded.top_k(a, k, largest) for k in (0, 1, 7, 300, host.size) for largest in (True, False)}
@@ -375,7 +355,7 @@ def test_top_k_and_searchsorted_on_every_rank(group, dtype):
     left = sharded.searchsorted(sorted_a, queries)
     right = sharded.searchsorted(sorted_a, queries, side="right")
     scalar = sharded.searchsorted(sorted_a, 3)
-    refused = _outcome(lambda: sharded.searchsorted(sorted_a, sorted_a))
+    refused = outcome_of(lambda: sharded.searchsorted(sorted_a, sorted_a))
     everywhere = allgather((left.tolist(), right.tolist(), int(scalar)))
     reference = np.sort(host)
     assert all(seen == everywhere[0] for seen in everywhere)
@@ -472,7 +452,7 @@ def test_one_run_over_every_rank(group):
 
 @pytest.mark.parametrize("dtype", [np.int64, np.float64])
 def test_unique_sorts_then_keeps_the_first_of_each_run(group, dtype):
-    host = _with_ties_and_nans(dtype, 700, seed=12)
+    host = ties_and_nans(dtype, 700, seed=12)
     a = sharded.ShardedArray.from_numpy(group, host, sizes=_sizes(len(group), host.size), root=None)
     found = sharded.unique(a)
     result = (found.to_numpy(root=None), a.to_numpy(root=None))
@@ -518,13 +498,13 @@ def test_the_new_collectives_agree_on_errors_and_calls(group):
     queries = np.array([0, 5]) if RANK != last else np.array([0, 6])
     out = sharded.ShardedArray.allocate(group, list(a.shard_sizes), np.int64)
     outcomes = {
-        "top_k k": _outcome(lambda: sharded.top_k(a, 3 if RANK == last else 4)),
-        "top_k bad k": _outcome(lambda: sharded.top_k(a, host.size + 1 if RANK == last else 2)),
-        "searchsorted queries": _outcome(lambda: sharded.searchsorted(a, queries)),
-        "select arity": _outcome(lambda: sharded.select(a, (lambda x, y: x > y) if RANK == last
+        "top_k k": outcome_of(lambda: sharded.top_k(a, 3 if RANK == last else 4)),
+        "top_k bad k": outcome_of(lambda: sharded.top_k(a, host.size + 1 if RANK == last else 2)),
+        "searchsorted queries": outcome_of(lambda: sharded.searchsorted(a, queries)),
+        "select arity": outcome_of(lambda: sharded.select(a, (lambda x, y: x > y) if RANK == last
                                                         else (lambda x: x > 0))),
-        "descending": _outcome(lambda: sharded.sort(a, descending=RANK == last, out=out)),
-        "sort key": _outcome(lambda: sharded.sort(a, key=lambda x: -x)),
+        "descending": outcome_of(lambda: sharded.sort(a, descending=RANK == last, out=out)),
+        "sort key": outcome_of(lambda: sharded.sort(a, key=lambda x: -x)),
     }
     after = sharded.sort(a).to_numpy(root=None)  # the group still works
     everywhere = allgather(outcomes)
