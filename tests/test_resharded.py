@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 
 import cuda_sharded_jit as sharded
-from cuda_sharded_jit import _shim
 
 from conftest import ALL_DTYPES, sample, uneven
 from test_errors import shim_untouched, stand_in_array, stand_in_group  # noqa: F401 (fixture)
 from test_records import MIXED, POINT, WIDE, random_records
+from test_select import untouched  # noqa: F401 (fixture: the selection family's entry points guarded)
 
 
 def target_layouts(count: int, n: int) -> list[list[int]]:
@@ -75,17 +75,6 @@ def test_resharded_after_a_transform_is_stream_ordered(three_places):
 
 
 # ---- argument errors (CPU: stand-ins, nothing reaches the shim) ---------------------------
-
-@pytest.fixture
-def untouched(shim_untouched, monkeypatch):
-    """shim_untouched, with this family's shim entry points guarded too."""
-    for name in ("select", "select_flagged", "redistribute"):
-        def entry(*args, _name=name, **kwargs):
-            shim_untouched.append(_name)
-            raise AssertionError(f"_shim.{_name} was reached: the error came too late")
-        monkeypatch.setattr(_shim, name, entry)
-    return shim_untouched
-
 
 def test_redistribute_rejects_bad_sizes(untouched):
     a = stand_in_array(stand_in_group(), (4, 3, 3))
