@@ -14,7 +14,8 @@ import numpy as np
 
 from common import Block, log2_label, place_devices, where
 from sweep import (Case, Data, Impl, assert_equal, cccl_impl, copy_to_device, cuda_compute, measure_task,
-                   ours_teardown, peer_teardown, place_group, shard_view, template, use_peer_stream)
+                   ours_teardown, peer_teardown, place_group, release_shared_after, shard_view, template,
+                   use_peer_stream)
 
 
 def random_keys(cp, size: int, dtype: np.dtype, seed: int):
@@ -168,16 +169,6 @@ def blocks(cp, sharded, options, size: int, dtypes: list, groups: dict) -> list[
                 lambda data: ours_teardown(cp, data)))
         if dtype_blocks:
             # the last block of this dtype lets the pristine keys and the reference go
-            last = dtype_blocks[-1]
-
-            def release(data, teardown=last.teardown, shared=shared):
-                try:
-                    teardown(data)
-                finally:
-                    shared.clear()
-                    with cp.cuda.Device(device):
-                        cp.get_default_memory_pool().free_all_blocks()
-
-            last.teardown = release
+            release_shared_after(dtype_blocks[-1], cp, device, shared)
         result += dtype_blocks
     return result

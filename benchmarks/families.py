@@ -20,7 +20,7 @@ import numpy as np
 
 from common import Block, log2_label, place_devices, where
 from sweep import (Case, Data, copy_to_device, measure_task, ours_teardown, peer_teardown, place_group,
-                   shard_view, template, use_peer_stream)
+                   release_shared_after, shard_view, template, use_peer_stream)
 
 
 @dataclass
@@ -150,15 +150,5 @@ def blocks(cp, sharded, options, chosen, groups: dict, family: Family) -> list[B
             result.append(Block(f"{algorithm} {label} ours, {where(places, gpus)}", ours,
                                 lambda devices=devices, ours_setup=ours_setup: ours_setup(devices),
                                 lambda data: ours_teardown(cp, data)))
-        last = result[-1]
-
-        def release(data, teardown=last.teardown, shared=shared):
-            try:
-                teardown(data)
-            finally:
-                shared.clear()
-                with cp.cuda.Device(device):
-                    cp.get_default_memory_pool().free_all_blocks()
-
-        last.teardown = release
+        release_shared_after(result[-1], cp, device, shared)
     return result

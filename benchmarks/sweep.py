@@ -343,6 +343,22 @@ def ours_teardown(cp, data: Data) -> None:
     data.group.release_cached_memory()
 
 
+def release_shared_after(block: Block, cp, device: int, shared) -> None:
+    """Makes `block` (the last one that uses them) let go of what its blocks shared after its
+    own teardown: `shared` cleared, then `device`'s CuPy pool emptied."""
+    teardown = block.teardown
+
+    def release(data):
+        try:
+            teardown(data)
+        finally:
+            shared.clear()
+            with cp.cuda.Device(device):
+                cp.get_default_memory_pool().free_all_blocks()
+
+    block.teardown = release
+
+
 # ---- blocks ---------------------------------------------------------------------------------
 
 def measure_task(case: Case, impl: str, maker, row: Measure, reps: int, warmup: int) -> Task:
