@@ -26,9 +26,13 @@ N = (1 << 20) + 4099  # several blocks per place, and a ragged tail
 
 
 def _bits(value) -> bytes:
+    """The value's bytes; a record's field by field (its padding is never written)."""
     if isinstance(value, tuple):
         return b"".join(_bits(field) for field in value)
-    return np.asarray(value).tobytes()
+    value = np.asarray(value)
+    if value.dtype.names:
+        return b"".join(value[name].tobytes() for name in value.dtype.names)
+    return value.tobytes()
 
 
 @pytest.fixture(scope="module", params=[[0], [0, 0]], ids=["one-place-a-rank", "two-places-a-rank"])
@@ -200,8 +204,7 @@ def test_scans_match_by_devices_bit_for_bit(groups, dtype):
     }
     ours = {name: call(a).to_numpy(root=None) for name, call in calls.items()}
     theirs = {name: call(r).to_numpy() for name, call in calls.items()}
-    assert {name: value.tobytes() for name, value in ours.items()} == \
-        {name: value.tobytes() for name, value in theirs.items()}
+    assert {name: _bits(value) for name, value in ours.items()} == {name: _bits(value) for name, value in theirs.items()}
     index = np.arange(host.size)
     if np.dtype(dtype).kind == "i":
         assert np.array_equal(ours["inclusive sum"], np.cumsum(host))
@@ -254,7 +257,9 @@ def test_adjacent_difference_meets_the_previous_rank_s_last_element(groups, dtyp
     for ours, theirs, ours_op, theirs_op in results:
         assert ours.tobytes() == theirs.tobytes() and ours_op.tobytes() == theirs_op.tobytes()
         assert np.array_equal(ours, np.concatenate([host[:1], np.diff(host)]))
-        assert np.array_equal(ours_op, np.concatenate([host[:1], host[1:] * 2 - host[:-1]]))
+        wide = host.astype(np.result_type(host.dtype, np.int64))  # numba: float32 * int64 is float64
+        assert ours_op.dtype == wide.dtype
+        assert np.array_equal(ours_op, np.concatenate([wide[:1], wide[1:] * 2 - wide[:-1]]))
 
 
 def test_resharded_moves_elements_between_ranks(groups):
@@ -320,12 +325,13 @@ def test_an_allocation_failure_on_one_rank_is_a_memory_error_everywhere(groups):
 
 def test_calls_not_across_processes_yet_say_so(groups):
     _, a, _ = _pair(groups, np.float32, n=100)
-    outcomes = [outcome_of(lambda: sharded.sort(a)), outcome_of(lambda: a[3]),
-                outcome_of(lambda: sharded.top_k(a, 3))]
-    assert outcomes[0] == ("ValueError", "a: lives on a PlaceGroup.from_mpi group, and sort does not run across "
-                                         "processes yet; gather it with to_numpy(root=...) or work on each "
-                                         "rank's local_shards()")
+    outcomes = [outcome_of(lambda: sharded.segmented_reduce(a, [0, 50, 100], "sum", 0)), outcome_of(lambda: a[3]),
+                outcome_of(lambda: sharded.searchsorted(a, np.zeros(2, np.float32), compare=lambda p, q: p < q))]
+    assert outcomes[0] == ("ValueError", "a: lives on a PlaceGroup.from_mpi group, and segmented_reduce does not "
+                                         "run across processes yet; gather it with to_numpy(root=...) or work on "
+                                         "each rank's local_shards()")
     assert outcomes[1][0] == "TypeError" and outcomes[2][0] == "ValueError"
+    assert "comparator does not run across processes yet" in outcomes[2][1]
 
 
 def test_more_places_than_one_fold_launch_takes():
