@@ -38,7 +38,7 @@ struct BlockSortParams {
   long long n;
 };
 
-// csj_merge_partition (one warp per output tile) and csj_merge (one block per output tile).
+// csj_merge_partition (one thread per output tile) and csj_merge (one block per output tile).
 // pass >= 0: a merge pass over the n elements of `in`, whose runs of w = tile << pass
 // elements are merged pairwise, [2gw, 2gw + w) with [2gw + w, 2gw + 2w), into the same
 // place of `out` (tiles of a merge by shifts: no 64-bit division in the kernels).

@@ -10,10 +10,9 @@
 // through CUB's warp-transposing block load and store. Merges: merge-path partitioning (the
 // tile sizes and the split of a merge into a partition kernel and a merge kernel follow CUB's
 // DeviceMergeSort design; the code is ours): each output tile of a merge begins where its
-// diagonal of the merge path crosses the boundary between the two runs, found by a 32-way
-// search with the comparator (one warp per tile); the merge block loads its two ranges into
-// shared memory, each thread finds its own diagonal there (a binary search) and merges its
-// items sequentially.
+// diagonal of the merge path crosses the boundary between the two runs, found by a binary
+// search with the comparator; the merge block loads its two ranges into shared memory, each
+// thread finds its own diagonal there and merges its items sequentially.
 #include <cub/block/block_load.cuh>
 #include <cub/block/block_merge_sort.cuh>
 #include <cub/block/block_store.cuh>
@@ -138,42 +137,14 @@ extern "C" __global__ void __launch_bounds__(kMergeSortBlock)
   }
 }
 
-// merge_split by one warp: each step probes 32 evenly spaced positions of the range at once
-// and keeps the stretch before the first probe that goes after its partner (a ballot), so
-// the search makes log32 of the range's length rounds of dependent global loads where one
-// thread's binary search makes log2 of it. Every lane returns the split.
-__device__ __forceinline__ long long merge_split_warp(const Element* first, long long first_n, const Element* second,
-                                                      long long second_n, long long diag, int lane) {
-  long long low = diag > second_n ? diag - second_n : 0;
-  long long high = diag < first_n ? diag : first_n;
-  const Less less;
-  while (low < high) {
-    const long long step = (high - low + 31) >> 5;
-    const long long probe = low + (lane + 1) * step - 1;
-    const bool valid = probe < high;
-    const bool after = valid && less(second[diag - 1 - probe], first[probe]);
-    const unsigned found = __ballot_sync(0xffffffffu, after);
-    if (found != 0) {  // the split lies in (the previous probe, this probe]
-      const int k = __ffs(found) - 1;
-      high = low + (k + 1) * step - 1;
-      low += k * step;
-    } else {  // past the last valid probe
-      low += __popc(__ballot_sync(0xffffffffu, valid)) * step;
-    }
-  }
-  return low;
-}
-
 extern "C" __global__ void __launch_bounds__(kMergePartitionBlock)
     csj_merge_partition(const __grid_constant__ MergeParams params) {
-  const long long tile = (static_cast<long long>(blockIdx.x) * kMergePartitionBlock + threadIdx.x) >> 5;
-  if (tile >= params.tiles) return;  // the whole warp: one tile per warp
-  const int lane = static_cast<int>(threadIdx.x) & 31;
+  const long long tile = static_cast<long long>(blockIdx.x) * kMergePartitionBlock + threadIdx.x;
+  if (tile >= params.tiles) return;
   const TileMerge merge = tile_merge(params, tile);
   const long long total = merge.first_n + merge.second_n;
   const long long diag = merge.diag < total ? merge.diag : total;
-  const long long split = merge_split_warp(merge.first, merge.first_n, merge.second, merge.second_n, diag, lane);
-  if (lane == 0) params.partitions[tile] = split;
+  params.partitions[tile] = merge_split(merge.first, merge.first_n, merge.second, merge.second_n, diag);
 }
 
 extern "C" __global__ void __launch_bounds__(kMergeSortBlock)

@@ -1,6 +1,6 @@
 // The comparator merge sort's launches (merge_sort.hpp): a block sort of every tile, then
 // log2(tiles) merge passes ping-ponging between the output and a scratch buffer, each a
-// partition kernel (one warp per output tile) and a merge kernel (one block per output
+// partition kernel (one thread per output tile) and a merge kernel (one block per output
 // tile); the same two kernels merge two arrays of any lengths; the pivot search.
 #include "merge_sort.hpp"
 
@@ -27,7 +27,7 @@ long long tiles_of(long long n, std::size_t element_size) {
 unsigned grid_of(long long threads, int block) { return static_cast<unsigned>((threads + block - 1) / block); }
 
 void queue_merge_launches(const MergeSortKernels& kernels, k::MergeParams& params, cudaStream_t stream) {
-  launch(kernels.partition, grid_of(params.tiles * 32, k::kMergePartitionBlock), k::kMergePartitionBlock, stream, params,
+  launch(kernels.partition, grid_of(params.tiles, k::kMergePartitionBlock), k::kMergePartitionBlock, stream, params,
          "launching merge partitions");
   launch(kernels.merge, static_cast<unsigned>(params.tiles), k::kMergeSortBlock, stream, params,
          "launching merge");
