@@ -92,7 +92,7 @@ def searchsorted(sorted_a: ShardedArray, values, side: str = "left", compare=Non
     in every shard of sorted_a by the comparator's binary search (no table of splitters).
 
     On a PlaceGroup.from_mpi group (a collective) the queries are numpy values, the same on
-    every rank, and the positions come back on every rank; `compare` is not supported there.
+    every rank, and the positions come back on every rank.
 
     >>> s = sharded.sort(sharded.ShardedArray.from_numpy(g, np.array([5, 1, 3], np.int32)))  # doctest: +SKIP
     >>> sharded.searchsorted(s, [0, 3, 6]), sharded.searchsorted(s, 3, side="right")        # doctest: +SKIP
@@ -105,17 +105,19 @@ def searchsorted(sorted_a: ShardedArray, values, side: str = "left", compare=Non
     if distributed and isinstance(values, ShardedArray):
         raise ValueError("values: searchsorted on a PlaceGroup.from_mpi group takes numpy queries (the "
                          "positions come back on every rank), not a ShardedArray, in this version")
-    if distributed and compare is not None:
-        raise ValueError("compare: searchsorted with a comparator does not run across processes yet "
-                         "(PlaceGroup.from_mpi)")
-    if compare is not None:
-        return _search_compare(sorted_a, values, side == "right", compare)
-    check_numbers(sorted_a, "searchsorted", "sorted_a")
     right = side == "right"
     if distributed:
         from ..distributed import _sorting
 
-        return _sorting.searchsorted(sorted_a, _queries(values, sorted_a.dtype), right)
+        if compare is None:
+            check_numbers(sorted_a, "searchsorted", "sorted_a")
+            return _sorting.searchsorted(sorted_a, _queries(values, sorted_a.dtype), right)
+        # compiled on every rank (one holding no elements too) before the ranks agree
+        _compare_libraries(compare, sorted_a.dtype, _sorting.local(sorted_a).group)
+        return _sorting.searchsorted(sorted_a, _compare_queries(values, sorted_a.dtype), right, compare)
+    if compare is not None:
+        return _search_compare(sorted_a, values, right, compare)
+    check_numbers(sorted_a, "searchsorted", "sorted_a")
     if isinstance(values, ShardedArray):
         check_numbers(values, "searchsorted", "values")
         if values.dtype != sorted_a.dtype:
@@ -137,32 +139,18 @@ def _search_compare(sorted_a: ShardedArray, values, right: bool, compare):
     """searchsorted in the order of `compare`: the arguments checked and the comparator
     compiled (an operator numba cannot type, or one not returning a bool, is a TypeError
     naming it) before anything runs, then _shim.search_compare per place of the queries."""
-    compare = as_op(compare, "compare")
-    compare.check_arity(2, "searchsorted (compare)")
     dtype = sorted_a.dtype
-
-    def libraries_for(group):
-        return kernel_libraries(compare, "merge_sort", (("array", dtype),), None, group.archs,
-                                sort_spec(None, False))[1]
-
     if isinstance(values, ShardedArray):
         check_array(values, "values")
         if values.dtype != dtype:
             raise TypeError(f"values: dtype {describe_dtype(values.dtype)} differs from sorted_a's "
                             f"{describe_dtype(dtype)}")
-        libraries = libraries_for(values.group)
+        libraries = _compare_libraries(compare, dtype, values.group)
         positions = ShardedArray.allocate(values.group, list(values.shard_sizes), np.int64)
         _shim.search_compare(libraries, sorted_a._impl, values._impl, positions._impl, right)
         return positions
-    if dtype.fields is None:
-        host = _queries(values, dtype)
-    else:
-        host = np.asarray(values) if isinstance(values, (np.ndarray, np.void)) else None
-        if host is None or host.dtype != dtype:
-            got = describe_dtype(host.dtype) if host is not None else type(values).__name__
-            raise TypeError(f"values: expected a ShardedArray or a numpy array of sorted_a's dtype "
-                            f"{describe_dtype(dtype)}, got {got}")
-    libraries = libraries_for(sorted_a.group)
+    host = _compare_queries(values, dtype)
+    libraries = _compare_libraries(compare, dtype, sorted_a.group)
     result = np.zeros(host.shape, dtype=np.int64)
     if host.size:
         queries = ShardedArray.from_numpy(sorted_a.group, np.ascontiguousarray(host).reshape(-1))
@@ -170,6 +158,27 @@ def _search_compare(sorted_a: ShardedArray, values, right: bool, compare):
         _shim.search_compare(libraries, sorted_a._impl, queries._impl, positions._impl, right)
         result = positions.to_numpy().reshape(host.shape)
     return result[()] if result.ndim == 0 else result
+
+
+def _compare_libraries(compare, dtype: np.dtype, group):
+    """The comparator compiled into the merge sort's modules for `group`'s places (TypeError
+    naming an operator numba cannot type or one not returning a bool)."""
+    compare = as_op(compare, "compare")
+    compare.check_arity(2, "searchsorted (compare)")
+    return kernel_libraries(compare, "merge_sort", (("array", dtype),), None, group.archs, sort_spec(None, False))[1]
+
+
+def _compare_queries(values, dtype: np.dtype) -> np.ndarray:
+    """Host queries for a comparator search: numbers cast as `_queries` casts them, records a
+    numpy array of sorted_a's dtype (TypeError otherwise)."""
+    if dtype.fields is None:
+        return _queries(values, dtype)
+    host = np.asarray(values) if isinstance(values, (np.ndarray, np.void)) else None
+    if host is None or host.dtype != dtype:
+        got = describe_dtype(host.dtype) if host is not None else type(values).__name__
+        raise TypeError(f"values: expected a ShardedArray or a numpy array of sorted_a's dtype "
+                        f"{describe_dtype(dtype)}, got {got}")
+    return host
 
 
 __all__ = ["top_k", "searchsorted"]

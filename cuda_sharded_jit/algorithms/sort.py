@@ -197,9 +197,9 @@ def sort(a: ShardedArray, key=None, compare=None, descending: bool = False,
     Each place sorts its shard, exact splitters are found over the sorted shards (each
     shard keeps its size), the pieces travel between GPUs over peer copies and each shard
     merges what it received. The call returns once the split is known; the rest runs on the
-    places' streams. On a PlaceGroup.from_mpi group (a collective; numbers, without `key` or
-    `compare`) each rank sorts its part, the pieces travel between ranks in one all-to-all,
-    and each rank sorts what it received: the same result as one process's.
+    places' streams. On a PlaceGroup.from_mpi group (a collective; numbers, or any element
+    with `key`, not `compare`) each rank sorts its part, the pieces travel between ranks in
+    one all-to-all, and each rank sorts what it received: the same result as one process's.
 
     >>> x = sharded.ShardedArray.from_numpy(g, np.array([3, 1, 2], np.int32))  # doctest: +SKIP
     >>> sharded.sort(x).to_numpy()                                             # doctest: +SKIP
@@ -211,10 +211,9 @@ def sort(a: ShardedArray, key=None, compare=None, descending: bool = False,
     descending = as_flag(descending, "descending")
     if out is not None:
         _check_like(out, a, "out", "a")
-    if a.group._distributed and (key is not None or compare is not None):
-        raise ValueError(f"{'key' if key is not None else 'compare'}: sort with a key or a comparator does not "
-                         f"run across processes yet (PlaceGroup.from_mpi); sort the numbers themselves, or "
-                         f"sort_by_key with computed keys")
+    if a.group._distributed and compare is not None:
+        raise ValueError("compare: sort with a comparator does not run across processes yet "
+                         "(PlaceGroup.from_mpi); sort with key=, or sort_by_key with computed keys")
     if compare is not None:
         from .merge_sort import compare_sort
 
@@ -235,7 +234,7 @@ def _sort_by_computed_key(a: ShardedArray, key, descending: bool, out: ShardedAr
     if number is not None:
         keys = _transform.run(number, None)
         try:
-            _sort_values(keys, keys, a, out, descending)
+            _sort_elements(keys, a, out, descending)
         finally:
             keys.free()
         return out
@@ -247,11 +246,22 @@ def _sort_by_computed_key(a: ShardedArray, key, descending: bool, out: ShardedAr
         _, *compiled = prepared
         keys = _transform.run(([source], *compiled), None)
         try:
-            _sort_values(keys, keys, source, out, descending)
+            _sort_elements(keys, source, out, descending)
         finally:
             keys.free()
         source = out
     return out
+
+
+def _sort_elements(keys: ShardedArray, elements: ShardedArray, out: ShardedArray, descending: bool) -> None:
+    """`elements` into `out` in the stable order of their computed `keys` (sorted in place);
+    across ranks on a from_mpi group."""
+    if keys.group._distributed:
+        from ..distributed import _sorting
+
+        _sorting.sort_by_key(keys, elements, keys, out, descending)
+    else:
+        _sort_values(keys, keys, elements, out, descending)
 
 
 __all__ = ["argsort", "sort", "sort_by_key"]

@@ -3,17 +3,18 @@ algorithm's own call, see _collective.py). Each rank runs the one-process algori
 own part (a one-process view of its shards, over its local places); what crosses ranks is
 host data through MPI (the "mpi" transport):
 
-- sort, sort_by_key, argsort: each rank sorts its part (the local multi-place sort), the exact
-  split of the global order is searched on the host (every rank's sorted order codes
+- sort, sort_by_key, argsort: each rank sorts its part (the local multi-place sort), the
+  exact split of the global order is searched on the host (every rank's sorted order codes
   counted at candidate codes, the counts allreduced: a few rounds), the pieces move in one
   all-to-all-v, and each rank sorts what it received, which lays it out in its shards. The
   global order's element at position k ends in the shard owning k, so the result is
-  by_devices' bit for bit (the sorts are stable: ties in global index order).
+  by_devices' bit for bit (the sorts are stable: ties in global index order). sort(key=)
+  is sort_by_key of the computed keys (one round per component of a tuple key).
 - select, partition, three_way_partition: each rank selects from its shards; the outputs'
   shard sizes are allgathered (no element crosses ranks, as none crosses places).
 - top_k: each rank's best (at most k), allgathered and merged in order on every rank.
-- searchsorted (numpy queries): each rank counts in its part; the counts add up (int64
-  allreduce: any order, the same sum).
+- searchsorted (numpy queries, with or without a comparator): each rank counts in its part;
+  the counts add up (int64 allreduce: any order, the same sum).
 """
 
 from __future__ import annotations
@@ -196,17 +197,18 @@ def top_k(a, k: int, largest: bool) -> tuple[np.ndarray, np.ndarray]:
     return merge_best(every_value, every_index, order_codes(every_value, largest), k)
 
 
-def searchsorted(sorted_a, host: np.ndarray, right: bool):
-    """sharded.searchsorted of numpy queries (`host`, already cast) on a from_mpi group."""
+def searchsorted(sorted_a, host: np.ndarray, right: bool, compare=None):
+    """sharded.searchsorted of numpy queries (`host`, already cast) on a from_mpi group, in
+    the order of `compare` when given (already compiled on every rank)."""
     from ..algorithms.search import searchsorted as search
 
     digest = hashlib.blake2b(np.ascontiguousarray(host).tobytes(), digest_size=8).hexdigest()
     result = np.zeros(host.shape, dtype=np.int64)
     if host.size and sorted_a._impl.size:
-        result = np.asarray(search(local(sorted_a), host, "right" if right else "left"), dtype=np.int64)
+        result = np.asarray(search(local(sorted_a), host, "right" if right else "left", compare), dtype=np.int64)
         result = result.reshape(host.shape)
     begin(sorted_a.group, ("searchsorted", ("shard sizes", sorted_a.shard_sizes), ("dtype", sorted_a.dtype.str),
-                           ("queries", (host.shape, digest)), ("side", right)))
+                           ("queries", (host.shape, digest)), ("side", right), ("compare", compare is not None)))
     MPI = mpi()
     flat = np.ascontiguousarray(result).reshape(-1)
     with moving(sorted_a.group):

@@ -326,12 +326,13 @@ def test_an_allocation_failure_on_one_rank_is_a_memory_error_everywhere(groups):
 def test_calls_not_across_processes_yet_say_so(groups):
     _, a, _ = _pair(groups, np.float32, n=100)
     outcomes = [outcome_of(lambda: sharded.segmented_reduce(a, [0, 50, 100], "sum", 0)), outcome_of(lambda: a[3]),
-                outcome_of(lambda: sharded.searchsorted(a, np.zeros(2, np.float32), compare=lambda p, q: p < q))]
+                outcome_of(lambda: sharded.sort(a, compare=lambda p, q: p < q))]
     assert outcomes[0] == ("ValueError", "a: lives on a PlaceGroup.from_mpi group, and segmented_reduce does not "
                                          "run across processes yet; gather it with to_numpy(root=...) or work on "
                                          "each rank's local_shards()")
-    assert outcomes[1][0] == "TypeError" and outcomes[2][0] == "ValueError"
-    assert "comparator does not run across processes yet" in outcomes[2][1]
+    assert outcomes[1][0] == "TypeError"
+    assert outcomes[2] == ("ValueError", "compare: sort with a comparator does not run across processes yet "
+                                         "(PlaceGroup.from_mpi); sort with key=, or sort_by_key with computed keys")
 
 
 def test_more_places_than_one_fold_launch_takes():
@@ -448,6 +449,48 @@ def test_selections_top_k_and_searchsorted_match_by_devices(groups, dtype):
         assert np.array_equal(i1, _stable_order(host, largest)[:k]), (k, largest)
     for side, (mine, other) in searched.items():
         assert np.array_equal(mine, other) and np.array_equal(mine, np.searchsorted(np.sort(host), queries, side=side))
+
+
+@pytest.mark.parametrize("descending", [False, True])
+def test_key_sorts_and_comparator_searches_match_by_devices(groups, descending):
+    group, _ = groups
+    host = ties_and_nans(np.int64, N, seed=27, span=50)
+    records = np.dtype([("score", np.float32), ("n", np.int64)], align=True)
+    record_host = np.zeros(N, records)
+    record_host["score"] = host % 7
+    record_host["n"] = np.arange(N)
+    sizes = uneven(len(group), N)
+    (a, r), (ra, rr) = _both(groups, host, sizes), _both(groups, record_host, sizes)
+
+    def sorts(x, rec):
+        return [sharded.sort(x.copy(), key=lambda v: abs(v), descending=descending),
+                sharded.sort(x.copy(), key=lambda v: (v % 3, -v), descending=descending),
+                sharded.sort(rec.copy(), key=lambda p: p.score, descending=descending)]
+
+    ours = [x.to_numpy(root=None) for x in sorts(a, ra)]
+    theirs = [x.to_numpy() for x in sorts(r, rr)]
+    for index, (mine, other) in enumerate(zip(ours, theirs)):
+        assert _bits(mine) == _bits(other), index
+    assert np.array_equal(ours[0], host[_stable_order(np.abs(host), descending)])
+    index = np.arange(N)  # lexsort's last key is the primary one; ties keep index order either way
+    tuple_order = np.lexsort((index, host, -(host % 3)) if descending else (index, -host, host % 3))
+    assert np.array_equal(ours[1], host[tuple_order])
+    assert np.array_equal(ours[2]["n"], _stable_order(record_host["score"], descending))
+
+    by_abs = lambda p, q: abs(p) < abs(q)  # noqa: E731
+    sa, sr = sharded.sort(a.copy(), key=lambda v: abs(v)), sharded.sort(r.copy(), key=lambda v: abs(v))
+    queries = np.array([-60, -20, 0, 3, -3, 49, 70], np.int64)
+    table = np.abs(sa.to_numpy(root=None))
+    for side in ("left", "right"):
+        mine = sharded.searchsorted(sa, queries, side=side, compare=by_abs)
+        other = sharded.searchsorted(sr, queries, side=side, compare=by_abs)
+        assert np.array_equal(mine, other) and np.array_equal(mine, np.searchsorted(table, np.abs(queries), side=side))
+    by_score = lambda p, q: p[0] < q[0]  # noqa: E731
+    sorted_records = sharded.sort(ra.copy(), key=lambda p: p.score)
+    record_queries = np.zeros(3, records)
+    record_queries["score"] = [0.5, 3, 9]
+    mine = sharded.searchsorted(sorted_records, record_queries, compare=by_score)
+    assert np.array_equal(mine, np.searchsorted(np.sort(record_host["score"]), record_queries["score"]))
 
 
 def _long_runs(n, seed):

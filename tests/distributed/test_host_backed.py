@@ -151,7 +151,7 @@ def test_errors_one_rank_hits_alone_are_raised_on_every_rank(group):
         "allocation": outcome_of(lambda: sharded.ShardedArray.allocate(
             group, [1 << 40 if RANK == last and place == group.local_places[0] else 4 for place in range(len(group))],
             np.float64)),
-        "sort": outcome_of(lambda: sharded.sort(a, key=lambda x: -x)),
+        "sort": outcome_of(lambda: sharded.sort(a, compare=lambda x, y: x < y)),
     }
     after = sharded.sum(a)  # the group still works
     everywhere = allgather(outcomes)
@@ -504,14 +504,14 @@ def test_the_new_collectives_agree_on_errors_and_calls(group):
         "select arity": outcome_of(lambda: sharded.select(a, (lambda x, y: x > y) if RANK == last
                                                         else (lambda x: x > 0))),
         "descending": outcome_of(lambda: sharded.sort(a, descending=RANK == last, out=out)),
-        "sort key": outcome_of(lambda: sharded.sort(a, key=lambda x: -x)),
+        "sort compare": outcome_of(lambda: sharded.sort(a, compare=lambda x, y: x > y)),
     }
     after = sharded.sort(a).to_numpy(root=None)  # the group still works
     everywhere = allgather(outcomes)
     assert all(seen == everywhere[0] for seen in everywhere)
     assert outcomes["top_k bad k"][0] == "ValueError" and outcomes["top_k bad k"][1].startswith("k: expected")
     assert outcomes["select arity"][0] == "TypeError"
-    assert outcomes["sort key"][0] == "ValueError" and outcomes["sort key"][1].startswith("key: ")
+    assert outcomes["sort compare"][0] == "ValueError" and outcomes["sort compare"][1].startswith("compare: ")
     if SIZE > 1:
         assert outcomes["top_k k"][0] == "ValueError" and f"on rank {last}" in outcomes["top_k k"][1]
         assert outcomes["searchsorted queries"][0] == "ValueError" and "queries" in outcomes["searchsorted queries"][1]
