@@ -6,9 +6,7 @@ the decorator tests one module variable, after that the type of each argument. W
 argument is an array of a from_mpi group, the call runs as a collective
 (distributed/_agreement.py): every rank of the group must make it, in the same order, and an
 error that one rank hits alone is raised on every rank, the same exception with the same
-text, never a hang. Algorithms that do not
-run across processes yet say so, naming the argument, before anything runs (the same answer
-on every rank, so no rank waits for another).
+text, never a hang.
 
 Nothing here imports mpi4py: the package imports, and runs on one process, without it.
 """
@@ -16,7 +14,6 @@ Nothing here imports mpi4py: the package imports, and runs on one process, witho
 from __future__ import annotations
 
 import functools
-import inspect
 
 # The array class of from_mpi groups, once distributed/_arrays.py is imported (by the first
 # from_mpi group's array): until then every call takes the one-process path at the cost of
@@ -42,18 +39,9 @@ def _distributed_argument(args, kwargs):
     return None
 
 
-def _argument_name(function, where) -> str:
-    if isinstance(where, str):
-        return where
-    try:
-        return list(inspect.signature(function).parameters)[where]
-    except (IndexError, TypeError, ValueError):
-        return f"args[{where}]"
-
-
-def collective(name: str, supported: bool = True):
-    """Marks a public call as a collective of from_mpi groups (`supported`), or as one that
-    refuses their arrays with a ValueError naming the argument (not across processes yet)."""
+def collective(name: str):
+    """Marks a public call as a collective of from_mpi groups: given an array of one, the call
+    runs as a collective (distributed/_agreement.run)."""
 
     def wrap(function):
         @functools.wraps(function)
@@ -61,12 +49,7 @@ def collective(name: str, supported: bool = True):
             found = None if _array_type is None else _distributed_argument(args, kwargs)
             if found is None:
                 return function(*args, **kwargs)
-            where, group = found
-            if not supported:
-                raise ValueError(
-                    f"{_argument_name(function, where)}: lives on a PlaceGroup.from_mpi group, and "
-                    f"{name} does not run across processes yet; gather it with to_numpy(root=...) "
-                    f"or work on each rank's local_shards()")
+            _, group = found
             from .distributed._agreement import run
 
             return run(group, name, function, args, kwargs)

@@ -2,7 +2,8 @@
 
 `sort(a, compare=...)` routes here. The comparator (and the key and the direction, baked into
 the wrapper numba compiles around them) is linked into the merge sort module of the
-element's size; each place sorts its shard with it.
+element's size; each place sorts its shard with it. On a PlaceGroup.from_mpi group each rank
+sorts its part and the split across ranks is searched by comparisons (distributed/_sorting.py).
 """
 
 from __future__ import annotations
@@ -49,5 +50,9 @@ def compare_sort(a: ShardedArray, compare, key=None, descending: bool = False,
                              f"{describe_dtype(a.dtype)}")
     _, libraries = kernel_libraries(compare, "merge_sort", (("array", a.dtype),), None, a.group.archs,
                                     sort_spec(key, descending))
+    if a.group._distributed:
+        from ..distributed import _sorting
+
+        return _sorting.compare_sort(a, out, libraries)
     _shim.sort_compare(libraries, a._impl, out._impl)
     return out

@@ -53,7 +53,7 @@ def _positions(offsets, a: ShardedArray) -> np.ndarray:
     return positions
 
 
-@collective("segmented_reduce", supported=False)
+@collective("segmented_reduce")
 def segmented_reduce(a: ShardedArray, offsets, op, init, *, map_op=None,
                      with_index: bool = False) -> ShardedArray:
     """Fold each segment [offsets[s], offsets[s + 1]) of `a` with an associative operator, in
@@ -67,6 +67,10 @@ def segmented_reduce(a: ShardedArray, offsets, op, init, *, map_op=None,
     makes a tuple accumulator, as in transform_reduce: `op` then takes and returns tuples and
     init is a tuple. A record array folds its records (init a tuple). Returns a ShardedArray
     of S values split evenly over a's group (a record array for tuple accumulators).
+
+    On a PlaceGroup.from_mpi group (a collective; `offsets` the same on every rank) each
+    rank folds the segments that begin in its part; a segment that goes on into later ranks
+    carries its fold there, in rank order.
 
     >>> sums = sharded.segmented_reduce(a, np.array([0, 3, 3, 10]), "sum", 0.0)  # doctest: +SKIP
     >>> sums.to_numpy()                          # a[0:3].sum(), 0.0, a[3:10].sum()  # doctest: +SKIP
@@ -109,6 +113,10 @@ def segmented_reduce(a: ShardedArray, offsets, op, init, *, map_op=None,
     if isinstance(init, tuple) and not acc.is_record:
         raise TypeError(f"init: a tuple, but the accumulator is a single {acc_dtype}")
     packed = acc.pack_init(init)
+    if a.group._distributed:
+        from ..distributed import _algorithms
+
+        return _algorithms.segmented_reduce(a, positions, libraries, acc_dtype, packed)
     out = ShardedArray.allocate(a.group, len(positions) - 1, acc_dtype)
     _shim.segmented_reduce(libraries, a._impl, positions.ctypes.data, len(positions), out._impl, acc.itemsize,
                            packed)

@@ -197,9 +197,9 @@ def sort(a: ShardedArray, key=None, compare=None, descending: bool = False,
     Each place sorts its shard, exact splitters are found over the sorted shards (each
     shard keeps its size), the pieces travel between GPUs over peer copies and each shard
     merges what it received. The call returns once the split is known; the rest runs on the
-    places' streams. On a PlaceGroup.from_mpi group (a collective; numbers, or any element
-    with `key`, not `compare`) each rank sorts its part, the pieces travel between ranks in
-    one all-to-all, and each rank sorts what it received: the same result as one process's.
+    places' streams. On a PlaceGroup.from_mpi group (a collective) each rank sorts its part,
+    the pieces travel between ranks in one all-to-all, and each rank sorts what it received:
+    the same result as one process's.
 
     >>> x = sharded.ShardedArray.from_numpy(g, np.array([3, 1, 2], np.int32))  # doctest: +SKIP
     >>> sharded.sort(x).to_numpy()                                             # doctest: +SKIP
@@ -211,9 +211,6 @@ def sort(a: ShardedArray, key=None, compare=None, descending: bool = False,
     descending = as_flag(descending, "descending")
     if out is not None:
         _check_like(out, a, "out", "a")
-    if a.group._distributed and compare is not None:
-        raise ValueError("compare: sort with a comparator does not run across processes yet "
-                         "(PlaceGroup.from_mpi); sort with key=, or sort_by_key with computed keys")
     if compare is not None:
         from .merge_sort import compare_sort
 

@@ -13,14 +13,20 @@ by_devices with the same P places and shard sizes.
 - count and histogram_even: integer counts, added by an allreduce (any order, same sum).
 - adjacent_difference: every rank's last element allgathered; a rank's first non-empty
   place takes its neighbour (the halo plan's, across empty shards and ranks) from there.
+- segmented_reduce: each rank folds the segments that begin in its part; a segment that
+  goes on into later ranks hands its fold so far (the carry) from rank to rank, in order.
 """
 
 from __future__ import annotations
 
+import hashlib
+
 import numpy as np
 
 from .. import _shim
+from ..array import ShardedArray, _shard_sizes
 from ._agreement import begin, gather, moving
+from ._arrays import empty
 from ._mpi import mpi
 from ._plans import halo_plan, in_place_order, present, rank_counts, reduce_result, scan_seeds
 
@@ -100,3 +106,80 @@ def adjacent_difference(difference, first, a, out) -> None:
         if needed.rank == rank and needed.source_rank != rank:
             halo = gathered[needed.source_rank]
     _shim.adjacent_difference(difference, first, a._impl, out._impl, False, halo)
+
+
+def _folds(part, positions: np.ndarray, libraries, acc_dtype: np.dtype, init: bytes) -> np.ndarray:
+    """One process's segmented_reduce of this rank's part (a one-process array) at local
+    `positions`, with `init` (packed), to the host."""
+    out = ShardedArray.allocate(part.group, len(positions) - 1, acc_dtype)
+    try:
+        _shim.segmented_reduce(libraries, part._impl, positions.ctypes.data, len(positions), out._impl,
+                               acc_dtype.itemsize, init)
+        return out.to_numpy()
+    finally:
+        out.free()
+
+
+def segmented_reduce(a, positions: np.ndarray, libraries, acc_dtype: np.dtype, init: bytes):
+    """The shim's segmented_reduce over every rank (`positions`: the checked global offsets,
+    the same on every rank; `init` packed). Each rank folds its part in one process's call:
+    the segments that begin there (init first) and, in front of them, the piece of a segment
+    that began on an earlier rank. That piece must start from the carry (init and the
+    earlier ranks' pieces, folded): the carry passes from rank to rank in rank order, and a
+    rank that a segment enters makes its call again with the carry as init and keeps that
+    segment's fold. Its places hold the same pieces as in one process's call, so the kernel
+    folds them alike, and its Combine(carry, piece) is csj_fold's step: the results are
+    by_devices' bit for bit. The result: S values split evenly over the group."""
+    from ._sorting import local
+
+    group, rank = a.group, a.group.rank
+    counts, starts = rank_counts(a.shard_sizes, group.place_ranks, group.nranks)
+    lo, hi = starts[rank], starts[rank] + counts[rank]
+    begins, ends = positions[:-1], positions[1:]
+    # a segment belongs to the rank whose part holds its beginning; an empty one at len(a)
+    # to the last rank holding elements, whose last place takes them in one process too
+    owners = np.searchsorted(np.asarray(starts), begins, side="right") - 1
+    holding = [r for r in range(group.nranks) if counts[r]]
+    owners[begins == a.size] = holding[-1] if holding else group.nranks - 1
+    owned = np.flatnonzero(owners == rank)
+    entering = None  # the segment that began on an earlier rank and goes on into this part
+    first = int(np.searchsorted(begins, lo, side="left"))
+    if counts[rank] and first > 0 and ends[first - 1] > lo:
+        entering = first - 1
+    cuts = ([lo] if entering is not None else []) + begins[owned].tolist()
+    last = owned[-1] if owned.size else entering
+    local_positions = np.array(cuts + ([min(int(ends[last]), hi)] if cuts else []), np.int64) - lo
+    part = local(a)
+    folds = _folds(part, local_positions, libraries, acc_dtype, init) if owned.size else np.empty(0, acc_dtype)
+    begin(group, ("segmented_reduce", ("shard sizes", a.shard_sizes), ("dtype", a.dtype.str),
+                  ("accumulator", acc_dtype.str), ("segments", len(begins)),
+                  ("offsets", hashlib.blake2b(positions.tobytes(), digest_size=8).hexdigest())))
+    shift = 1 if entering is not None else 0
+    finals = {int(s): folds[shift + k] for k, s in enumerate(owned) if ends[s] <= hi}
+    outgoing = folds[-1].tobytes() if owned.size and ends[owned[-1]] > hi else None
+    previous = max((r for r in holding if r < rank), default=None)
+    waiting = entering is not None
+    while True:
+        with moving(group):
+            seen = group.comm.allgather((waiting, outgoing))
+            if not any(pending for pending, _ in seen):
+                break
+            if waiting and seen[previous][1] is not None:
+                fold = _folds(part, local_positions, libraries, acc_dtype, seen[previous][1])[0]
+                if ends[entering] <= hi:
+                    finals[entering] = fold
+                else:
+                    outgoing = fold.tobytes()
+                waiting = False
+    indices = np.array(sorted(finals), np.int64)
+    values = np.array([finals[s] for s in indices.tolist()], acc_dtype)
+    everywhere = gather(group, (indices, values), ("segmented_reduce: results",))
+    result = np.empty(len(begins), acc_dtype)
+    for where, folded in everywhere:
+        result[where] = folded
+    sizes = _shard_sizes(group, len(begins))
+    out = empty(group, sizes, acc_dtype)
+    origin = sum(size for size, owner in zip(sizes, group.place_ranks) if owner < rank)
+    mine = result[origin:origin + local(out).size]
+    local(out)._impl.copy_from_host(mine.ctypes.data, mine.nbytes)
+    return out

@@ -291,6 +291,31 @@ def split_points(targets: Sequence[int], before: Sequence[Sequence[int]],
     return points
 
 
+def corank_points(counts: Sequence[int], targets: Sequence[int],
+                  positions: Callable[[list[tuple[int, int]]], Sequence[int]]) -> list[list[int]]:
+    """The split of a sort whose order is known only through comparisons (a comparator): how
+    many of each rank's sorted elements go before each global position targets[b] of the
+    stable merge of every rank's sorted part (rank order is global index order). Element j
+    of rank q sits at a position `positions([(q, j), ...])` gives (the ranks before q count
+    their elements not after it, the ranks after q those before it, plus j); positions rise
+    with j, so points[q][b] is the smallest j with position >= targets[b] (or counts[q]),
+    found by one binary search per (rank, target), all of a round's probes asked at once."""
+    low = [[0] * len(targets) for _ in counts]
+    high = [[count] * len(targets) for count in counts]
+    while True:
+        open_ = [(q, b) for q in range(len(counts)) for b in range(len(targets)) if low[q][b] < high[q][b]]
+        if not open_:
+            return low
+        probes = sorted({(q, (low[q][b] + high[q][b]) // 2) for q, b in open_})
+        found = dict(zip(probes, positions(probes)))
+        for q, b in open_:
+            middle = (low[q][b] + high[q][b]) // 2
+            if found[(q, middle)] < targets[b]:
+                low[q][b] = middle + 1
+            else:
+                high[q][b] = middle
+
+
 def sort_exchange_plan(points: Sequence[Sequence[int]], counts: Sequence[int], rank: int) -> AllToAll:
     """The sort's all-to-all-v from the split points (points[r][d - 1]: how many of rank r's
     sorted elements go to ranks before d, for d = 1 .. R - 1): rank r sends its elements in

@@ -9,7 +9,8 @@ host data through MPI (the "mpi" transport):
   all-to-all-v, and each rank sorts what it received, which lays it out in its shards. The
   global order's element at position k ends in the shard owning k, so the result is
   by_devices' bit for bit (the sorts are stable: ties in global index order). sort(key=)
-  is sort_by_key of the computed keys (one round per component of a tuple key).
+  is sort_by_key of the computed keys (one round per component of a tuple key); the
+  comparator sort searches its split by comparisons (compare_sort).
 - select, partition, three_way_partition: each rank selects from its shards; the outputs'
   shard sizes are allgathered (no element crosses ranks, as none crosses places).
 - top_k: each rank's best (at most k), allgathered and merged in order on every rank.
@@ -28,8 +29,8 @@ from ..array import ShardedArray
 from ._agreement import begin, gather, moving
 from ._arrays import empty, wrap
 from ._mpi import mpi
-from ._plans import (merge_best, narrow, order_codes, rank_counts, search_candidates, sort_exchange_plan,
-                     split_points)
+from ._plans import (corank_points, merge_best, narrow, order_codes, rank_counts, search_candidates,
+                     sort_exchange_plan, split_points)
 
 _WAYS = 16  # candidate codes per bracket a round: 4 bits of a code a round
 
@@ -109,14 +110,69 @@ def _exchange(group, shard_sizes, keys: ShardedArray, values: ShardedArray | Non
     codes = order_codes(key_host, descending)
     begin(group, ("sort: exchange",))
     points = _split(group, codes, shard_sizes)
+    _move(group, shard_sizes, points, [(keys, key_host)] + ([] if values is None else [(values, value_host)]))
+
+
+def _move(group, shard_sizes, points, parts) -> None:
+    """Each (local array, its host copy) of `parts`, this rank's sorted part, replaced by the
+    pieces of the global order that the split `points` sends to this rank, in rank order."""
     counts, _ = rank_counts(shard_sizes, group.place_ranks, group.nranks)
     plan = sort_exchange_plan(points, counts, group.rank)
-    received = _alltoallv(group, key_host, plan)
-    if value_host is not None:
-        received_values = _alltoallv(group, value_host, plan)
-    keys._impl.copy_from_host(received.ctypes.data, received.nbytes)
-    if value_host is not None:
-        values._impl.copy_from_host(received_values.ctypes.data, received_values.nbytes)
+    received = [_alltoallv(group, host, plan) for _, host in parts]
+    for (array, _), host in zip(parts, received):
+        array._impl.copy_from_host(host.ctypes.data, host.nbytes)
+
+
+def compare_sort(a, out, libraries):
+    """sharded.sort(compare=...) on a from_mpi group, into `out` (which may be `a`);
+    `libraries`: the comparator's merge sort modules for this rank's places, built with the
+    sort's key and direction. Each rank sorts its part with the comparator; the split is
+    searched by comparisons alone (corank_points: a binary search per rank and target, each
+    round's probe elements allgathered and counted on every rank by the comparator's search
+    kernel, the positions summed by an allreduce); the pieces move in one all-to-all-v, and
+    each rank sorts the runs it received (stable: they arrive in rank order)."""
+    group = a.group
+    mine, target = local(a), local(out)
+    held = mine.size > 0
+    if held:
+        _shim.sort_compare(libraries, mine._impl, target._impl)
+    host = _to_host(target)
+    begin(group, ("sort (compare)", ("shard sizes", a.shard_sizes), ("dtype", a.dtype.str)))
+    counts, starts = rank_counts(a.shard_sizes, group.place_ranks, group.nranks)
+    rank, MPI = group.rank, mpi()
+
+    def count(queries: np.ndarray, right: bool) -> np.ndarray:  # this rank's elements before each query
+        asked = ShardedArray.from_numpy(target.group, queries)
+        found = ShardedArray.allocate(target.group, list(asked.shard_sizes), np.int64)
+        try:
+            _shim.search_compare(libraries, target._impl, asked._impl, found._impl, right)
+            return found.to_numpy()
+        finally:
+            asked.free()
+            found.free()
+
+    def positions(probes):
+        with moving(group):
+            elements = group.comm.allgather(host[[j for q, j in probes if q == rank]])
+        taken = [0] * group.nranks
+        queries = np.empty(len(probes), a.dtype)
+        for k, (q, _) in enumerate(probes):  # the probes are sorted: each rank's in its order
+            queries[k] = elements[q][taken[q]]
+            taken[q] += 1
+        found = np.zeros(len(probes), np.int64)
+        if held:
+            lower, upper = count(queries, False), count(queries, True)
+            for k, (q, j) in enumerate(probes):  # earlier ranks' equal elements go first
+                found[k] = j if q == rank else (upper[k] if rank < q else lower[k])
+        with moving(group):
+            group.comm.Allreduce(MPI.IN_PLACE, found, op=MPI.SUM)
+        return found.tolist()
+
+    points = corank_points(counts, starts[1:], positions)
+    _move(group, a.shard_sizes, points, [(target, host)])
+    if held:
+        _shim.sort_compare(libraries, target._impl, target._impl)
+    return out
 
 
 def sort(a, out, descending: bool):

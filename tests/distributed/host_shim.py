@@ -7,9 +7,9 @@ and its host copies, the built-in reductions' per-place partials and fold, the b
 scans with their carry, count, histogram_even, fill, sequence, the built-in add and negate,
 copy_lanes, the radix sorts (sort, sort_by_key: stable, over the rank's places as one
 sequence, NaNs last ascending and first descending, the exact reverse), top_k, searchsorted
-select, the scans by key, reduce_by_key, adjacent_difference and the flagged compaction
-(whose compiled operators `select_libraries` and `compiled_libraries` stand in for with the
-Python functions themselves). Its folds are sequential
+select, the scans by key, reduce_by_key, adjacent_difference, the flagged compaction and
+segmented_reduce (whose compiled operators `select_libraries` and `compiled_libraries` stand
+in for with the Python functions themselves). Its folds are sequential
 numpy folds, not the GPU's: results are checked against numpy, never bitwise against the
 GPU (the gpu tests do that). `install(monkeypatch)` puts it in place for one test.
 """
@@ -356,10 +356,25 @@ def visible_device_count():
     return 1
 
 
+def segmented_reduce(libraries, impl, offsets, num_offsets, out, acc_size, init):
+    """Each segment folded in element order from init (numbers; no map)."""
+    op, _ = libraries
+    dtype = np.dtype(out.dtype)
+    positions = np.ctypeslib.as_array(ctypes.cast(offsets, ctypes.POINTER(ctypes.c_int64)), (num_offsets,))
+    values, seed = impl.typed(), np.frombuffer(init, dtype)[0]
+    folded = []
+    for begin, end in zip(positions[:-1], positions[1:]):
+        acc = seed
+        for value in values[begin:end]:
+            acc = _cast(op(acc, value), dtype)
+        folded.append(acc)
+    out.typed()[:] = np.array(folded, dtype)
+
+
 NAMES = ["PlaceGroup", "ShardedArray", "reduce_builtin_partials", "fold_builtin", "scan_builtin_carried",
          "count", "check_histogram_memory", "histogram_even", "transform_builtin", "copy_lanes",
          "visible_device_count", "sort", "sort_by_key", "top_k", "searchsorted", "select",
-         "scan_by_key", "reduce_by_key", "adjacent_difference", "select_flagged"]
+         "scan_by_key", "reduce_by_key", "adjacent_difference", "select_flagged", "segmented_reduce"]
 
 
 def install(monkeypatch) -> None:
@@ -375,3 +390,6 @@ def install(monkeypatch) -> None:
     from cuda_sharded_jit.algorithms import by_key as by_key_module
 
     monkeypatch.setattr(by_key_module, "kernel_libraries", compiled_libraries)
+    from cuda_sharded_jit.algorithms import segmented as segmented_module
+
+    monkeypatch.setattr(segmented_module, "kernel_libraries", compiled_libraries)

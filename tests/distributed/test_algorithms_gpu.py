@@ -323,16 +323,42 @@ def test_an_allocation_failure_on_one_rank_is_a_memory_error_everywhere(groups):
     assert np.array_equal(survivor, np.arange(10.0))
 
 
-def test_calls_not_across_processes_yet_say_so(groups):
+def test_what_is_not_a_collective_yet_says_so(groups):
     _, a, _ = _pair(groups, np.float32, n=100)
-    outcomes = [outcome_of(lambda: sharded.segmented_reduce(a, [0, 50, 100], "sum", 0)), outcome_of(lambda: a[3]),
-                outcome_of(lambda: sharded.sort(a, compare=lambda p, q: p < q))]
-    assert outcomes[0] == ("ValueError", "a: lives on a PlaceGroup.from_mpi group, and segmented_reduce does not "
-                                         "run across processes yet; gather it with to_numpy(root=...) or work on "
-                                         "each rank's local_shards()")
-    assert outcomes[1][0] == "TypeError"
-    assert outcomes[2] == ("ValueError", "compare: sort with a comparator does not run across processes yet "
-                                         "(PlaceGroup.from_mpi); sort with key=, or sort_by_key with computed keys")
+    outcomes = [outcome_of(lambda: a[3]), outcome_of(lambda: sharded.searchsorted(a, a))]
+    assert outcomes[0][0] == "TypeError" and outcomes[0][1].startswith("index: host indexing")
+    assert outcomes[1][0] == "ValueError" and outcomes[1][1].startswith("values: searchsorted on a PlaceGroup.from_mpi")
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.int64])
+def test_segmented_reduce_matches_by_devices_bit_for_bit(groups, dtype):
+    group, _ = groups
+    host = sample(dtype, N, seed=28)
+    rng = np.random.default_rng(29)
+    offsets = {"one segment": np.array([0, N]), "short ones": np.arange(0, N + 1, 301),
+               "long and empty ones": np.sort(np.concatenate([[0, 0, N, N], rng.integers(0, N + 1, 40)]))}
+    everything_first = [N] + [0] * (len(group) - 1)
+    results = []
+    for sizes in (uneven(len(group), N), everything_first, everything_first[::-1]):
+        a, r = _both(groups, host, sizes)
+        for name, positions in offsets.items():
+            calls = [lambda x: sharded.segmented_reduce(x, positions, "sum", 0),
+                     lambda x: sharded.segmented_reduce(x, positions, lambda p, q: p + q, 2),
+                     lambda x: sharded.segmented_reduce(x, positions, "max", -10 ** 6),
+                     lambda x: sharded.segmented_reduce(x, positions, lambda p, q: (p[0] + q[0], p[1] + q[1]),
+                                                        (0, 0.0), map_op=lambda v, i: (1, v * (i % 3)), with_index=True)]
+            results.append((name, positions, [(call(a).to_numpy(root=None), call(r).to_numpy()) for call in calls]))
+    for name, positions, pairs in results:
+        for ours, theirs in pairs:
+            assert ours.shape == (len(positions) - 1,) and _bits(ours) == _bits(theirs), name
+        wide = host.astype(np.float64)
+        sums = np.array([wide[b:e].sum() for b, e in zip(positions[:-1], positions[1:])])
+        lengths = np.diff(positions)
+        assert np.allclose(pairs[0][0], sums, rtol=1e-4, atol=1e-2), name
+        assert np.allclose(pairs[1][0], sums + 2, rtol=1e-4, atol=1e-2), name
+        assert np.array_equal(pairs[2][0], [host[b:e].max() if e > b else -10 ** 6
+                                            for b, e in zip(positions[:-1], positions[1:])]), name
+        assert np.array_equal(pairs[3][0]["f0"], lengths), name
 
 
 def test_more_places_than_one_fold_launch_takes():
@@ -465,7 +491,10 @@ def test_key_sorts_and_comparator_searches_match_by_devices(groups, descending):
     def sorts(x, rec):
         return [sharded.sort(x.copy(), key=lambda v: abs(v), descending=descending),
                 sharded.sort(x.copy(), key=lambda v: (v % 3, -v), descending=descending),
-                sharded.sort(rec.copy(), key=lambda p: p.score, descending=descending)]
+                sharded.sort(rec.copy(), key=lambda p: p.score, descending=descending),
+                sharded.sort(x.copy(), compare=lambda p, q: abs(p) < abs(q), descending=descending),
+                sharded.sort(rec.copy(), compare=lambda p, q: p[0] < q[0], descending=descending),
+                sharded.sort(rec.copy(), key=lambda p: p.score, compare=lambda p, q: p > q)]
 
     ours = [x.to_numpy(root=None) for x in sorts(a, ra)]
     theirs = [x.to_numpy() for x in sorts(r, rr)]
@@ -476,6 +505,8 @@ def test_key_sorts_and_comparator_searches_match_by_devices(groups, descending):
     tuple_order = np.lexsort((index, host, -(host % 3)) if descending else (index, -host, host % 3))
     assert np.array_equal(ours[1], host[tuple_order])
     assert np.array_equal(ours[2]["n"], _stable_order(record_host["score"], descending))
+    assert np.array_equal(ours[3], ours[0]) and np.array_equal(ours[4]["n"], ours[2]["n"])
+    assert np.array_equal(ours[5]["n"], _stable_order(record_host["score"], True))
 
     by_abs = lambda p, q: abs(p) < abs(q)  # noqa: E731
     sa, sr = sharded.sort(a.copy(), key=lambda v: abs(v)), sharded.sort(r.copy(), key=lambda v: abs(v))

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import types
 
 import pytest
 
@@ -102,24 +101,6 @@ def test_nccl_loader_reads_the_version_where_nccl_is_installed(monkeypatch):
         pytest.skip("no NCCL here (pip install nvidia-nccl-cu13)")
     major, minor, _ = _nccl.nccl_version()
     assert major == 2 and minor >= 18
-
-
-def _fake_distributed_array():
-    """A ShardedArray the collective decorator takes for one of a from_mpi group."""
-    from cuda_sharded_jit.distributed._arrays import DistributedArray
-
-    array = object.__new__(DistributedArray)
-    array._group = types.SimpleNamespace(_distributed=True)
-    return array
-
-
-@pytest.mark.parametrize("call, argument, name", [
-    (lambda a: sharded.segmented_reduce(a, [0, 1], "sum", 0), "a", "segmented_reduce"),
-])
-def test_calls_not_across_processes_yet_refuse_from_mpi_arrays_first(call, argument, name):
-    with pytest.raises(ValueError, match=rf"^{argument}: lives on a PlaceGroup.from_mpi group, and {name} does "
-                                         rf"not run across processes yet"):
-        call(_fake_distributed_array())
 
 
 def test_one_process_groups_take_root_0_or_none():

@@ -151,7 +151,6 @@ def test_errors_one_rank_hits_alone_are_raised_on_every_rank(group):
         "allocation": outcome_of(lambda: sharded.ShardedArray.allocate(
             group, [1 << 40 if RANK == last and place == group.local_places[0] else 4 for place in range(len(group))],
             np.float64)),
-        "sort": outcome_of(lambda: sharded.sort(a, compare=lambda x, y: x < y)),
     }
     after = sharded.sum(a)  # the group still works
     everywhere = allgather(outcomes)
@@ -161,7 +160,6 @@ def test_errors_one_rank_hits_alone_are_raised_on_every_rank(group):
     assert outcomes["root"] == ("ValueError", f"root: expected a rank in [0, {SIZE}) or None, got {SIZE}")
     assert outcomes["op name"][0] == "ValueError" and "'prod'" in outcomes["op name"][1]
     assert outcomes["allocation"][0] == "MemoryError"
-    assert outcomes["sort"][0] == "ValueError"
     assert allgather(after) == [after] * SIZE
 
 
@@ -504,14 +502,14 @@ def test_the_new_collectives_agree_on_errors_and_calls(group):
         "select arity": outcome_of(lambda: sharded.select(a, (lambda x, y: x > y) if RANK == last
                                                         else (lambda x: x > 0))),
         "descending": outcome_of(lambda: sharded.sort(a, descending=RANK == last, out=out)),
-        "sort compare": outcome_of(lambda: sharded.sort(a, compare=lambda x, y: x > y)),
+        "sharded queries": outcome_of(lambda: sharded.searchsorted(a, a)),
     }
     after = sharded.sort(a).to_numpy(root=None)  # the group still works
     everywhere = allgather(outcomes)
     assert all(seen == everywhere[0] for seen in everywhere)
     assert outcomes["top_k bad k"][0] == "ValueError" and outcomes["top_k bad k"][1].startswith("k: expected")
     assert outcomes["select arity"][0] == "TypeError"
-    assert outcomes["sort compare"][0] == "ValueError" and outcomes["sort compare"][1].startswith("compare: ")
+    assert outcomes["sharded queries"][0] == "ValueError" and outcomes["sharded queries"][1].startswith("values: ")
     if SIZE > 1:
         assert outcomes["top_k k"][0] == "ValueError" and f"on rank {last}" in outcomes["top_k k"][1]
         assert outcomes["searchsorted queries"][0] == "ValueError" and "queries" in outcomes["searchsorted queries"][1]
@@ -519,3 +517,40 @@ def test_the_new_collectives_agree_on_errors_and_calls(group):
     else:
         assert outcomes["top_k k"] is None and outcomes["searchsorted queries"] is None
     assert np.array_equal(after, np.sort(host))
+
+
+def _segment_folds(host, positions, op, init):
+    folded = []
+    for begin, end in zip(positions[:-1], positions[1:]):
+        acc = init
+        for value in host[begin:end]:
+            acc = op(acc, value)
+        folded.append(acc)
+    return np.array(folded, host.dtype)
+
+
+def test_segmented_reduce_carries_segments_across_ranks(group):
+    host = _host(n=1201, seed=16)
+    host[::7] = 0
+    n, places = host.size, len(group)
+    everything_first = [n] + [0] * (places - 1)
+    layouts = [_sizes(places, n), everything_first, everything_first[::-1]]
+    offsets = [np.array([0, n]),  # one segment over every rank
+               np.array([0, 0, 3, 3, 400, 401, 1000, n, n]),  # empty ones, at 0 and at len(a) too
+               np.arange(0, n + 1, 37), np.sort(np.random.default_rng(5).integers(0, n + 1, 60))]
+    last_nonzero = lambda x, y: y if y != 0 else x  # noqa: E731  associative, not commutative
+    results = []
+    for sizes in layouts:
+        a = sharded.ShardedArray.from_numpy(group, host, sizes=sizes, root=None)
+        for positions in offsets:
+            sums = sharded.segmented_reduce(a, positions, "sum", 5)
+            lasts = sharded.segmented_reduce(a, positions, last_nonzero, -1)
+            results.append((positions, sums.shard_sizes, sums.to_numpy(root=None), lasts.to_numpy(root=None)))
+    for positions, shard_sizes, sums, lasts in results:
+        assert sum(shard_sizes) == len(positions) - 1 and shard_sizes == tuple(_even(places, len(positions) - 1))
+        assert np.array_equal(sums, _segment_folds(host, positions, lambda x, y: x + y, 5))
+        assert np.array_equal(lasts, _segment_folds(host, positions, last_nonzero, -1))
+
+
+def _even(places, n):
+    return [n // places + (1 if place < n % places else 0) for place in range(places)]

@@ -291,6 +291,34 @@ def test_the_split_sends_each_position_to_its_rank_in_stable_order(counts, ways)
         assert sorted(received[rank]) == stable[start:start + counts[rank]]
 
 
+@pytest.mark.parametrize("counts", [[5, 0, 9, 3], [0, 0, 12], [7], [4, 4, 4, 4, 4], [0, 10, 0, 0], [1000, 1, 333]])
+def test_comparator_splits_take_each_rank_s_share_of_the_stable_order(counts):
+    rng = np.random.default_rng(sum(counts) + 1)
+    host = rng.integers(-3, 4, sum(counts)).astype(np.int64)  # ordered by |x|: ties of x and -x too
+    starts = plans.offsets(counts)
+    per_rank = [part[np.argsort(np.abs(part), kind="stable")]
+                for part in (host[start:start + count] for start, count in zip(starts, counts))]
+    keys = [np.abs(part) for part in per_rank]
+    asked = []
+
+    def positions(probes):  # what every rank's comparator search adds up to
+        asked.append(len(probes))
+        found = []
+        for q, j in probes:
+            x = keys[q][j]
+            found.append(j + sum(int(np.searchsorted(keys[r], x, side="right" if r < q else "left"))
+                                 for r in range(len(counts)) if r != q))
+        return found
+
+    targets = starts[1:]
+    points = plans.corank_points(counts, targets, positions)
+    stable = sorted((abs(int(value)), rank, i) for rank, part in enumerate(per_rank) for i, value in enumerate(part))
+    for b, target in enumerate(targets):
+        assert [sum(1 for _, rank, _ in stable[:target] if rank == q) for q in range(len(counts))] == \
+            [points[q][b] for q in range(len(counts))]
+    assert len(asked) <= max(counts).bit_length() + 1  # one round a halving
+
+
 def test_merge_best_takes_the_lower_index_among_ties():
     values = np.array([5, 7, 7, 1, 7], np.int32)
     indices = np.array([10, 40, 3, 2, 20], np.int64)
