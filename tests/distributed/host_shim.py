@@ -7,9 +7,10 @@ and its host copies, the built-in reductions' per-place partials and fold, the b
 scans with their carry, count, histogram_even, fill, sequence, the built-in add and negate,
 copy_lanes, the radix sorts (sort, sort_by_key: stable, over the rank's places as one
 sequence, NaNs last ascending and first descending, the exact reverse), top_k, searchsorted
-select, the scans by key, reduce_by_key, adjacent_difference, the flagged compaction and
-segmented_reduce (whose compiled operators `select_libraries` and `compiled_libraries` stand
-in for with the Python functions themselves). Its folds are sequential
+select, the scans by key, reduce_by_key, adjacent_difference, the flagged compaction,
+segmented_reduce and the comparator sort and search (numbers; whose compiled operators
+`select_libraries` and `compiled_libraries` stand in for with the Python functions
+themselves). Its folds are sequential
 numpy folds, not the GPU's: results are checked against numpy, never bitwise against the
 GPU (the gpu tests do that). `install(monkeypatch)` puts it in place for one test.
 """
@@ -17,6 +18,7 @@ GPU (the gpu tests do that). `install(monkeypatch)` puts it in place for one tes
 from __future__ import annotations
 
 import ctypes
+import functools
 
 import numpy as np
 
@@ -371,10 +373,34 @@ def segmented_reduce(libraries, impl, offsets, num_offsets, out, acc_size, init)
     out.typed()[:] = np.array(folded, dtype)
 
 
+def _before(libraries):
+    """The comparator sort's order from the stand-in libraries: before(x, y), x strictly first."""
+    compare, (order, key) = libraries
+    lift = (lambda value: value) if key is None else key
+    if order == "descending":
+        return lambda x, y: bool(compare(lift(y), lift(x)))
+    return lambda x, y: bool(compare(lift(x), lift(y)))
+
+
+def sort_compare(libraries, impl, out):
+    """A stable sort in the comparator's order, over the rank's places as one sequence."""
+    before = _before(libraries)
+    order = functools.cmp_to_key(lambda x, y: -1 if before(x, y) else (1 if before(y, x) else 0))
+    out.typed()[:] = np.array(sorted(impl.typed().tolist(), key=order), np.dtype(out.dtype))
+
+
+def search_compare(libraries, sorted_impl, queries, positions, right):
+    """Per query, the sorted elements before it (left), or not after it (right)."""
+    before, values = _before(libraries), sorted_impl.typed().tolist()
+    positions.typed()[:] = [sum(1 for x in values if (not before(q, x) if right else before(x, q)))
+                            for q in queries.typed().tolist()]
+
+
 NAMES = ["PlaceGroup", "ShardedArray", "reduce_builtin_partials", "fold_builtin", "scan_builtin_carried",
          "count", "check_histogram_memory", "histogram_even", "transform_builtin", "copy_lanes",
          "visible_device_count", "sort", "sort_by_key", "top_k", "searchsorted", "select",
-         "scan_by_key", "reduce_by_key", "adjacent_difference", "select_flagged", "segmented_reduce"]
+         "scan_by_key", "reduce_by_key", "adjacent_difference", "select_flagged", "segmented_reduce",
+         "sort_compare", "search_compare"]
 
 
 def install(monkeypatch) -> None:
@@ -393,3 +419,8 @@ def install(monkeypatch) -> None:
     from cuda_sharded_jit.algorithms import segmented as segmented_module
 
     monkeypatch.setattr(segmented_module, "kernel_libraries", compiled_libraries)
+    from cuda_sharded_jit.algorithms import merge_sort as merge_sort_module
+    from cuda_sharded_jit.algorithms import search as search_module
+
+    monkeypatch.setattr(merge_sort_module, "kernel_libraries", compiled_libraries)
+    monkeypatch.setattr(search_module, "kernel_libraries", compiled_libraries)

@@ -554,3 +554,29 @@ def test_segmented_reduce_carries_segments_across_ranks(group):
 
 def _even(places, n):
     return [n // places + (1 if place < n % places else 0) for place in range(places)]
+
+
+def test_comparator_sorts_and_searches_split_by_comparisons_across_ranks(group):
+    host = _host(n=700, seed=17) // 10  # many ties, and x and -x equal by |x|
+    n, places = host.size, len(group)
+    everything_last = [0] * (places - 1) + [n]
+    by_abs = lambda x, y: abs(x) < abs(y)  # noqa: E731
+    results = []
+    for sizes in (_sizes(places, n), everything_last, everything_last[::-1]):
+        a = sharded.ShardedArray.from_numpy(group, host, sizes=sizes, root=None)
+        ascending = sharded.sort(a.copy(), compare=by_abs)
+        descending = sharded.sort(a.copy(), compare=by_abs, descending=True)
+        keyed = sharded.sort(a.copy(), key=lambda x: -x, compare=lambda x, y: x < y)
+        queries = np.array([0, 3, -3, 9, 100], np.int64)
+        found = [sharded.searchsorted(ascending, queries, side=side, compare=by_abs) for side in ("left", "right")]
+        results.append((ascending.shard_sizes, ascending.to_numpy(root=None), descending.to_numpy(root=None),
+                        keyed.to_numpy(root=None), found))
+    index = np.arange(n)
+    for shard_sizes, ascending, descending, keyed, (left, right) in results:
+        assert sum(shard_sizes) == n
+        assert np.array_equal(ascending, host[np.lexsort((index, np.abs(host)))])  # stable: ties by index
+        assert np.array_equal(descending, host[np.lexsort((index, -np.abs(host)))])
+        assert np.array_equal(keyed, host[np.lexsort((index, -host))])
+        table = np.abs(ascending)
+        assert np.array_equal(left, np.searchsorted(table, np.abs(queries), side="left"))
+        assert np.array_equal(right, np.searchsorted(table, np.abs(queries), side="right"))
