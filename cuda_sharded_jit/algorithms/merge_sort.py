@@ -53,6 +53,6 @@ def compare_sort(a: ShardedArray, compare, key=None, descending: bool = False,
     if a.group._distributed:
         from ..distributed import _sorting
 
-        return _sorting.compare_sort(a, out, libraries)
+        return _sorting.compare_sort(a, out, libraries, ("key", key is not None), ("descending", descending))
     _shim.sort_compare(libraries, a._impl, out._impl)
     return out

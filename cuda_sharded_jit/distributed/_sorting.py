@@ -123,21 +123,22 @@ def _move(group, shard_sizes, points, parts) -> None:
         array._impl.copy_from_host(host.ctypes.data, host.nbytes)
 
 
-def compare_sort(a, out, libraries):
-    """sharded.sort(compare=...) on a from_mpi group, into `out` (which may be `a`);
+def compare_sort(a, out, libraries, *signature):
+    """sharded.sort(compare=...) on a from_mpi group, into `out` (which may be `a`).
     `libraries`: the comparator's merge sort modules for this rank's places, built with the
-    sort's key and direction. Each rank sorts its part with the comparator; the split is
-    searched by comparisons alone (corank_points: a binary search per rank and target, each
-    round's probe elements allgathered and counted on every rank by the comparator's search
-    kernel, the positions summed by an allreduce); the pieces move in one all-to-all-v, and
-    each rank sorts the runs it received (stable: they arrive in rank order)."""
+    sort's key and direction; `signature`: what every rank must agree on besides the arrays.
+    Each rank sorts its part with the comparator; the split is searched by comparisons alone
+    (corank_points: a binary search per rank and target, each round's probe elements
+    allgathered and counted on every rank by the comparator's search kernel, the positions
+    summed by an allreduce); the pieces move in one all-to-all-v, and each rank sorts the
+    runs it received (stable: they arrive in rank order)."""
     group = a.group
     mine, target = local(a), local(out)
     held = mine.size > 0
     if held:
         _shim.sort_compare(libraries, mine._impl, target._impl)
     host = _to_host(target)
-    begin(group, ("sort (compare)", ("shard sizes", a.shard_sizes), ("dtype", a.dtype.str)))
+    begin(group, ("sort (compare)", ("shard sizes", a.shard_sizes), ("dtype", a.dtype.str), *signature))
     counts, starts = rank_counts(a.shard_sizes, group.place_ranks, group.nranks)
     rank, MPI = group.rank, mpi()
 
@@ -152,8 +153,7 @@ def compare_sort(a, out, libraries):
             found.free()
 
     def positions(probes):
-        with moving(group):
-            elements = group.comm.allgather(host[[j for q, j in probes if q == rank]])
+        elements = group.comm.allgather(host[[j for q, j in probes if q == rank]])
         taken = [0] * group.nranks
         queries = np.empty(len(probes), a.dtype)
         for k, (q, _) in enumerate(probes):  # the probes are sorted: each rank's in its order
@@ -164,11 +164,11 @@ def compare_sort(a, out, libraries):
             lower, upper = count(queries, False), count(queries, True)
             for k, (q, j) in enumerate(probes):  # earlier ranks' equal elements go first
                 found[k] = j if q == rank else (upper[k] if rank < q else lower[k])
-        with moving(group):
-            group.comm.Allreduce(MPI.IN_PLACE, found, op=MPI.SUM)
+        group.comm.Allreduce(MPI.IN_PLACE, found, op=MPI.SUM)
         return found.tolist()
 
-    points = corank_points(counts, starts[1:], positions)
+    with moving(group):  # a failure between the rounds' collectives aborts: peers wait in them
+        points = corank_points(counts, starts[1:], positions)
     _move(group, a.shard_sizes, points, [(target, host)])
     if held:
         _shim.sort_compare(libraries, target._impl, target._impl)
@@ -258,7 +258,9 @@ def searchsorted(sorted_a, host: np.ndarray, right: bool, compare=None):
     the order of `compare` when given (already compiled on every rank)."""
     from ..algorithms.search import searchsorted as search
 
-    digest = hashlib.blake2b(np.ascontiguousarray(host).tobytes(), digest_size=8).hexdigest()
+    fields = [host[name] for name in host.dtype.names] if host.dtype.names else [host]  # no padding bytes
+    digest = hashlib.blake2b(b"".join(np.ascontiguousarray(field).tobytes() for field in fields),
+                             digest_size=8).hexdigest()
     result = np.zeros(host.shape, dtype=np.int64)
     if host.size and sorted_a._impl.size:
         result = np.asarray(search(local(sorted_a), host, "right" if right else "left", compare), dtype=np.int64)

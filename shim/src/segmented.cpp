@@ -162,7 +162,16 @@ void segmented_reduce(const std::vector<const KernelLibrary*>& libraries, const 
     item.memory = detail::StreamScratch(piece_bytes + offset_bytes, stream, pool_of(group, place));
     item.pieces = item.memory.bytes();
     long long* local_offsets = reinterpret_cast<long long*>(item.memory.bytes() + piece_bytes);
-    check(cudaMemcpyAsync(local_offsets, offsets + item.first, offset_bytes, cudaMemcpyHostToDevice, stream),
+    // The kernel reads positions as indices (against index_base): an array whose indices
+    // start past 0 (a rank's part of a multi-process array) has its positions shifted.
+    std::vector<std::int64_t> shifted;
+    const std::int64_t* positions = offsets + item.first;
+    if (in.index_origin() != 0) {
+      shifted.assign(positions, positions + count + 1);
+      for (std::int64_t& position : shifted) position += in.index_origin();
+      positions = shifted.data();
+    }
+    check(cudaMemcpyAsync(local_offsets, positions, offset_bytes, cudaMemcpyHostToDevice, stream),
           "cudaMemcpyAsync (offsets)");
 
     k::SegmentedParams params{};

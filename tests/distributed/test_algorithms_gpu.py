@@ -342,7 +342,8 @@ def test_segmented_reduce_matches_by_devices_bit_for_bit(groups, dtype):
     for sizes in (uneven(len(group), N), everything_first, everything_first[::-1]):
         a, r = _both(groups, host, sizes)
         for name, positions in offsets.items():
-            calls = [lambda x: sharded.segmented_reduce(x, positions, "sum", 0),
+            on_ranks = sharded.ShardedArray.from_numpy(group, positions.astype(np.int64), root=None)
+            calls = [lambda x: sharded.segmented_reduce(x, on_ranks if x is a else positions, "sum", 0),
                      lambda x: sharded.segmented_reduce(x, positions, lambda p, q: p + q, 2),
                      lambda x: sharded.segmented_reduce(x, positions, "max", -10 ** 6),
                      lambda x: sharded.segmented_reduce(x, positions, lambda p, q: (p[0] + q[0], p[1] + q[1]),

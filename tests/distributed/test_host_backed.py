@@ -503,6 +503,8 @@ def test_the_new_collectives_agree_on_errors_and_calls(group):
                                                         else (lambda x: x > 0))),
         "descending": outcome_of(lambda: sharded.sort(a, descending=RANK == last, out=out)),
         "sharded queries": outcome_of(lambda: sharded.searchsorted(a, a)),
+        "compare descending": outcome_of(lambda: sharded.sort(a, compare=lambda x, y: x < y, descending=RANK == last,
+                                                              out=out)),
     }
     after = sharded.sort(a).to_numpy(root=None)  # the group still works
     everywhere = allgather(outcomes)
@@ -514,6 +516,7 @@ def test_the_new_collectives_agree_on_errors_and_calls(group):
         assert outcomes["top_k k"][0] == "ValueError" and f"on rank {last}" in outcomes["top_k k"][1]
         assert outcomes["searchsorted queries"][0] == "ValueError" and "queries" in outcomes["searchsorted queries"][1]
         assert outcomes["descending"][0] == "ValueError" and "descending" in outcomes["descending"][1]
+        assert outcomes["compare descending"][0] == "ValueError" and "descending" in outcomes["compare descending"][1]
     else:
         assert outcomes["top_k k"] is None and outcomes["searchsorted queries"] is None
     assert np.array_equal(after, np.sort(host))
@@ -544,7 +547,8 @@ def test_segmented_reduce_carries_segments_across_ranks(group):
         a = sharded.ShardedArray.from_numpy(group, host, sizes=sizes, root=None)
         for positions in offsets:
             sums = sharded.segmented_reduce(a, positions, "sum", 5)
-            lasts = sharded.segmented_reduce(a, positions, last_nonzero, -1)
+            on_ranks = sharded.ShardedArray.from_numpy(group, positions.astype(np.int64), root=None)
+            lasts = sharded.segmented_reduce(a, on_ranks, last_nonzero, -1)  # offsets as a from_mpi array
             results.append((positions, sums.shard_sizes, sums.to_numpy(root=None), lasts.to_numpy(root=None)))
     for positions, shard_sizes, sums, lasts in results:
         assert sum(shard_sizes) == len(positions) - 1 and shard_sizes == tuple(_even(places, len(positions) - 1))
