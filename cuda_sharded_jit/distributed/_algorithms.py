@@ -29,6 +29,7 @@ from ._agreement import begin, gather, moving
 from ._arrays import empty
 from ._mpi import mpi
 from ._plans import halo_plan, in_place_order, present, rank_counts, reduce_result, scan_seeds
+from ._sorting import local
 
 
 def _fold(a, acc_size: int, libraries, builtin):
@@ -130,8 +131,6 @@ def segmented_reduce(a, positions: np.ndarray, libraries, acc_dtype: np.dtype, i
     segment's fold. Its places hold the same pieces as in one process's call, so the kernel
     folds them alike, and its Combine(carry, piece) is csj_fold's step: the results are
     by_devices' bit for bit. The result: S values split evenly over the group."""
-    from ._sorting import local
-
     group, rank = a.group, a.group.rank
     counts, starts = rank_counts(a.shard_sizes, group.place_ranks, group.nranks)
     lo, hi = starts[rank], starts[rank] + counts[rank]
