@@ -8,9 +8,9 @@ scans with their carry, count, histogram_even, fill, sequence, the built-in add 
 copy_lanes, the radix sorts (sort, sort_by_key: stable, over the rank's places as one
 sequence, NaNs last ascending and first descending, the exact reverse), top_k, searchsorted
 select, the scans by key, reduce_by_key, adjacent_difference, the flagged compaction,
-segmented_reduce and the comparator sort and search (numbers; whose compiled operators
-`select_libraries` and `compiled_libraries` stand in for with the Python functions
-themselves). Its folds are sequential
+segmented_reduce, the comparator sort and search and the transform of numbers (whose
+compiled operators `select_libraries`, `compiled_libraries` and `transform_libraries` stand
+in for with the Python functions themselves). Its folds are sequential
 numpy folds, not the GPU's: results are checked against numpy, never bitwise against the
 GPU (the gpu tests do that). `install(monkeypatch)` puts it in place for one test.
 """
@@ -373,6 +373,25 @@ def segmented_reduce(libraries, impl, offsets, num_offsets, out, acc_size, init)
     out.typed()[:] = np.array(folded, dtype)
 
 
+def transform_libraries(op, algorithm, arg_kinds, out_request, archs, map_spec=None):
+    """Stands in for compiler.kernel_libraries in algorithms/transform.py (arrays of numbers,
+    no scalars): the result dtype (asked for, else the operator's on zeros: a tuple makes a
+    record) and the operator, which `transform` calls on the host."""
+    if out_request is None:
+        result = op(*[np.zeros(1, dtype)[0] for _, dtype in arg_kinds])
+        if isinstance(result, tuple):
+            out_request = np.dtype([(f"f{k}", np.asarray(v).dtype) for k, v in enumerate(result)], align=True)
+        else:
+            out_request = np.asarray(result).dtype
+    return np.dtype(out_request), op
+
+
+def transform(libraries, inputs, out, scalars, indexed=False):
+    op, dtype = libraries, np.dtype(out.dtype)
+    columns = [impl.typed() for impl in inputs]
+    out.typed()[:] = np.array([op(*row) for row in zip(*columns)], dtype)
+
+
 def _before(libraries):
     """The comparator sort's order from the stand-in libraries: before(x, y), x strictly first."""
     compare, (order, key) = libraries
@@ -400,7 +419,7 @@ NAMES = ["PlaceGroup", "ShardedArray", "reduce_builtin_partials", "fold_builtin"
          "count", "check_histogram_memory", "histogram_even", "transform_builtin", "copy_lanes",
          "visible_device_count", "sort", "sort_by_key", "top_k", "searchsorted", "select",
          "scan_by_key", "reduce_by_key", "adjacent_difference", "select_flagged", "segmented_reduce",
-         "sort_compare", "search_compare"]
+         "sort_compare", "search_compare", "transform"]
 
 
 def install(monkeypatch) -> None:
@@ -423,4 +442,7 @@ def install(monkeypatch) -> None:
     from cuda_sharded_jit.algorithms import search as search_module
 
     monkeypatch.setattr(merge_sort_module, "kernel_libraries", compiled_libraries)
+    from cuda_sharded_jit.algorithms import transform as transform_module
+
+    monkeypatch.setattr(transform_module, "kernel_libraries", transform_libraries)
     monkeypatch.setattr(search_module, "kernel_libraries", compiled_libraries)

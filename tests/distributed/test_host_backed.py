@@ -584,3 +584,19 @@ def test_comparator_sorts_and_searches_split_by_comparisons_across_ranks(group):
         table = np.abs(ascending)
         assert np.array_equal(left, np.searchsorted(table, np.abs(queries), side="left"))
         assert np.array_equal(right, np.searchsorted(table, np.abs(queries), side="right"))
+
+
+def test_key_sorts_sort_by_the_computed_keys_across_ranks(group):
+    host = _host(n=600, seed=18) // 7  # many ties
+    n, places = host.size, len(group)
+    index = np.arange(n)
+    results = []
+    for sizes in (_sizes(places, n), [0] * (places - 1) + [n]):
+        a = sharded.ShardedArray.from_numpy(group, host, sizes=sizes, root=None)
+        results.append([sharded.sort(a.copy(), key=lambda x: abs(x)).to_numpy(root=None),
+                        sharded.sort(a.copy(), key=lambda x: abs(x), descending=True).to_numpy(root=None),
+                        sharded.sort(a.copy(), key=lambda x: (x % 3, -x)).to_numpy(root=None)])
+    for by_abs, by_abs_descending, by_tuple in results:
+        assert np.array_equal(by_abs, host[np.lexsort((index, np.abs(host)))])  # ties keep index order
+        assert np.array_equal(by_abs_descending, host[np.lexsort((index, -np.abs(host)))])
+        assert np.array_equal(by_tuple, host[np.lexsort((index, -host, host % 3))])
