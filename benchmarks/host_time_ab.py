@@ -6,7 +6,8 @@ figure moves by several µs between runs on a shared machine, too much to compar
 
 Each directory holds an installed cuda_sharded_jit (pip install --target DIR wheel); every
 round runs one process per directory, pinned to one core where taskset exists, and prints
-the median and best of 7 batches per call. Needs a GPU.
+the median and best of 7 batches per call, and the shim's part of a transform and a reduce
+alone (their Python side done once beforehand). Needs a GPU.
 """
 
 from __future__ import annotations
@@ -24,6 +25,9 @@ CALLS = {  # name -> (statement, calls per batch)
     "transform(ops.add, a, b) (a new array)": ("sharded.transform(sharded.ops.add, a, b)", 20000),
     "reduce(a, op) -> host": ("sharded.reduce(a, add)", 5000),
     "sum(a) -> host": ("sharded.sum(a)", 5000),
+    # the shim's part alone: the same calls with the Python side done once beforehand
+    "_shim.transform (prepared)": ("_shim.transform(libraries, impls, c_impl, packed, indexed)", 20000),
+    "_shim.reduce (prepared) -> host": ("_shim.reduce(reduce_libraries, a_impl, 4, b'')", 5000),
 }
 
 
@@ -31,11 +35,21 @@ def measure() -> str:
     import numpy as np
 
     import cuda_sharded_jit as sharded
+    from cuda_sharded_jit import _shim, compiler
+    from cuda_sharded_jit.algorithms import transform as transform_module
 
     group = sharded.PlaceGroup.by_devices([0])
     namespace = {"sharded": sharded, "add": sharded.op(lambda x, y: x + y)}
     for name in "abc":
         namespace[name] = sharded.ShardedArray.from_numpy(group, np.ones(1024, np.float32))
+    _, packed, _, libraries, indexed = transform_module.prepare(namespace["add"], (namespace["a"], namespace["b"]),
+                                                                namespace["c"])
+    float32 = np.dtype(np.float32)
+    _, reduce_libraries = compiler.kernel_libraries(namespace["add"], "reduce", (("array", float32),), float32,
+                                                    group.archs)
+    namespace.update(_shim=_shim, libraries=libraries, packed=packed, indexed=indexed,
+                     reduce_libraries=reduce_libraries, impls=[namespace["a"]._impl, namespace["b"]._impl],
+                     a_impl=namespace["a"]._impl, c_impl=namespace["c"]._impl)
     rows = []
     for label, (statement, count) in CALLS.items():
         call = eval(f"lambda: {statement}", namespace)  # noqa: S307 - our own statements
