@@ -246,6 +246,42 @@ def order_codes(values, descending: bool = False):
     return ~codes if descending else codes
 
 
+class SortedCodes:
+    """The order codes of a part sorted in the sort's order (so its codes do not decrease),
+    computed only where a search looks: searchsorted by a binary search over positions, all
+    targets at once, coding the ~log2(n) elements each target meets (order_codes of the whole
+    part costs a few passes over it: seconds for 2^26 float32 on one core)."""
+
+    def __init__(self, values, descending: bool):
+        import numpy as np
+
+        self.values = np.asarray(values)
+        self.descending = descending
+        self.size = int(self.values.size)
+        self.dtype = np.dtype(f"u{self.values.dtype.itemsize}")
+
+    def at(self, positions):
+        """The codes of the elements at `positions`."""
+        return order_codes(self.values[positions], self.descending)
+
+    def searchsorted(self, targets, side: str = "left"):
+        """np.searchsorted(order_codes(values), targets, side) without coding every element."""
+        import numpy as np
+
+        targets = np.asarray(targets, dtype=self.dtype)
+        low = np.zeros(targets.shape, np.int64)
+        high = np.full(targets.shape, self.size, np.int64)
+        while True:
+            open_ = low < high
+            if not open_.any():
+                return low
+            middle = (low + high) // 2
+            codes = self.at(np.minimum(middle, self.size - 1))
+            after = (codes <= targets) if side == "right" else (codes < targets)
+            low = np.where(open_ & after, middle + 1, low)
+            high = np.where(open_ & ~after, middle, high)
+
+
 def search_candidates(low: Sequence[int], high: Sequence[int], ways: int) -> list[list[int]]:
     """One round of the splitters' search: for each bracket [low, high] of codes, up to
     `ways - 1` codes that cut it into `ways` nearly equal parts (none once low == high)."""

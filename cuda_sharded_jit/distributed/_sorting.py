@@ -29,8 +29,8 @@ from ..array import ShardedArray
 from ._agreement import begin, gather, moving
 from ._arrays import empty, wrap
 from ._mpi import mpi
-from ._plans import (corank_points, merge_best, narrow, order_codes, rank_counts, search_candidates,
-                     sort_exchange_plan, split_points)
+from ._plans import (SortedCodes, corank_points, merge_best, narrow, order_codes, rank_counts,
+                     search_candidates, sort_exchange_plan, split_points)
 
 _WAYS = 16  # candidate codes per bracket a round: 4 bits of a code a round
 
@@ -50,9 +50,9 @@ def _bytes(array: np.ndarray) -> np.ndarray:
     return array.reshape(-1).view(np.uint8)
 
 
-def _split(group, codes: np.ndarray, shard_sizes) -> list[list[int]]:
+def _split(group, codes: SortedCodes, shard_sizes) -> list[list[int]]:
     """points[r][d - 1]: how many of rank r's sorted elements go to ranks before d, found by
-    the multi-way search of the codes (every rank's `codes` sorted, non-decreasing)."""
+    the multi-way search of the codes (every rank's `codes`: its sorted part's)."""
     MPI = mpi()
     comm = group.comm
     counts, starts = rank_counts(shard_sizes, group.place_ranks, group.nranks)
@@ -61,14 +61,14 @@ def _split(group, codes: np.ndarray, shard_sizes) -> list[list[int]]:
     if not targets or total == 0:
         return [[0] * len(targets) for _ in range(group.nranks)]
     with moving(group):
-        ends = comm.allgather((int(codes[0]), int(codes[-1])) if codes.size else None)
+        ends = comm.allgather(tuple(int(code) for code in codes.at([0, codes.size - 1])) if codes.size else None)
         present = [end for end in ends if end is not None]
         low = [min(first for first, _ in present)] * len(targets)
         high = [max(last for _, last in present)] * len(targets)
         while any(lo < hi for lo, hi in zip(low, high)):
             candidates = search_candidates(low, high, _WAYS)
             flat = np.array([cut for cuts in candidates for cut in cuts], dtype=codes.dtype)
-            found = np.searchsorted(codes, flat, side="right").astype(np.int64)
+            found = codes.searchsorted(flat, side="right")
             comm.Allreduce(MPI.IN_PLACE, found, op=MPI.SUM)
             totals, at = [], 0
             for cuts in candidates:
@@ -76,8 +76,8 @@ def _split(group, codes: np.ndarray, shard_sizes) -> list[list[int]]:
                 at += len(cuts)
             low, high = narrow(low, high, candidates, totals, targets)
         splitters = np.array(low, dtype=codes.dtype)
-        before = np.searchsorted(codes, splitters, side="left")
-        equal = np.searchsorted(codes, splitters, side="right") - before
+        before = codes.searchsorted(splitters, side="left")
+        equal = codes.searchsorted(splitters, side="right") - before
         gathered = comm.allgather((before.tolist(), equal.tolist()))
     return split_points(targets, [b for b, _ in gathered], [e for _, e in gathered])
 
@@ -107,7 +107,7 @@ def _exchange(group, shard_sizes, keys: ShardedArray, values: ShardedArray | Non
     that precedes the data's movement."""
     key_host = _to_host(keys)
     value_host = None if values is None else _to_host(values)
-    codes = order_codes(key_host, descending)
+    codes = SortedCodes(key_host, descending)
     begin(group, ("sort: exchange",))
     points = _split(group, codes, shard_sizes)
     _move(group, shard_sizes, points, [(keys, key_host)] + ([] if values is None else [(values, value_host)]))

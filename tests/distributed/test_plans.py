@@ -319,6 +319,31 @@ def test_comparator_splits_take_each_rank_s_share_of_the_stable_order(counts):
     assert len(asked) <= max(counts).bit_length() + 1  # one round a halving
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int32, np.uint64])
+@pytest.mark.parametrize("descending", [False, True])
+def test_sorted_codes_search_as_the_whole_part_s_codes_would(dtype, descending):
+    rng = np.random.default_rng(7)
+    if np.dtype(dtype).kind == "f":
+        host = np.concatenate([rng.integers(-5, 5, 300).astype(dtype), [np.nan, -0.0, 0.0, np.inf, -np.inf, np.nan]])
+        host = host.astype(dtype)
+    else:
+        info = np.iinfo(dtype)
+        host = np.concatenate([rng.integers(-5 if info.min < 0 else 0, 5, 300).astype(dtype),
+                               np.array([info.min, info.max], dtype)])
+    for values in (host, host[:1], host[:0]):
+        codes = plans.order_codes(values, descending)
+        ordered = values[np.argsort(codes, kind="stable")]  # the sort's order
+        whole = np.sort(codes)
+        lazy = plans.SortedCodes(ordered, descending)
+        unsigned = np.dtype(f"u{np.dtype(dtype).itemsize}")
+        extremes = np.array([0, np.iinfo(unsigned).max], unsigned)
+        targets = np.concatenate([whole, whole - unsigned.type(1), whole + unsigned.type(1), extremes])
+        for side in ("left", "right"):
+            assert np.array_equal(lazy.searchsorted(targets, side), np.searchsorted(whole, targets, side=side))
+        if values.size:
+            assert np.array_equal(lazy.at([0, values.size - 1]), whole[[0, -1]])
+
+
 def test_merge_best_takes_the_lower_index_among_ties():
     values = np.array([5, 7, 7, 1, 7], np.int32)
     indices = np.array([10, 40, 3, 2, 20], np.int64)
