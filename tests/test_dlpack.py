@@ -23,7 +23,9 @@ import cuda_sharded_jit as sharded
 from cuda_sharded_jit import _dlpack, _shim
 from cuda_sharded_jit.array import ShardView
 
+import test_errors
 from conftest import ALL_DTYPES, sample
+from test_input_checks import _Reached, shim_adopt  # noqa: F401 (fixture)
 
 # ---- dlpack.h, written out for the tests ------------------------------------------------------
 
@@ -111,14 +113,11 @@ def tensor_fields(tensor: DLTensor) -> dict:
 STREAM_BASE = 0x7F00_0000_0000
 
 
-class _GroupImpl:
+class _GroupImpl(test_errors._GroupImpl):
     def __init__(self, devices):
+        super().__init__(len(devices))
         self.devices = list(devices)
-        self.locality_domains = [0] * len(devices)
         self.waits = []  # (place, consumer stream) of every make_foreign_stream_wait
-
-    def __len__(self):
-        return len(self.devices)
 
     def stream(self, place):
         return STREAM_BASE + 0x100 * place
@@ -127,15 +126,9 @@ class _GroupImpl:
         self.waits.append((place, stream))
 
 
-class _ArrayImpl:
+class _ArrayImpl(test_errors._ArrayImpl):
     def __init__(self, sizes, dtype, base):
-        self.shard_sizes = list(sizes)
-        self.shard_offsets = list(np.cumsum([0] + list(sizes))[:-1])
-        self.dtype = np.dtype(dtype).name
-        self.size = int(sum(sizes))
-        self.num_shards = len(sizes)
-        self.storage = "separate"
-        self.is_freed = False
+        super().__init__(sizes, dtype)
         self.base = base
 
     def shard_pointer(self, place):
@@ -150,43 +143,15 @@ class _ArrayImpl:
 
 
 def stand_in_group(devices=(0, 0, 0)) -> sharded.PlaceGroup:
-    group = object.__new__(sharded.PlaceGroup)
+    group = test_errors.stand_in_group(len(devices))
     group._impl = _GroupImpl(devices)
-    group._archs = ("sm_90",) * len(devices)
     return group
 
 
 def stand_in_array(group, sizes=(5, 0, 7), dtype=np.float32, base=0x7E00_0000_0000) -> sharded.ShardedArray:
-    array = object.__new__(sharded.ShardedArray)
+    array = test_errors.stand_in_array(group, sizes, dtype)
     array._impl = _ArrayImpl(sizes, dtype, base)
-    array._group = group
-    array._dtype = np.dtype(dtype)
-    array._keepalive = None
-    array._shard_sizes = tuple(sizes)
     return array
-
-
-class _Reached(Exception):
-    pass
-
-
-@pytest.fixture
-def shim_adopt(monkeypatch):
-    """The shim's ShardedArray replaced: `adopt` records its arguments and raises _Reached."""
-    calls = []
-
-    class StandIn:
-        @staticmethod
-        def adopt(*args):
-            calls.append(args)
-            raise _Reached
-
-        @staticmethod
-        def even_sizes(n, places):
-            raise AssertionError("asarray split sizes before adopting")
-
-    monkeypatch.setattr(_shim, "ShardedArray", StandIn)
-    return calls
 
 
 # ---- hand-made producers ------------------------------------------------------------------------
