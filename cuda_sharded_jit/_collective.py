@@ -28,14 +28,14 @@ def register_array_type(cls) -> None:
     _array_type = cls
 
 
-def _distributed_argument(args, kwargs):
-    """(position or keyword, group) of the first argument that is a from_mpi array, else None."""
-    for position, value in enumerate(args):
+def _distributed_group(args, kwargs):
+    """The group of the first argument that is a from_mpi array, else None."""
+    for value in args:
         if type(value) is _array_type:
-            return position, value._group
-    for keyword, value in kwargs.items():
+            return value._group
+    for value in kwargs.values():
         if type(value) is _array_type:
-            return keyword, value._group
+            return value._group
     return None
 
 
@@ -46,10 +46,9 @@ def collective(name: str):
     def wrap(function):
         @functools.wraps(function)
         def call(*args, **kwargs):
-            found = None if _array_type is None else _distributed_argument(args, kwargs)
-            if found is None:
+            group = None if _array_type is None else _distributed_group(args, kwargs)
+            if group is None:
                 return function(*args, **kwargs)
-            _, group = found
             from .distributed._agreement import run
 
             return run(group, name, function, args, kwargs)

@@ -24,7 +24,7 @@ def _positions(offsets, a: ShardedArray) -> np.ndarray:
     if isinstance(offsets, ShardedArray):
         if offsets.dtype != np.dtype(np.int64):
             raise TypeError(f"offsets: a ShardedArray of offsets must hold int64, not {offsets.dtype}")
-        host = offsets.to_numpy(root=None) if offsets.group._distributed else offsets.to_numpy()
+        host = offsets.to_numpy(root=None)  # on every rank of a from_mpi group
     elif isinstance(offsets, np.ndarray):
         if offsets.dtype == np.bool_ or not np.issubdtype(offsets.dtype, np.integer):
             raise TypeError(f"offsets: expected integer positions, got an array of {offsets.dtype}")

@@ -24,9 +24,9 @@ import hashlib
 import numpy as np
 
 from .. import _shim
-from ..array import ShardedArray, _shard_sizes
+from ..array import ShardedArray
 from ._agreement import begin, gather, moving
-from ._arrays import empty
+from ._arrays import _from_numpy
 from ._mpi import mpi
 from ._plans import halo_plan, in_place_order, present, rank_counts, reduce_result, scan_seeds
 from ._sorting import local
@@ -176,9 +176,4 @@ def segmented_reduce(a, positions: np.ndarray, libraries, acc_dtype: np.dtype, i
     result = np.empty(len(begins), acc_dtype)
     for where, folded in everywhere:
         result[where] = folded
-    sizes = _shard_sizes(group, len(begins))
-    out = empty(group, sizes, acc_dtype)
-    origin = sum(size for size, owner in zip(sizes, group.place_ranks) if owner < rank)
-    mine = result[origin:origin + local(out).size]
-    local(out)._impl.copy_from_host(mine.ctypes.data, mine.nbytes)
-    return out
+    return _from_numpy(group, result, None, False, None)  # every rank keeps its part of the even split
