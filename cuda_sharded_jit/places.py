@@ -67,9 +67,10 @@ class PlaceGroup:
         Places are numbered globally in rank order, then local order; shard i lives on global
         place i, as in one process. By default each rank has one place, on device
         local_rank % (its host's visible GPUs); `devices=[...]` gives a rank several places.
-        `transport`: "mpi" (data between ranks through MPI, staged in host memory in this
-        version), "nccl" (GPU data through NCCL, not in this version yet) or "auto" (NCCL
-        where it loads and every rank's GPU is distinct, else MPI; MPI in this version).
+        `transport`: "mpi" (data between ranks through MPI: device buffers where every
+        rank's MPI is CUDA-aware, else staged through pinned host memory), "nccl" (GPU data
+        through NCCL) or "auto" (NCCL where it loads on every rank and every place's GPU is
+        distinct, else MPI).
         Every algorithm on its arrays is a collective: see docs/distributed.md. Needs mpi4py.
 
         >>> g = sharded.PlaceGroup.from_mpi(transport="mpi")                 # doctest: +SKIP

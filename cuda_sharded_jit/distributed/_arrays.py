@@ -4,10 +4,10 @@ from_local, to_numpy (gather to a root or to all), redistribute (all-to-all-v).
 
 A DistributedArray is a ShardedArray whose shim array holds this rank's shards only (over the
 group's local places, its global index origin set, so operators that take the index see global
-indices); the Python object knows every shard's size. The "mpi" transport moves data through
-MPI from host memory: each rank copies its part between its GPUs and a host buffer, and MPI's
-scatterv / gatherv / allgatherv / alltoallv move the bytes (CUDA-aware MPI, which would take
-device buffers directly, is not used yet).
+indices); the Python object knows every shard's size. Data in and out starts or ends in host
+memory: MPI's scatterv / gatherv / allgatherv move it from the group's pinned buffers, each
+rank copying its part between them and its GPUs. redistribute is an all-to-all-v on the
+group's transport (_exchange.py).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from .._dtypes import as_array_dtype, is_integer
 from .._layout import layout_of
 from ..array import ShardedArray, ShardView, _shard_sizes, from_local_parts
 from ._agreement import begin, gather, moving, run
+from ._exchange import host_copy, move
 from ._mpi import mpi
 from ._plans import alltoallv_plan, in_place_order, index_origin, offsets, rank_counts
 
@@ -249,14 +250,14 @@ def _from_numpy(group, host, sizes, contiguous, root) -> DistributedArray:
         dtype, shard_sizes = group.comm.bcast(layout, root=root)
     array = empty(group, list(shard_sizes), dtype)
     counts, starts = rank_counts(shard_sizes, group.place_ranks, group.nranks)
-    part = np.empty(counts[rank], dtype)
+    part = group._staging.take("receive", counts[rank] * dtype.itemsize)
     begin(group, ("from_numpy: scatter", ("root", root)))
     MPI = mpi()
     itemsize = dtype.itemsize
     with moving(group):
         send = ([_bytes(host), (_byte_counts(counts, itemsize), _byte_counts(starts, itemsize)), MPI.BYTE]
                 if rank == root else None)
-        group.comm.Scatterv(send, [_bytes(part), MPI.BYTE], root=root)
+        group.comm.Scatterv(send, [part, MPI.BYTE], root=root)
     array._impl.copy_from_host(part.ctypes.data, part.nbytes)
     return array
 
@@ -287,8 +288,7 @@ def _to_numpy(array: DistributedArray, root) -> np.ndarray | None:
     root = _check_root(group, root)
     rank = group.rank
     counts, starts = rank_counts(array.shard_sizes, group.place_ranks, group.nranks)
-    part = np.empty(counts[rank], array.dtype)
-    array._impl.copy_to_host(part.ctypes.data, part.nbytes)
+    part = host_copy(group, array, "send")
     begin(group, ("to_numpy", ("root", root), ("shard sizes", array.shard_sizes), ("dtype", array.dtype.str)))
     MPI = mpi()
     itemsize = array.dtype.itemsize
@@ -296,31 +296,22 @@ def _to_numpy(array: DistributedArray, root) -> np.ndarray | None:
     host = np.empty(array.size, array.dtype) if root is None or rank == root else None
     with moving(group):
         if root is None:
-            group.comm.Allgatherv([_bytes(part), MPI.BYTE], [_bytes(host), layout, MPI.BYTE])
+            group.comm.Allgatherv([part, MPI.BYTE], [_bytes(host), layout, MPI.BYTE])
         else:
             receive = [_bytes(host), layout, MPI.BYTE] if rank == root else None
-            group.comm.Gatherv([_bytes(part), MPI.BYTE], receive, root=root)
+            group.comm.Gatherv([part, MPI.BYTE], receive, root=root)
     return host
 
 
 def redistribute(a: DistributedArray, target: list[int]) -> DistributedArray:
     """sharded.redistribute on a from_mpi group (inside its collective): the elements move to
-    the shards of sizes `target` through one all-to-all-v of host buffers."""
+    the shards of sizes `target` in one all-to-all-v on the group's transport."""
     group = a.group
-    rank = group.rank
-    plan = alltoallv_plan(a.shard_sizes, target, group.place_ranks, group.nranks, rank)
-    part = np.empty(sum(plan.send_counts), a.dtype)
-    a._impl.copy_to_host(part.ctypes.data, part.nbytes)
+    plans = [alltoallv_plan(a.shard_sizes, target, group.place_ranks, group.nranks, rank)
+             for rank in range(group.nranks)]
+    source = ShardedArray(a._impl, group._local, a.dtype)
+    host = host_copy(group, source, "send") if group._exchange_how == "staged" else None
     out = empty(group, target, a.dtype)
-    received = np.empty(sum(plan.receive_counts), a.dtype)
     begin(group, ("redistribute", ("shard sizes", a.shard_sizes), ("to", tuple(target)), ("dtype", a.dtype.str)))
-    MPI = mpi()
-    itemsize = a.dtype.itemsize
-    with moving(group):
-        group.comm.Alltoallv(
-            [_bytes(part), (_byte_counts(plan.send_counts, itemsize),
-                            _byte_counts(plan.send_displacements, itemsize)), MPI.BYTE],
-            [_bytes(received), (_byte_counts(plan.receive_counts, itemsize),
-                                _byte_counts(plan.receive_displacements, itemsize)), MPI.BYTE])
-    out._impl.copy_from_host(received.ctypes.data, received.nbytes)
+    move(group, source, ShardedArray(out._impl, group._local, a.dtype), plans, a.shard_sizes, target, host)
     return out

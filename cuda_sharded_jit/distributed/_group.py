@@ -12,17 +12,16 @@ from __future__ import annotations
 
 import operator
 import threading
+import weakref
 from collections.abc import Sequence
 
 from .. import _shim
 from ..places import PlaceGroup
 from ._agreement import agree
+from ._exchange import Staging, cuda_aware
 from ._mpi import mpi
-from ._nccl import nccl_loads
+from ._nccl import Communicators, nccl_loads
 from ._plans import TRANSPORTS, choose_transport, local_places, place_layout
-
-# Whether this version moves GPU data through NCCL: not yet, so "auto" takes MPI.
-NCCL_TRANSPORT_READY = False
 
 
 class DistributedPlaceGroup(PlaceGroup):
@@ -37,10 +36,10 @@ class DistributedPlaceGroup(PlaceGroup):
     """
 
     __slots__ = ("_comm", "_owners", "_local_places", "_local_index_of", "_all_devices", "_all_domains",
-                 "_transport", "_lock", "_local")
+                 "_transport", "_lock", "_local", "_exchange_how", "_staging", "_nccl")
     _distributed = True
 
-    def __init__(self, impl, comm, owners, devices, domains, transport: str):
+    def __init__(self, impl, comm, owners, devices, domains, transport: str, exchange_how: str = "staged"):
         super().__init__(impl)
         self._comm = comm
         self._owners = tuple(owners)
@@ -51,6 +50,12 @@ class DistributedPlaceGroup(PlaceGroup):
         self._transport = transport
         self._lock = threading.RLock()  # this process's collectives on the group, one at a time
         self._local = PlaceGroup(impl)  # this rank's places as a one-process group
+        # how the all-to-all-v moves arrays: "nccl", "device" (device buffers through a
+        # CUDA-aware MPI) or "staged" (through this rank's pinned buffers, self._staging)
+        self._exchange_how = exchange_how
+        self._staging = Staging(_pinned)
+        weakref.finalize(self, self._staging.release)
+        self._nccl = None
 
     @property
     def rank(self) -> int:
@@ -74,9 +79,12 @@ class DistributedPlaceGroup(PlaceGroup):
 
     @property
     def transport(self) -> str:
-        """How data moves between ranks: "mpi" (through MPI, staged in host memory in this
-        version) or "nccl"."""
+        """How data moves between ranks: "mpi" (through MPI: device buffers where every
+        rank's MPI is CUDA-aware, else staged through pinned host memory) or "nccl"."""
         return self._transport
+
+    def _transport_text(self) -> str:
+        return {"nccl": "'nccl'", "device": "'mpi' (CUDA-aware)", "staged": "'mpi' (host staged)"}[self._exchange_how]
 
     @property
     def comm(self):
@@ -124,7 +132,7 @@ class DistributedPlaceGroup(PlaceGroup):
             f"<td>cuda:{device}</td><td>{domain}</td></tr>"
             for place, (owner, device, domain) in enumerate(zip(self._owners, self._all_devices, self._all_domains)))
         return (f"<b>PlaceGroup.from_mpi</b>: rank {self.rank} of {self.nranks}, {len(self)} places, "
-                f"transport {self._transport!r} (* this rank's)"
+                f"transport {self._transport_text()} (* this rank's)"
                 f"<table><tr><th>place</th><th>rank</th><th>device</th><th>NUMA domain</th></tr>{rows}</table>")
 
     def __repr__(self) -> str:
@@ -132,7 +140,7 @@ class DistributedPlaceGroup(PlaceGroup):
         places = ", ".join(f"{place}: rank {owner} cuda:{device}"
                            for place, (owner, device) in enumerate(zip(self._owners[:shown], self._all_devices)))
         more = f", ... {len(self) - shown} more" if len(self) > shown else ""
-        return (f"PlaceGroup.from_mpi(rank {self.rank} of {self.nranks}, transport {self._transport!r}, "
+        return (f"PlaceGroup.from_mpi(rank {self.rank} of {self.nranks}, transport {self._transport_text()}, "
                 f"places [{places}{more}])")
 
 
@@ -172,20 +180,37 @@ def _make(MPI, comm, devices, transport) -> DistributedPlaceGroup:
     node = comm.Split_type(MPI.COMM_TYPE_SHARED)  # the ranks of this host: local_rank
     local_rank = node.Get_rank()
     node.Free()
-    error, impl = None, None
+    error, impl, loads, aware = None, None, False, False
     try:
         if transport not in TRANSPORTS:
             raise ValueError(f"transport: expected one of {', '.join(map(repr, TRANSPORTS))}, got {transport!r}")
         impl = _shim.PlaceGroup.by_devices(_local_devices(devices, local_rank))
+        loads = transport != "mpi" and nccl_loads()
+        aware = cuda_aware(MPI)
     except Exception as failure:  # noqa: BLE001 - every rank raises it (agree)
         error = failure
     agree(comm, error, ("from_mpi", ("transport", transport)))
     host = MPI.Get_processor_name()
-    gathered = comm.allgather((list(impl.devices), list(impl.locality_domains), host))
-    owners, _ = place_layout([len(devices) for devices, _, _ in gathered])
-    all_devices = [device for devices, _, _ in gathered for device in devices]
-    all_domains = [domain for _, domains, _ in gathered for domain in domains]
-    placed = [(host, device) for devices, _, host in gathered for device in devices]
-    loads = NCCL_TRANSPORT_READY and transport != "mpi" and nccl_loads()
-    chosen = choose_transport(transport, NCCL_TRANSPORT_READY, loads, len(set(placed)) == len(placed))
-    return DistributedPlaceGroup(impl, comm, owners, all_devices, all_domains, chosen)
+    gathered = comm.allgather((list(impl.devices), list(impl.locality_domains), host, loads, aware))
+    owners, _ = place_layout([len(devices) for devices, *_ in gathered])
+    all_devices = [device for devices, *_ in gathered for device in devices]
+    all_domains = [domain for _, domains, *_ in gathered for domain in domains]
+    placed = [(host, device) for devices, _, host, *_ in gathered for device in devices]
+    chosen = choose_transport(transport, all(loads for *_, loads, _ in gathered), len(set(placed)) == len(placed))
+    how = "nccl" if chosen == "nccl" else "device" if all(aware for *_, aware in gathered) else "staged"
+    group = DistributedPlaceGroup(impl, comm, owners, all_devices, all_domains, chosen, how)
+    if chosen == "nccl":
+        error = None
+        try:
+            group._nccl = Communicators(comm, len(owners), group.local_places, list(impl.devices))
+            weakref.finalize(group, group._nccl.close)
+        except Exception as failure:  # noqa: BLE001 - every rank raises it (agree)
+            error = failure
+        agree(comm, error, ("from_mpi: the NCCL communicators",))
+    return group
+
+
+def _pinned(nbytes: int):
+    """(address, free) of `nbytes` of page-locked host memory."""
+    address, free = _shim.pinned_host_alloc(nbytes), _shim.pinned_host_free
+    return address, lambda: free(address)

@@ -6,10 +6,11 @@ which wins), the nvidia-nccl-cu13 wheel through cuda.pathfinder (it ships libncc
 no unversioned libnccl.so), then the system loader's libnccl.so.2. Loading fails with a
 RuntimeError that says what was tried.
 
-This version only finds the library and reads its version (transport="auto" does not pick
-NCCL yet, see docs/distributed.md). The calls that move data will declare their prototypes
-here, beside ncclGetVersion's, and hold a lock per communicator: NCCL is not thread-safe on
-one communicator.
+The prototypes of the calls used are declared here (ctypes: each call releases the GIL).
+`Communicators` holds one NCCL communicator per place of this rank (an NCCL rank per global
+place, so a rank with several GPUs takes part with each) and carries out the exchange's
+pieces as grouped ncclSend / ncclRecv on the places' streams, under a lock: NCCL is not
+thread-safe on one communicator.
 """
 
 from __future__ import annotations
@@ -23,6 +24,128 @@ SONAME = "libnccl.so.2"
 
 _lock = threading.Lock()
 _loaded: ctypes.CDLL | None = None
+
+
+_UNIQUE_ID_BYTES = 128
+_UINT8 = 1  # ncclUint8
+
+
+class _UniqueId(ctypes.Structure):
+    _fields_ = [("internal", ctypes.c_char * _UNIQUE_ID_BYTES)]
+
+
+def _declare(library: ctypes.CDLL) -> None:
+    """The prototypes of the NCCL calls used (every call answers an ncclResult_t)."""
+    handle, status = ctypes.c_void_p, ctypes.c_int
+    prototypes = {
+        "ncclGetVersion": [ctypes.POINTER(ctypes.c_int)],
+        "ncclGetUniqueId": [ctypes.POINTER(_UniqueId)],
+        "ncclCommInitRank": [ctypes.POINTER(handle), ctypes.c_int, _UniqueId, ctypes.c_int],
+        "ncclCommDestroy": [handle],
+        "ncclCommAbort": [handle],
+        "ncclCommGetAsyncError": [handle, ctypes.POINTER(status)],
+        "ncclGroupStart": [],
+        "ncclGroupEnd": [],
+        # (buffer, count, datatype, peer, comm, stream)
+        "ncclSend": [handle, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, handle, handle],
+        "ncclRecv": [handle, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, handle, handle],
+    }
+    for name, arguments in prototypes.items():
+        function = getattr(library, name)
+        function.argtypes = arguments
+        function.restype = status
+    library.ncclGetErrorString.argtypes = [status]
+    library.ncclGetErrorString.restype = ctypes.c_char_p
+    library.ncclGetLastError.argtypes = [handle]
+    library.ncclGetLastError.restype = ctypes.c_char_p
+
+
+def _check(library: ctypes.CDLL, status: int, what: str, comm=None) -> None:
+    if status != 0:
+        detail = library.ncclGetLastError(comm).decode(errors="replace") if comm is not None else ""
+        raise RuntimeError(f"NCCL: {what} failed: {library.ncclGetErrorString(status).decode()}"
+                           + (f" ({detail})" if detail else ""))
+
+
+def _set_device(device: int) -> None:
+    from cuda.bindings import runtime
+
+    status, = runtime.cudaSetDevice(device)
+    if status != runtime.cudaError_t.cudaSuccess:
+        raise RuntimeError(f"cudaSetDevice({device}) failed: {status}")
+
+
+class Communicators:
+    """This rank's NCCL communicators, one per local place (NCCL rank = global place index),
+    made collectively over the MPI communicator `comm` (rank 0 makes the unique id, MPI
+    broadcasts it)."""
+
+    def __init__(self, comm, nplaces: int, places, devices):
+        self._library = load_nccl()
+        library = self._library
+        identity = _UniqueId()
+        made = None
+        if comm.Get_rank() == 0:
+            try:
+                _check(library, library.ncclGetUniqueId(ctypes.byref(identity)), "ncclGetUniqueId")
+                made = identity.internal
+            except RuntimeError as error:
+                made = error
+        made = comm.bcast(made, root=0)
+        if isinstance(made, Exception):
+            raise RuntimeError(f"NCCL: rank 0 could not make the communicators' id: {made}")
+        identity = _UniqueId.from_buffer_copy(made.ljust(_UNIQUE_ID_BYTES, b"\0"))
+        self._comms = [ctypes.c_void_p() for _ in places]
+        self._places, self._devices, self._set_device = tuple(places), tuple(devices), _set_device
+        self._lock = threading.Lock()
+        _check(library, library.ncclGroupStart(), "ncclGroupStart")
+        try:
+            for handle, place, device in zip(self._comms, places, devices):
+                _set_device(device)
+                _check(library, library.ncclCommInitRank(ctypes.byref(handle), nplaces, identity, place),
+                       f"ncclCommInitRank (place {place} on cuda:{device})")
+        finally:
+            _check(library, library.ncclGroupEnd(), "ncclGroupEnd (the communicators' creation)")
+
+    def exchange(self, group, source, dest, pieces) -> None:
+        """Every piece this rank sends or receives (`_exchange.Piece`, global places, element
+        offsets in the shards of `source` / `dest`, one-process views of this rank's shards),
+        as one NCCL group of sends and receives on the places' streams; then the places'
+        streams are waited for and every communicator's asynchronous error checked."""
+        library = self._library
+        itemsize = source.dtype.itemsize
+        local = {place: index for index, place in enumerate(self._places)}
+        with self._lock:
+            _check(library, library.ncclGroupStart(), "ncclGroupStart")
+            try:
+                for piece in pieces:
+                    nbytes = piece.count * itemsize
+                    if piece.source in local:
+                        index = local[piece.source]
+                        address = source._impl.shard_pointer(index) + piece.source_offset * itemsize
+                        _check(library, library.ncclSend(address, nbytes, _UINT8, piece.dest, self._comms[index],
+                                                         group._impl.stream(index)), "ncclSend", self._comms[index])
+                    if piece.dest in local:
+                        index = local[piece.dest]
+                        address = dest._impl.shard_pointer(index) + piece.dest_offset * itemsize
+                        _check(library, library.ncclRecv(address, nbytes, _UINT8, piece.source, self._comms[index],
+                                                         group._impl.stream(index)), "ncclRecv", self._comms[index])
+            finally:
+                _check(library, library.ncclGroupEnd(), "ncclGroupEnd (an exchange)")
+            group.sync()
+            for handle in self._comms:
+                status = ctypes.c_int(0)
+                _check(library, library.ncclCommGetAsyncError(handle, ctypes.byref(status)), "ncclCommGetAsyncError")
+                _check(library, status.value, "an exchange (asynchronous error)", handle)
+
+    def close(self) -> None:
+        """Destroys the communicators (after their queued work)."""
+        with self._lock:
+            comms, self._comms = self._comms, []
+            for handle, device in zip(comms, self._devices):
+                if handle.value:
+                    self._set_device(device)
+                    self._library.ncclCommDestroy(handle)
 
 
 def _candidates() -> list[tuple[str, object]]:
@@ -53,8 +176,7 @@ def load_nccl() -> ctypes.CDLL:
         for where, load in _candidates():
             try:
                 library = load()
-                library.ncclGetVersion.argtypes = [ctypes.POINTER(ctypes.c_int)]
-                library.ncclGetVersion.restype = ctypes.c_int
+                _declare(library)
             except Exception as error:  # noqa: BLE001 - OSError, a missing symbol, pathfinder's own
                 tried.append(f"{where}: {error}")
                 continue

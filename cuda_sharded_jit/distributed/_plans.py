@@ -198,27 +198,23 @@ def halo_plan(shard_sizes: Sequence[int], owners: Sequence[int]) -> list[Halo]:
 TRANSPORTS = ("auto", "nccl", "mpi")
 
 
-def choose_transport(requested: str, nccl_ready: bool, nccl_loads: bool, gpus_distinct: bool) -> str:
-    """The transport a group uses: "mpi" moves data through MPI (host staged in this version),
-    "nccl" through NCCL, which refuses two ranks on one GPU; "auto" takes NCCL where it
-    loads and every rank's GPU is distinct, else MPI. `nccl_ready`: whether this version
-    moves data through NCCL at all."""
+def choose_transport(requested: str, nccl_loads: bool, gpus_distinct: bool) -> str:
+    """The transport a group uses: "mpi" moves data through MPI, "nccl" through NCCL, which
+    refuses two ranks on one GPU; "auto" takes NCCL where it loads (on every rank) and every
+    place's GPU is distinct, else MPI."""
     if requested not in TRANSPORTS:
         raise ValueError(f"transport: expected one of {', '.join(map(repr, TRANSPORTS))}, got {requested!r}")
     if requested == "mpi":
         return "mpi"
     if requested == "nccl":
-        if not nccl_ready:
-            raise ValueError("transport: 'nccl' (GPU data through NCCL) is not in this version yet; "
-                             "use 'mpi' (or 'auto', which takes it)")
         if not nccl_loads:
-            raise ValueError("transport: 'nccl' needs libnccl.so.2 (pip install nvidia-nccl-cu13, or "
-                             "set CUDA_SHARDED_JIT_NCCL to the site's)")
+            raise ValueError("transport: 'nccl' needs libnccl.so.2 on every rank (pip install nvidia-nccl-cu13, "
+                             "or set CUDA_SHARDED_JIT_NCCL to the site's)")
         if not gpus_distinct:
-            raise ValueError("transport: NCCL refuses two ranks on one GPU; use 'mpi' to run "
-                             "several ranks on one device")
+            raise ValueError("transport: NCCL refuses two ranks (or places) on one GPU; use 'mpi' to run "
+                             "several on one device")
         return "nccl"
-    return "nccl" if nccl_ready and nccl_loads and gpus_distinct else "mpi"
+    return "nccl" if nccl_loads and gpus_distinct else "mpi"
 
 
 # ---- the sort's split ------------------------------------------------------------------------------

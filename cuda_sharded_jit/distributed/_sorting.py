@@ -1,7 +1,8 @@
 """The sorts, selections and searches on from_mpi groups, each inside its collective (the
 algorithm's own call, see _collective.py). Each rank runs the one-process algorithm on its
-own part (a one-process view of its shards, over its local places); what crosses ranks is
-host data through MPI (the "mpi" transport):
+own part (a one-process view of its shards, over its local places); control data crosses
+ranks through MPI, the sorts' pieces in one all-to-all-v on the group's transport
+(_exchange.py):
 
 - sort, sort_by_key, argsort: each rank sorts its part (the local multi-place sort), the
   exact split of the global order is searched on the host (every rank's sorted order codes
@@ -28,6 +29,7 @@ from .. import _shim
 from ..array import ShardedArray
 from ._agreement import begin, gather, moving
 from ._arrays import empty, wrap
+from ._exchange import host_copy, move
 from ._mpi import mpi
 from ._plans import (SortedCodes, corank_points, merge_best, narrow, order_codes, rank_counts,
                      search_candidates, sort_exchange_plan, split_points)
@@ -44,10 +46,6 @@ def _to_host(array: ShardedArray) -> np.ndarray:
     host = np.empty(array.size, array.dtype)
     array._impl.copy_to_host(host.ctypes.data, host.nbytes)
     return host
-
-
-def _bytes(array: np.ndarray) -> np.ndarray:
-    return array.reshape(-1).view(np.uint8)
 
 
 def _split(group, codes: SortedCodes, shard_sizes) -> list[list[int]]:
@@ -82,45 +80,54 @@ def _split(group, codes: SortedCodes, shard_sizes) -> list[list[int]]:
     return split_points(targets, [b for b, _ in gathered], [e for _, e in gathered])
 
 
-def _alltoallv(group, host: np.ndarray, plan) -> np.ndarray:
-    MPI = mpi()
-    itemsize = host.dtype.itemsize
-    received = np.empty(sum(plan.receive_counts), host.dtype)
-    scale = lambda counts: [count * itemsize for count in counts]  # noqa: E731
-    with moving(group):
-        group.comm.Alltoallv([_bytes(host), (scale(plan.send_counts), scale(plan.send_displacements)), MPI.BYTE],
-                             [_bytes(received), (scale(plan.receive_counts), scale(plan.receive_displacements)),
-                              MPI.BYTE])
-    return received
-
-
 def _agree(name: str, keys, values, descending: bool) -> None:
     """Every rank makes the same sort (before any rank sorts its part)."""
     begin(keys.group, (name, ("shard sizes", keys.shard_sizes), ("dtype", keys.dtype.str),
                        ("values", None if values is None else values.dtype.str), ("descending", descending)))
 
 
-def _exchange(group, shard_sizes, keys: ShardedArray, values: ShardedArray | None, descending: bool) -> None:
-    """keys (and values), this rank's part sorted, in place: the pieces of the global order
-    moved to the ranks that own their positions, in rank order (local views). Everything
-    that can fail on one rank alone (the host copies, the codes) comes before the agreement
-    that precedes the data's movement."""
-    key_host = _to_host(keys)
-    value_host = None if values is None else _to_host(values)
+def _exchange(group, shard_sizes, keys: ShardedArray, values: ShardedArray | None,
+              descending: bool) -> list[ShardedArray]:
+    """New local arrays holding the pieces of the global order that this rank owns, in rank
+    order (keys, and values when given: this rank's part sorted). Everything that can fail on
+    one rank alone (the host copy, the codes, the arrays that receive) comes before the
+    agreement that precedes the data's movement."""
+    key_host = host_copy(group, keys, "keys").view(keys.dtype)
     codes = SortedCodes(key_host, descending)
-    begin(group, ("sort: exchange",))
-    points = _split(group, codes, shard_sizes)
-    _move(group, shard_sizes, points, [(keys, key_host)] + ([] if values is None else [(values, value_host)]))
+    parts = [keys] + ([] if values is None else [values])
+    received = _receivers(group, parts)
+    try:
+        begin(group, ("sort: exchange",))
+        points = _split(group, codes, shard_sizes)
+        _move(group, shard_sizes, points, parts, received, key_host)
+    except BaseException:
+        for array in received:
+            array.free()
+        raise
+    return received
 
 
-def _move(group, shard_sizes, points, parts) -> None:
-    """Each (local array, its host copy) of `parts`, this rank's sorted part, replaced by the
-    pieces of the global order that the split `points` sends to this rank, in rank order."""
+def _receivers(group, parts) -> list[ShardedArray]:
+    """An array for each of `parts` (local views) to receive its pieces: the same shard sizes."""
+    made = []
+    try:
+        for part in parts:
+            made.append(ShardedArray.allocate(group._local, list(part.shard_sizes), part.dtype))
+    except BaseException:
+        for array in made:
+            array.free()
+        raise
+    return made
+
+
+def _move(group, shard_sizes, points, parts, received, key_host=None) -> None:
+    """Each local array of `parts` (this rank's sorted part) sends the pieces of the global
+    order that the split `points` gives to each rank; `received[i]` takes those of `parts[i]`
+    that this rank owns, in rank order. `key_host`: parts[0] on the host already."""
     counts, _ = rank_counts(shard_sizes, group.place_ranks, group.nranks)
-    plan = sort_exchange_plan(points, counts, group.rank)
-    received = [_alltoallv(group, host, plan) for _, host in parts]
-    for (array, _), host in zip(parts, received):
-        array._impl.copy_from_host(host.ctypes.data, host.nbytes)
+    plans = [sort_exchange_plan(points, counts, rank) for rank in range(group.nranks)]
+    for index, (part, into) in enumerate(zip(parts, received)):
+        move(group, part, into, plans, shard_sizes, shard_sizes, key_host if index == 0 else None)
 
 
 def compare_sort(a, out, libraries, *signature):
@@ -137,41 +144,45 @@ def compare_sort(a, out, libraries, *signature):
     held = mine.size > 0
     if held:
         _shim.sort_compare(libraries, mine._impl, target._impl)
-    host = _to_host(target)
-    begin(group, ("sort (compare)", ("shard sizes", a.shard_sizes), ("dtype", a.dtype.str), *signature))
-    counts, starts = rank_counts(a.shard_sizes, group.place_ranks, group.nranks)
-    rank, MPI = group.rank, mpi()
+    host = host_copy(group, target, "keys").view(a.dtype)
+    received, = _receivers(group, [target])
+    try:
+        begin(group, ("sort (compare)", ("shard sizes", a.shard_sizes), ("dtype", a.dtype.str), *signature))
+        counts, starts = rank_counts(a.shard_sizes, group.place_ranks, group.nranks)
+        rank, MPI = group.rank, mpi()
 
-    def count(queries: np.ndarray, right: bool) -> np.ndarray:  # this rank's elements before each query
-        asked = ShardedArray.from_numpy(target.group, queries)
-        found = ShardedArray.allocate(target.group, list(asked.shard_sizes), np.int64)
-        try:
-            _shim.search_compare(libraries, target._impl, asked._impl, found._impl, right)
-            return found.to_numpy()
-        finally:
-            asked.free()
-            found.free()
+        def count(queries: np.ndarray, right: bool) -> np.ndarray:  # this rank's elements before each query
+            asked = ShardedArray.from_numpy(target.group, queries)
+            found = ShardedArray.allocate(target.group, list(asked.shard_sizes), np.int64)
+            try:
+                _shim.search_compare(libraries, target._impl, asked._impl, found._impl, right)
+                return found.to_numpy()
+            finally:
+                asked.free()
+                found.free()
 
-    def positions(probes):
-        elements = group.comm.allgather(host[[j for q, j in probes if q == rank]])
-        taken = [0] * group.nranks
-        queries = np.empty(len(probes), a.dtype)
-        for k, (q, _) in enumerate(probes):  # the probes are sorted: each rank's in its order
-            queries[k] = elements[q][taken[q]]
-            taken[q] += 1
-        found = np.zeros(len(probes), np.int64)
+        def positions(probes):
+            elements = group.comm.allgather(host[[j for q, j in probes if q == rank]])
+            taken = [0] * group.nranks
+            queries = np.empty(len(probes), a.dtype)
+            for k, (q, _) in enumerate(probes):  # the probes are sorted: each rank's in its order
+                queries[k] = elements[q][taken[q]]
+                taken[q] += 1
+            found = np.zeros(len(probes), np.int64)
+            if held:
+                lower, upper = count(queries, False), count(queries, True)
+                for k, (q, j) in enumerate(probes):  # earlier ranks' equal elements go first
+                    found[k] = j if q == rank else (upper[k] if rank < q else lower[k])
+            group.comm.Allreduce(MPI.IN_PLACE, found, op=MPI.SUM)
+            return found.tolist()
+
+        with moving(group):  # a failure between the rounds' collectives aborts: peers wait in them
+            points = corank_points(counts, starts[1:], positions)
+        _move(group, a.shard_sizes, points, [target], [received], host)
         if held:
-            lower, upper = count(queries, False), count(queries, True)
-            for k, (q, j) in enumerate(probes):  # earlier ranks' equal elements go first
-                found[k] = j if q == rank else (upper[k] if rank < q else lower[k])
-        group.comm.Allreduce(MPI.IN_PLACE, found, op=MPI.SUM)
-        return found.tolist()
-
-    with moving(group):  # a failure between the rounds' collectives aborts: peers wait in them
-        points = corank_points(counts, starts[1:], positions)
-    _move(group, a.shard_sizes, points, [(target, host)])
-    if held:
-        _shim.sort_compare(libraries, target._impl, target._impl)
+            _shim.sort_compare(libraries, received._impl, target._impl)
+    finally:
+        received.free()
     return out
 
 
@@ -182,9 +193,12 @@ def sort(a, out, descending: bool):
     held = mine.size > 0  # a rank may hold no elements: it only takes part in the exchange
     if held:
         _shim.sort(mine._impl, target._impl, descending)
-    _exchange(a.group, a.shard_sizes, target, None, descending)
-    if held:
-        _shim.sort(target._impl, target._impl, descending)  # the received runs, in rank order: stable
+    received, = _exchange(a.group, a.shard_sizes, target, None, descending)
+    try:
+        if held:  # the received runs, in rank order: stable
+            _shim.sort(received._impl, target._impl, descending)
+    finally:
+        received.free()
     return out
 
 
@@ -198,9 +212,13 @@ def sort_by_key(keys, values, out_keys, out_values, descending: bool):
     if held:
         _sort_values(*parts, descending)
     _, sorted_keys, _, sorted_values = parts
-    _exchange(keys.group, keys.shard_sizes, sorted_keys, sorted_values, descending)
-    if held:
-        _sort_values(sorted_keys, sorted_keys, sorted_values, sorted_values, descending)
+    received = _exchange(keys.group, keys.shard_sizes, sorted_keys, sorted_values, descending)
+    try:
+        if held:
+            _sort_values(received[0], sorted_keys, received[1], sorted_values, descending)
+    finally:
+        for array in received:
+            array.free()
     return out_keys, out_values
 
 
@@ -217,9 +235,13 @@ def argsort(a, descending: bool):
     try:
         if held:
             _shim.sort_by_key(keys._impl, keys._impl, indices._impl, indices._impl, descending)
-        _exchange(group, a.shard_sizes, keys, local(indices), descending)
-        if held:
-            _shim.sort_by_key(keys._impl, keys._impl, indices._impl, indices._impl, descending)
+        received = _exchange(group, a.shard_sizes, keys, local(indices), descending)
+        try:
+            if held:
+                _shim.sort_by_key(received[0]._impl, keys._impl, received[1]._impl, indices._impl, descending)
+        finally:
+            for array in received:
+                array.free()
     finally:
         keys.free()
     return indices

@@ -55,6 +55,8 @@ NB_MODULE(_shim, m) {
 
   m.def("visible_device_count", &csj::visible_device_count,
         nb::call_guard<nb::gil_scoped_release>());
+  m.def("pinned_host_alloc", &csj::pinned_host_alloc, "bytes"_a, nb::call_guard<nb::gil_scoped_release>());
+  m.def("pinned_host_free", &csj::pinned_host_free, "address"_a, nb::call_guard<nb::gil_scoped_release>());
 
   nb::class_<csj::PlaceGroup>(m, "PlaceGroup")
       .def_static("by_devices", &csj::PlaceGroup::by_devices, "devices"_a = nb::none(),

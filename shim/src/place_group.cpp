@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <map>
+#include <string>
 #include <mutex>
 #include <numeric>
 #include <set>
@@ -13,6 +14,7 @@
 #include <stdexcept>
 #include <utility>
 
+#include "csj/errors.hpp"
 #include "cuda_check.hpp"
 #include "driver_api.hpp"
 #include "format.hpp"
@@ -53,6 +55,21 @@ int visible_device_count() {
     throw std::runtime_error("no CUDA GPU is visible on this machine");
   }
   return count;
+}
+
+std::uintptr_t pinned_host_alloc(std::size_t bytes) {
+  void* address = nullptr;
+  const cudaError_t status = cudaHostAlloc(&address, bytes, cudaHostAllocPortable);
+  if (status == cudaErrorMemoryAllocation) {
+    cudaGetLastError();
+    throw OutOfMemory("pinned host memory: " + std::to_string(bytes) + " bytes do not fit");
+  }
+  check(status, "cudaHostAlloc");
+  return reinterpret_cast<std::uintptr_t>(address);
+}
+
+void pinned_host_free(std::uintptr_t address) {
+  check(cudaFreeHost(reinterpret_cast<void*>(address)), "cudaFreeHost");
 }
 
 std::shared_ptr<PlaceGroup> PlaceGroup::by_devices(const std::optional<std::vector<int>>& devices) {

@@ -415,11 +415,24 @@ def search_compare(libraries, sorted_impl, queries, positions, right):
                             for q in queries.typed().tolist()]
 
 
+_pinned: dict[int, np.ndarray] = {}  # the stand-in's page-locked buffers, by address
+
+
+def pinned_host_alloc(nbytes):
+    buffer = np.empty(nbytes, np.uint8)
+    _pinned[buffer.ctypes.data] = buffer
+    return buffer.ctypes.data
+
+
+def pinned_host_free(address):
+    del _pinned[address]  # a KeyError for a buffer freed twice
+
+
 NAMES = ["PlaceGroup", "ShardedArray", "reduce_builtin_partials", "fold_builtin", "scan_builtin_carried",
          "count", "check_histogram_memory", "histogram_even", "transform_builtin", "copy_lanes",
          "visible_device_count", "sort", "sort_by_key", "top_k", "searchsorted", "select",
          "scan_by_key", "reduce_by_key", "adjacent_difference", "select_flagged", "segmented_reduce",
-         "sort_compare", "search_compare", "transform"]
+         "sort_compare", "search_compare", "transform", "pinned_host_alloc", "pinned_host_free"]
 
 
 def install(monkeypatch) -> None:

@@ -1,4 +1,5 @@
-"""GPU tests of from_mpi groups under mpiexec (every rank on cuda:0, transport "mpi"): data in
+"""GPU tests of from_mpi groups under mpiexec (every rank on cuda:0, transport "mpi"; and the
+"nccl" transport where every rank has a GPU of its own, at one rank on one GPU): data in
 and out, and every algorithm that runs across processes, against numpy and bit for bit
 against by_devices([0] * P) with the same P places and shard sizes.
 
@@ -35,10 +36,20 @@ def _bits(value) -> bytes:
     return value.tobytes()
 
 
-@pytest.fixture(scope="module", params=[[0], [0, 0]], ids=["one-place-a-rank", "two-places-a-rank"])
+@pytest.fixture(scope="module", params=["one-place-a-rank", "two-places-a-rank", "nccl"])
 def groups(request):
-    """(a from_mpi group, by_devices([0] * its places)): the same places on one GPU."""
-    group = sharded.PlaceGroup.from_mpi(devices=request.param, transport="mpi")
+    """(a from_mpi group, by_devices([0] * its places)): the same places on one GPU over MPI
+    (one or two places a rank); or, over NCCL, one place a rank on a GPU of its own (skipped
+    where there are fewer GPUs than ranks, or no NCCL: NCCL refuses two ranks on one GPU)."""
+    if request.param == "nccl":
+        from cuda_sharded_jit.distributed._nccl import nccl_loads
+
+        if sharded._shim.visible_device_count() < SIZE or not nccl_loads():
+            pytest.skip(f"the NCCL transport needs NCCL and a GPU a rank ({SIZE} ranks)")
+        group = sharded.PlaceGroup.from_mpi(devices=[RANK], transport="nccl")
+    else:
+        group = sharded.PlaceGroup.from_mpi(devices=[0] if request.param == "one-place-a-rank" else [0, 0],
+                                            transport="mpi")
     return group, sharded.PlaceGroup.by_devices([0] * len(group))
 
 
@@ -54,10 +65,13 @@ def _pair(groups, dtype, n=N, seed=0, sizes=None):
 def test_the_group_numbers_places_in_rank_order(groups):
     group, _ = groups
     per_rank = len(group) // SIZE
-    assert group.nranks == SIZE and group.rank == RANK and group.transport == "mpi"
+    nccl = group.transport == "nccl"
+    assert group.nranks == SIZE and group.rank == RANK and group.transport in ("mpi", "nccl")
     assert group.local_places == tuple(range(RANK * per_rank, (RANK + 1) * per_rank))
     assert group.place_ranks == tuple(rank for rank in range(SIZE) for _ in range(per_rank))
-    assert group.devices == (0,) * len(group) and group.archs == (group.archs[0],) * per_rank
+    assert group.devices == (tuple(range(SIZE)) if nccl else (0,) * len(group))
+    assert group.archs == (group.archs[0],) * per_rank
+    assert group._exchange_how == ("nccl" if nccl else "staged")  # the mpich wheel is not CUDA-aware
     assert all(isinstance(group.stream(place), int) for place in group.local_places)
     if SIZE > 1:
         other = (group.local_places[-1] + 1) % len(group)

@@ -9,16 +9,35 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from . import host_shim
+from . import fake_nccl, host_shim
 from .conftest import RANK, SIZE, allgather, outcome_of, ties_and_nans
 
 import cuda_sharded_jit as sharded
+from cuda_sharded_jit.distributed._exchange import ENV_CUDA_AWARE
 
 
 @pytest.fixture
 def group(monkeypatch):
     host_shim.install(monkeypatch)
+    monkeypatch.setenv(ENV_CUDA_AWARE, "0")
     return sharded.PlaceGroup.from_mpi(devices=[0, 0], transport="mpi")
+
+
+@pytest.fixture(params=["staged", "device", "nccl"])
+def exchanging_group(request, monkeypatch):
+    """A group of each way the all-to-all-v moves data: host staged through MPI, device
+    buffers through a CUDA-aware MPI (here host_shim's host buffers), and NCCL (fake_nccl's
+    calls carried out by MPI: two places a rank on distinct devices, as NCCL needs)."""
+    host_shim.install(monkeypatch)
+    monkeypatch.setenv(ENV_CUDA_AWARE, "1" if request.param == "device" else "0")
+    if request.param == "nccl":
+        fake = fake_nccl.install(monkeypatch)
+        made = sharded.PlaceGroup.from_mpi(devices=[2 * RANK, 2 * RANK + 1], transport="nccl")
+        assert made.transport == "nccl" and made._nccl._library is fake
+    else:
+        made = sharded.PlaceGroup.from_mpi(devices=[0, 0], transport="mpi")
+    assert made._exchange_how == request.param
+    return made
 
 
 def _sizes(places: int, n: int) -> list[int]:
@@ -126,7 +145,8 @@ def test_fill_and_sequence_use_global_indices(group):
     assert np.array_equal(results[1], np.full(501, 2.5, np.float32))
 
 
-def test_resharding_moves_elements_between_ranks(group):
+def test_resharding_moves_elements_between_ranks(exchanging_group):
+    group = exchanging_group
     host = _host(seed=3)
     a = sharded.ShardedArray.from_numpy(group, host, root=None)
     target = [0] * len(group)
@@ -136,6 +156,34 @@ def test_resharding_moves_elements_between_ranks(group):
     results = (moved.to_numpy(root=None), back.to_numpy(root=None))
     assert moved.shard_sizes == tuple(target) and back.shard_sizes == tuple(_sizes(len(group), host.size))
     assert np.array_equal(results[0], host) and np.array_equal(results[1], host)
+    if group._exchange_how == "nccl":  # the pieces went through NCCL's calls, one group a move
+        assert group._nccl._library.exchanges == 2
+
+
+def test_staged_moves_reuse_the_group_s_pinned_buffers(monkeypatch):
+    """The staged all-to-all-v takes its host buffers from the group's pinned slots: made at
+    the first moves, taken again by later ones of the same size, given back with the group."""
+    import gc
+
+    host_shim.install(monkeypatch)
+    monkeypatch.setenv(ENV_CUDA_AWARE, "0")
+    group = sharded.PlaceGroup.from_mpi(devices=[0, 0], transport="mpi")
+
+    host = ties_and_nans(np.float64, 901, seed=21)
+    a = sharded.ShardedArray.from_numpy(group, host, sizes=_sizes(len(group), host.size), root=None)
+    expected, backwards = np.sort(host), list(reversed(a.shard_sizes))
+    made = None
+    for _ in range(4):
+        into = sharded.ShardedArray.allocate(group, list(a.shard_sizes), np.float64)
+        assert np.array_equal(sharded.sort(a, out=into).to_numpy(root=None), expected, equal_nan=True)
+        assert np.array_equal(sharded.redistribute(a, backwards).to_numpy(root=None), host, equal_nan=True)
+        made = set(host_shim._pinned) if made is None else made  # after the first round
+    assert set(host_shim._pinned) == made  # nothing allocated again
+    mine = set(group._staging._slots[slot][0] for slot in group._staging._slots)
+    assert mine and mine <= made
+    del a, into, group
+    gc.collect()
+    assert not mine & set(host_shim._pinned)  # the group's buffers went with it
 
 
 def test_errors_one_rank_hits_alone_are_raised_on_every_rank(group):
@@ -232,7 +280,8 @@ def _same(x, y):
 
 @pytest.mark.parametrize("dtype", [np.int64, np.int32, np.uint32, np.float64, np.float32])
 @pytest.mark.parametrize("descending", [False, True])
-def test_sort_keeps_shard_sizes_against_numpy(group, dtype, descending):
+def test_sort_keeps_shard_sizes_against_numpy(exchanging_group, dtype, descending):
+    group = exchanging_group
     host = ties_and_nans(dtype, 1201, seed=5)
     results = []
     for sizes in _layouts(len(group), host.size):
@@ -255,7 +304,8 @@ def _canonical_nans(values):
     return values
 
 
-def test_sort_keeps_negative_zeros_in_index_order(group):
+def test_sort_keeps_negative_zeros_in_index_order(exchanging_group):
+    group = exchanging_group
     host = np.tile(np.array([0.0, -0.0, 1.0, -0.0, 0.0, -1.0]), 50)
     a = sharded.ShardedArray.from_numpy(group, host, sizes=_sizes(len(group), host.size), root=None)
     up = sharded.sort(a, out=sharded.ShardedArray.allocate(group, list(a.shard_sizes), np.float64)).to_numpy(root=None)
@@ -266,7 +316,8 @@ def test_sort_keeps_negative_zeros_in_index_order(group):
 
 
 @pytest.mark.parametrize("descending", [False, True])
-def test_sort_by_key_and_argsort_carry_values_across_ranks(group, descending):
+def test_sort_by_key_and_argsort_carry_values_across_ranks(exchanging_group, descending):
+    group = exchanging_group
     keys_host = ties_and_nans(np.float32, 999, seed=6)
     values_host = np.arange(999, dtype=np.int64) * 3 - 7
     records = np.dtype([("x", np.float32), ("n", np.int64), ("y", np.int32)], align=True)
@@ -296,9 +347,10 @@ def test_sort_by_key_and_argsort_carry_values_across_ranks(group, descending):
         assert _same(keys_after, keys_host)  # argsort and the out= sorts leave the keys as they were
 
 
-def test_sorts_match_one_process_on_the_stand_in(group):
+def test_sorts_match_one_process_on_the_stand_in(exchanging_group):
     """The same stand-in on one process (a by_devices group of as many places, the same shard
     sizes) sorts the same data to the same bits."""
+    group = exchanging_group
     host = ties_and_nans(np.float64, 777, seed=7)
     payload = np.arange(host.size, dtype=np.int64)
     sizes = _sizes(len(group), host.size)
@@ -449,7 +501,8 @@ def test_one_run_over_every_rank(group):
 
 
 @pytest.mark.parametrize("dtype", [np.int64, np.float64])
-def test_unique_sorts_then_keeps_the_first_of_each_run(group, dtype):
+def test_unique_sorts_then_keeps_the_first_of_each_run(exchanging_group, dtype):
+    group = exchanging_group
     host = ties_and_nans(dtype, 700, seed=12)
     a = sharded.ShardedArray.from_numpy(group, host, sizes=_sizes(len(group), host.size), root=None)
     found = sharded.unique(a)
@@ -560,7 +613,8 @@ def _even(places, n):
     return [n // places + (1 if place < n % places else 0) for place in range(places)]
 
 
-def test_comparator_sorts_and_searches_split_by_comparisons_across_ranks(group):
+def test_comparator_sorts_and_searches_split_by_comparisons_across_ranks(exchanging_group):
+    group = exchanging_group
     host = _host(n=700, seed=17) // 10  # many ties, and x and -x equal by |x|
     n, places = host.size, len(group)
     everything_last = [0] * (places - 1) + [n]
@@ -586,7 +640,8 @@ def test_comparator_sorts_and_searches_split_by_comparisons_across_ranks(group):
         assert np.array_equal(right, np.searchsorted(table, np.abs(queries), side="right"))
 
 
-def test_key_sorts_sort_by_the_computed_keys_across_ranks(group):
+def test_key_sorts_sort_by_the_computed_keys_across_ranks(exchanging_group):
+    group = exchanging_group
     host = _host(n=600, seed=18) // 7  # many ties
     n, places = host.size, len(group)
     index = np.arange(n)

@@ -82,6 +82,56 @@ def test_alltoallv_plan_moves_every_element_to_its_new_shard(places_per_rank, ol
         plans.alltoallv_plan(old, [total + 1] + [0] * (len(old) - 1), owners, nranks, 0)
 
 
+def _run_pieces(pieces, source_shards, dest_sizes):
+    """The destination shards that `pieces` fill from `source_shards` (NaN where none lands)."""
+    dest = [np.full(size, np.nan) for size in dest_sizes]
+    for piece in pieces:
+        assert piece.count > 0
+        chunk = source_shards[piece.source][piece.source_offset:piece.source_offset + piece.count]
+        assert chunk.size == piece.count
+        target = dest[piece.dest][piece.dest_offset:piece.dest_offset + piece.count]
+        assert target.size == piece.count and np.isnan(target).all()  # no byte written twice
+        target[:] = chunk
+    return dest
+
+
+@pytest.mark.parametrize("places_per_rank, old", LAYOUTS)
+def test_exchange_pieces_go_shard_to_shard_as_the_plans_say(places_per_rank, old):
+    from cuda_sharded_jit.distributed._exchange import pieces
+
+    owners, _, nranks = _layout(places_per_rank, old)
+    total = sum(old)
+    rng = np.random.default_rng(len(old) + 7)
+    values = rng.standard_normal(total)
+    for _ in range(4):  # resharding to random sizes: every element to its global index
+        cuts = np.sort(rng.integers(0, total + 1, len(old) - 1)) if len(old) > 1 else np.array([], np.int64)
+        new = np.diff(np.concatenate([[0], cuts, [total]])).astype(int).tolist()
+        plan_of = [plans.alltoallv_plan(old, new, owners, nranks, rank) for rank in range(nranks)]
+        moved = _run_pieces(pieces(plan_of, old, new, owners), _shards(values, old), new)
+        assert np.array_equal(np.concatenate(moved + [np.empty(0)]), values)
+    counts, starts = plans.rank_counts(old, owners, nranks)
+    rank_of = np.repeat(np.arange(nranks), counts)
+    for _ in range(4):  # the sort's plan from the split of random keys: each rank's pieces in rank order
+        keys = np.concatenate([np.sort(rng.integers(0, 4, count)) for count in counts] + [np.empty(0, np.int64)])
+        position = np.empty(total, np.int64)
+        position[np.argsort(keys, kind="stable")] = np.arange(total)
+        points = [[int(np.sum((rank_of == r) & (position < start))) for start in starts[1:]] for r in range(nranks)]
+        plan_of = [plans.sort_exchange_plan(points, counts, rank) for rank in range(nranks)]
+        moved = _run_pieces(pieces(plan_of, old, old, owners), _shards(values, old), old)
+        received = np.concatenate(moved + [np.empty(0)])
+        expected = []
+        locals_ = [values[start:start + count] for start, count in zip(plans.offsets(counts), counts)]
+        for receiver in range(nranks):  # what MPI_Alltoallv would assemble on `receiver`
+            for sender in range(nranks):
+                plan = plan_of[sender]
+                start = plan.send_displacements[receiver]
+                expected.append(locals_[sender][start:start + plan.send_counts[receiver]])
+        assert np.array_equal(received, np.concatenate(expected + [np.empty(0)]))
+    listed = pieces(plan_of, old, old, owners)
+    order = [(owners[piece.source], owners[piece.dest]) for piece in listed]
+    assert order == sorted(order)  # by sending rank, then receiving rank: both ends' order
+
+
 def _left_fold(values, op, init=None):
     acc, have = init, init is not None
     for value in values:
@@ -205,20 +255,17 @@ def test_halo_plan_gives_each_shard_its_predecessor_across_empty_shards(places_p
 
 
 def test_choose_transport():
-    assert plans.choose_transport("mpi", True, True, True) == "mpi"
-    assert plans.choose_transport("auto", True, True, True) == "nccl"
-    assert plans.choose_transport("auto", True, True, False) == "mpi"   # two ranks on one GPU
-    assert plans.choose_transport("auto", True, False, True) == "mpi"   # no NCCL
-    assert plans.choose_transport("auto", False, True, True) == "mpi"   # this version
-    assert plans.choose_transport("nccl", True, True, True) == "nccl"
-    with pytest.raises(ValueError, match="not in this version"):
-        plans.choose_transport("nccl", False, True, True)
-    with pytest.raises(ValueError, match="refuses two ranks on one GPU"):
-        plans.choose_transport("nccl", True, True, False)
+    assert plans.choose_transport("mpi", True, True) == "mpi"
+    assert plans.choose_transport("auto", True, True) == "nccl"
+    assert plans.choose_transport("auto", True, False) == "mpi"   # two ranks on one GPU
+    assert plans.choose_transport("auto", False, True) == "mpi"   # no NCCL
+    assert plans.choose_transport("nccl", True, True) == "nccl"
+    with pytest.raises(ValueError, match="refuses two ranks"):
+        plans.choose_transport("nccl", True, False)
     with pytest.raises(ValueError, match="libnccl.so.2"):
-        plans.choose_transport("nccl", True, False, True)
+        plans.choose_transport("nccl", False, True)
     with pytest.raises(ValueError, match="transport: expected one of 'auto', 'nccl', 'mpi', got 'tcp'"):
-        plans.choose_transport("tcp", True, True, True)
+        plans.choose_transport("tcp", True, True)
 
 
 # ---- the sort's split ------------------------------------------------------------------------------

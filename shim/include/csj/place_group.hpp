@@ -105,4 +105,9 @@ class PlaceGroup {
 // Number of visible devices; std::runtime_error that says why when there is no driver or GPU.
 int visible_device_count();
 
+// Page-locked host memory usable from every context (cudaHostAllocPortable), for staging data
+// between the GPUs and a transport that reads host memory (MPI); OutOfMemory when none is left.
+std::uintptr_t pinned_host_alloc(std::size_t bytes);
+void pinned_host_free(std::uintptr_t address);
+
 }  // namespace csj
