@@ -12,7 +12,8 @@ median over the repeats of the slowest rank's time per call (each call starts af
 barrier, and returns the sum on every rank), and each count's ratio to the first. Beside it,
 what the call is made of: every rank's one-process sum of its own part at the same time (the
 GPU's work with no MPI: ranks on one GPU share it), and a sum of one element a rank (the
-agreements, the allgather of the partials and a launch: the transport's own cost).
+agreements, the allgather of the partials and a launch), and the MPI part of that alone (two
+agreements and an allgather, no GPU work).
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ def worker(n: int, repeats: int) -> None:
     from mpi4py import MPI
 
     import cuda_sharded_jit as sharded
+    from cuda_sharded_jit.distributed._agreement import agree
     from cuda_sharded_jit.distributed._sorting import local
 
     comm = MPI.COMM_WORLD
@@ -64,7 +66,9 @@ def worker(n: int, repeats: int) -> None:
         raise SystemExit(f"the sum is {total}, not {n}")
     rows = {"whole": _timed(comm, lambda: sharded.sum(a), repeats),
             "local": _timed(comm, lambda: sharded.sum(mine), repeats),
-            "control": _timed(comm, lambda: sharded.sum(tiny), repeats)}
+            "control": _timed(comm, lambda: sharded.sum(tiny), repeats),
+            "mpi": _timed(comm, lambda: (agree(group.comm, None, ("a",)), group.comm.allgather(b"12345678"),
+                                         agree(group.comm, None, ("b",))), repeats)}
     if comm.rank == 0:
         print(json.dumps({"ranks": comm.size, **{f"{name}_ms": float(np.median(times)) * 1e3
                                                  for name, times in rows.items()},
@@ -102,11 +106,12 @@ def main() -> int:
         rows.append(json.loads(lines[-1]))
     base = rows[0]["whole_ms"]
     print(f"reduce (sum) of {arguments.n} float32, one place a rank, transport 'mpi'")
-    print("| ranks | median ms | best ms | × first | this rank's part alone, ms | one element a rank, ms |")
-    print("| ---: | ---: | ---: | ---: | ---: | ---: |")
+    print("| ranks | median ms | best ms | × first | this rank's part alone, ms | one element a rank, ms "
+          "| MPI alone, ms |")
+    print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for row in rows:
         print(f"| {row['ranks']} | {row['whole_ms']:.3f} | {row['best_ms']:.3f} | {row['whole_ms'] / base:.2f} "
-              f"| {row['local_ms']:.3f} | {row['control_ms']:.3f} |")
+              f"| {row['local_ms']:.3f} | {row['control_ms']:.3f} | {row['mpi_ms']:.4f} |")
     for row in rows[1:]:
         if row["ranks"] == 2:
             ratio = row["whole_ms"] / base

@@ -21,7 +21,7 @@ from .._dtypes import as_array_dtype, is_integer
 from .._layout import layout_of
 from ..array import ShardedArray, ShardView, _shard_sizes, from_local_parts
 from ._agreement import begin, gather, moving, run
-from ._exchange import host_copy, move
+from ._exchange import host_copy, move, stage
 from ._mpi import mpi
 from ._plans import alltoallv_plan, in_place_order, index_origin, offsets, rank_counts
 
@@ -289,11 +289,11 @@ def _to_numpy(array: DistributedArray, root) -> np.ndarray | None:
     rank = group.rank
     counts, starts = rank_counts(array.shard_sizes, group.place_ranks, group.nranks)
     part = host_copy(group, array, "send")
+    host = np.empty(array.size, array.dtype) if root is None or rank == root else None
     begin(group, ("to_numpy", ("root", root), ("shard sizes", array.shard_sizes), ("dtype", array.dtype.str)))
     MPI = mpi()
     itemsize = array.dtype.itemsize
     layout = (_byte_counts(counts, itemsize), _byte_counts(starts, itemsize))
-    host = np.empty(array.size, array.dtype) if root is None or rank == root else None
     with moving(group):
         if root is None:
             group.comm.Allgatherv([part, MPI.BYTE], [_bytes(host), layout, MPI.BYTE])
@@ -310,7 +310,8 @@ def redistribute(a: DistributedArray, target: list[int]) -> DistributedArray:
     plans = [alltoallv_plan(a.shard_sizes, target, group.place_ranks, group.nranks, rank)
              for rank in range(group.nranks)]
     source = ShardedArray(a._impl, group._local, a.dtype)
-    host = host_copy(group, source, "send") if group._exchange_how == "staged" else None
+    counts, _ = rank_counts(target, group.place_ranks, group.nranks)
+    host, = stage(group, [source], ["send"], counts[group.rank] * a.dtype.itemsize)
     out = empty(group, target, a.dtype)
     begin(group, ("redistribute", ("shard sizes", a.shard_sizes), ("to", tuple(target)), ("dtype", a.dtype.str)))
     move(group, source, ShardedArray(out._impl, group._local, a.dtype), plans, a.shard_sizes, target, host)

@@ -153,6 +153,20 @@ def move(group, source, dest, plans: Sequence[AllToAll], source_sizes, dest_size
             _device_mpi(group, source, dest, mine)
 
 
+def stage(group, parts, slots, receive_bytes: int, always=()) -> list:
+    """Everything a staged move takes from the group's pinned buffers, taken before the
+    agreement that precedes the move (so that a failure is agreed, not aborted): each of
+    `parts` copied into its slot `slots[i]` (also when the move will not stage, for the
+    indices in `always`: the sort's keys, which its split searches on the host; else None),
+    and the receive slot grown to `receive_bytes`."""
+    staged = group._exchange_how == "staged"
+    copies = [host_copy(group, part, slot) if staged or index in always else None
+              for index, (part, slot) in enumerate(zip(parts, slots))]
+    if staged:
+        group._staging.take("receive", receive_bytes)
+    return copies
+
+
 def host_copy(group, array, slot: str) -> np.ndarray:
     """This rank's part of `array` in the group's pinned buffer `slot` (uint8)."""
     host = group._staging.take(slot, array._impl.size * array._impl.itemsize)

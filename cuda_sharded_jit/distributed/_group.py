@@ -20,7 +20,7 @@ from ..places import PlaceGroup
 from ._agreement import agree
 from ._exchange import Staging, cuda_aware
 from ._mpi import mpi
-from ._nccl import Communicators, nccl_loads
+from ._nccl import Communicators, nccl_loads, set_devices
 from ._plans import TRANSPORTS, choose_transport, local_places, place_layout
 
 
@@ -186,28 +186,47 @@ def _make(MPI, comm, devices, transport) -> DistributedPlaceGroup:
             raise ValueError(f"transport: expected one of {', '.join(map(repr, TRANSPORTS))}, got {transport!r}")
         impl = _shim.PlaceGroup.by_devices(_local_devices(devices, local_rank))
         loads = transport != "mpi" and nccl_loads()
-        aware = cuda_aware(MPI)
+        aware = transport != "nccl" and cuda_aware(MPI)
     except Exception as failure:  # noqa: BLE001 - every rank raises it (agree)
         error = failure
     agree(comm, error, ("from_mpi", ("transport", transport)))
     host = MPI.Get_processor_name()
-    gathered = comm.allgather((list(impl.devices), list(impl.locality_domains), host, loads, aware))
+    error, identities = None, []
+    try:  # a device's UUID: the same GPU under two ordinals, or two GPUs both seen as 0, told apart
+        identities = [device_identity(device) for device in impl.devices]
+    except Exception as failure:  # noqa: BLE001 - every rank raises it (agree)
+        error = failure
+    agree(comm, error, ("from_mpi: the devices",))
+    gathered = comm.allgather((list(impl.devices), list(impl.locality_domains), host, loads, aware, identities))
     owners, _ = place_layout([len(devices) for devices, *_ in gathered])
     all_devices = [device for devices, *_ in gathered for device in devices]
     all_domains = [domain for _, domains, *_ in gathered for domain in domains]
-    placed = [(host, device) for devices, _, host, *_ in gathered for device in devices]
-    chosen = choose_transport(transport, all(loads for *_, loads, _ in gathered), len(set(placed)) == len(placed))
-    how = "nccl" if chosen == "nccl" else "device" if all(aware for *_, aware in gathered) else "staged"
+    placed = [(host, identity) for _, _, host, _, _, mine in gathered for identity in mine]
+    chosen = choose_transport(transport, all(loads for _, _, _, loads, _, _ in gathered),
+                              len(set(placed)) == len(placed))
+    how = "nccl" if chosen == "nccl" else "device" if all(aware for *_, aware, _ in gathered) else "staged"
     group = DistributedPlaceGroup(impl, comm, owners, all_devices, all_domains, chosen, how)
     if chosen == "nccl":
         error = None
         try:
-            group._nccl = Communicators(comm, len(owners), group.local_places, list(impl.devices))
-            weakref.finalize(group, group._nccl.close)
+            set_devices(list(impl.devices))
         except Exception as failure:  # noqa: BLE001 - every rank raises it (agree)
             error = failure
-        agree(comm, error, ("from_mpi: the NCCL communicators",))
+        agree(comm, error, ("from_mpi: the NCCL devices",))
+        group._nccl = Communicators(comm, len(owners), group.local_places, list(impl.devices))
+        weakref.finalize(group, group._nccl.close)
     return group
+
+
+def device_identity(device: int) -> str:
+    """The UUID of CUDA device `device` of this process (what tells GPUs apart across the
+    ranks of a host, whatever CUDA_VISIBLE_DEVICES each sees)."""
+    from cuda.bindings import runtime
+
+    status, properties = runtime.cudaGetDeviceProperties(device)
+    if status != runtime.cudaError_t.cudaSuccess:
+        raise RuntimeError(f"cudaGetDeviceProperties({device}) failed: {status}")
+    return bytes(properties.uuid.bytes).hex()
 
 
 def _pinned(nbytes: int):

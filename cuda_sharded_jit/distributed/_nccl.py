@@ -41,7 +41,6 @@ def _declare(library: ctypes.CDLL) -> None:
         "ncclGetVersion": [ctypes.POINTER(ctypes.c_int)],
         "ncclGetUniqueId": [ctypes.POINTER(_UniqueId)],
         "ncclCommInitRank": [ctypes.POINTER(handle), ctypes.c_int, _UniqueId, ctypes.c_int],
-        "ncclCommDestroy": [handle],
         "ncclCommAbort": [handle],
         "ncclCommGetAsyncError": [handle, ctypes.POINTER(status)],
         "ncclGroupStart": [],
@@ -56,13 +55,15 @@ def _declare(library: ctypes.CDLL) -> None:
         function.restype = status
     library.ncclGetErrorString.argtypes = [status]
     library.ncclGetErrorString.restype = ctypes.c_char_p
-    library.ncclGetLastError.argtypes = [handle]
-    library.ncclGetLastError.restype = ctypes.c_char_p
+    if hasattr(library, "ncclGetLastError"):  # NCCL 2.13 and later
+        library.ncclGetLastError.argtypes = [handle]
+        library.ncclGetLastError.restype = ctypes.c_char_p
 
 
 def _check(library: ctypes.CDLL, status: int, what: str, comm=None) -> None:
     if status != 0:
-        detail = library.ncclGetLastError(comm).decode(errors="replace") if comm is not None else ""
+        last = getattr(library, "ncclGetLastError", None)
+        detail = last(comm).decode(errors="replace") if comm is not None and last is not None else ""
         raise RuntimeError(f"NCCL: {what} failed: {library.ncclGetErrorString(status).decode()}"
                            + (f" ({detail})" if detail else ""))
 
@@ -75,37 +76,50 @@ def _set_device(device: int) -> None:
         raise RuntimeError(f"cudaSetDevice({device}) failed: {status}")
 
 
+def set_devices(devices) -> None:
+    """Makes each device current once (its primary context made): what can fail on one rank
+    alone before the communicators' creation, which is collective."""
+    for device in devices:
+        _set_device(device)
+
+
 class Communicators:
     """This rank's NCCL communicators, one per local place (NCCL rank = global place index),
-    made collectively over the MPI communicator `comm` (rank 0 makes the unique id, MPI
-    broadcasts it)."""
+    made collectively over the MPI communicator `comm`: rank 0 makes the unique id (a
+    failure there is broadcast and raised on every rank), MPI broadcasts it, and every rank
+    initialises its places' communicators in one NCCL group. A failure in that group, where
+    the peers wait inside NCCL, aborts `comm` (MPI_Abort): run set_devices, and agree, first."""
 
     def __init__(self, comm, nplaces: int, places, devices):
+        from ._agreement import abort
+
         self._library = load_nccl()
         library = self._library
-        identity = _UniqueId()
         made = None
         if comm.Get_rank() == 0:
+            identity = _UniqueId()
             try:
                 _check(library, library.ncclGetUniqueId(ctypes.byref(identity)), "ncclGetUniqueId")
-                made = identity.internal
+                made = bytes(identity)  # all 128 bytes (the field's value stops at its first NUL)
             except RuntimeError as error:
-                made = error
+                made = str(error)
         made = comm.bcast(made, root=0)
-        if isinstance(made, Exception):
+        if isinstance(made, str):
             raise RuntimeError(f"NCCL: rank 0 could not make the communicators' id: {made}")
-        identity = _UniqueId.from_buffer_copy(made.ljust(_UNIQUE_ID_BYTES, b"\0"))
+        identity = _UniqueId.from_buffer_copy(made)
         self._comms = [ctypes.c_void_p() for _ in places]
         self._places, self._devices, self._set_device = tuple(places), tuple(devices), _set_device
         self._lock = threading.Lock()
-        _check(library, library.ncclGroupStart(), "ncclGroupStart")
         try:
+            _check(library, library.ncclGroupStart(), "ncclGroupStart")
             for handle, place, device in zip(self._comms, places, devices):
                 _set_device(device)
                 _check(library, library.ncclCommInitRank(ctypes.byref(handle), nplaces, identity, place),
                        f"ncclCommInitRank (place {place} on cuda:{device})")
-        finally:
             _check(library, library.ncclGroupEnd(), "ncclGroupEnd (the communicators' creation)")
+        except Exception as error:  # noqa: BLE001 - the peers wait inside NCCL's bootstrap
+            abort(comm, "PlaceGroup.from_mpi (the NCCL communicators)", error)
+            raise
 
     def exchange(self, group, source, dest, pieces) -> None:
         """Every piece this rank sends or receives (`_exchange.Piece`, global places, element
@@ -139,13 +153,15 @@ class Communicators:
                 _check(library, status.value, "an exchange (asynchronous error)", handle)
 
     def close(self) -> None:
-        """Destroys the communicators (after their queued work)."""
+        """Frees the communicators. Every exchange ends with its streams waited for, so
+        nothing is in flight: ncclCommAbort frees them without waiting for the peers (a rank
+        may drop its group, or exit, before the others), where ncclCommDestroy would."""
         with self._lock:
             comms, self._comms = self._comms, []
             for handle, device in zip(comms, self._devices):
                 if handle.value:
                     self._set_device(device)
-                    self._library.ncclCommDestroy(handle)
+                    self._library.ncclCommAbort(handle)
 
 
 def _candidates() -> list[tuple[str, object]]:

@@ -29,7 +29,7 @@ from .. import _shim
 from ..array import ShardedArray
 from ._agreement import begin, gather, moving
 from ._arrays import empty, wrap
-from ._exchange import host_copy, move
+from ._exchange import move, stage
 from ._mpi import mpi
 from ._plans import (SortedCodes, corank_points, merge_best, narrow, order_codes, rank_counts,
                      search_candidates, sort_exchange_plan, split_points)
@@ -92,14 +92,15 @@ def _exchange(group, shard_sizes, keys: ShardedArray, values: ShardedArray | Non
     order (keys, and values when given: this rank's part sorted). Everything that can fail on
     one rank alone (the host copy, the codes, the arrays that receive) comes before the
     agreement that precedes the data's movement."""
-    key_host = host_copy(group, keys, "keys").view(keys.dtype)
-    codes = SortedCodes(key_host, descending)
     parts = [keys] + ([] if values is None else [values])
+    hosts = stage(group, parts, ["keys", "values"], max(_nbytes(part) for part in parts), always=(0,))
+    key_host = hosts[0].view(keys.dtype)
+    codes = SortedCodes(key_host, descending)
     received = _receivers(group, parts)
     try:
         begin(group, ("sort: exchange",))
         points = _split(group, codes, shard_sizes)
-        _move(group, shard_sizes, points, parts, received, key_host)
+        _move(group, shard_sizes, points, parts, received, hosts)
     except BaseException:
         for array in received:
             array.free()
@@ -120,14 +121,18 @@ def _receivers(group, parts) -> list[ShardedArray]:
     return made
 
 
-def _move(group, shard_sizes, points, parts, received, key_host=None) -> None:
+def _nbytes(array: ShardedArray) -> int:
+    return array._impl.size * array._impl.itemsize
+
+
+def _move(group, shard_sizes, points, parts, received, hosts) -> None:
     """Each local array of `parts` (this rank's sorted part) sends the pieces of the global
     order that the split `points` gives to each rank; `received[i]` takes those of `parts[i]`
-    that this rank owns, in rank order. `key_host`: parts[0] on the host already."""
+    that this rank owns, in rank order. `hosts`: the parts staged (_exchange.stage)."""
     counts, _ = rank_counts(shard_sizes, group.place_ranks, group.nranks)
     plans = [sort_exchange_plan(points, counts, rank) for rank in range(group.nranks)]
-    for index, (part, into) in enumerate(zip(parts, received)):
-        move(group, part, into, plans, shard_sizes, shard_sizes, key_host if index == 0 else None)
+    for part, into, host in zip(parts, received, hosts):
+        move(group, part, into, plans, shard_sizes, shard_sizes, host)
 
 
 def compare_sort(a, out, libraries, *signature):
@@ -144,7 +149,8 @@ def compare_sort(a, out, libraries, *signature):
     held = mine.size > 0
     if held:
         _shim.sort_compare(libraries, mine._impl, target._impl)
-    host = host_copy(group, target, "keys").view(a.dtype)
+    staged, = stage(group, [target], ["keys"], _nbytes(target), always=(0,))
+    host = staged.view(a.dtype)
     received, = _receivers(group, [target])
     try:
         begin(group, ("sort (compare)", ("shard sizes", a.shard_sizes), ("dtype", a.dtype.str), *signature))
@@ -178,7 +184,7 @@ def compare_sort(a, out, libraries, *signature):
 
         with moving(group):  # a failure between the rounds' collectives aborts: peers wait in them
             points = corank_points(counts, starts[1:], positions)
-        _move(group, a.shard_sizes, points, [target], [received], host)
+        _move(group, a.shard_sizes, points, [target], [received], [staged])
         if held:
             _shim.sort_compare(libraries, received._impl, target._impl)
     finally:

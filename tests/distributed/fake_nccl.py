@@ -7,6 +7,8 @@ place sends what to which, runs against numpy without GPUs."""
 
 from __future__ import annotations
 
+import ctypes
+
 from mpi4py import MPI
 
 
@@ -26,12 +28,16 @@ class FakeNccl:
         out._obj.value = 23009
         return 0
 
+    # as a real id: a socket address after a magic number, NULs in between
+    IDENTITY = bytes(range(7)) + b"\0\0" + bytes(range(200, 255)) + b"\0" * 60 + b"\x02\x00\x7f\x01"
+
     def ncclGetUniqueId(self, out):
-        out._obj.internal = b"fake"
+        ctypes.memmove(ctypes.addressof(out._obj), self.IDENTITY, len(self.IDENTITY))
         return 0
 
     def ncclCommInitRank(self, handle, nranks, identity, place):
         assert self._depth > 0, "the communicators are made inside a group"
+        assert bytes(identity) == self.IDENTITY, "the unique id did not reach this rank whole"
         self._inits.append((handle._obj, place))
         self._nranks = nranks
         return 0
@@ -93,11 +99,8 @@ class FakeNccl:
         out._obj.value = 0
         return 0
 
-    def ncclCommDestroy(self, comm):
-        self.destroyed.append(comm.value if hasattr(comm, "value") else comm)
-        return 0
-
     def ncclCommAbort(self, comm):
+        self.destroyed.append(comm.value)
         return 0
 
     def ncclGetErrorString(self, status):

@@ -44,8 +44,9 @@ def groups(request):
     if request.param == "nccl":
         from cuda_sharded_jit.distributed._nccl import nccl_loads
 
-        if sharded._shim.visible_device_count() < SIZE or not nccl_loads():
-            pytest.skip(f"the NCCL transport needs NCCL and a GPU a rank ({SIZE} ranks)")
+        able = sharded._shim.visible_device_count() >= SIZE and nccl_loads()
+        if not all(allgather(able)):  # every rank skips, or none does
+            pytest.skip(f"the NCCL transport needs NCCL and a GPU a rank ({SIZE} ranks on one host)")
         group = sharded.PlaceGroup.from_mpi(devices=[RANK], transport="nccl")
     else:
         group = sharded.PlaceGroup.from_mpi(devices=[0] if request.param == "one-place-a-rank" else [0, 0],
