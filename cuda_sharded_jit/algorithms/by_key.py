@@ -153,8 +153,13 @@ def _shares_storage(out: ShardedArray, keys: ShardedArray) -> bool:
     """Whether `out` is keys' memory (the same array, or another view of it)."""
     if out is keys:
         return True
-    return any(size and out._impl.shard_pointer(p) == keys._impl.shard_pointer(p)
-               for p, size in enumerate(keys.shard_sizes))
+    mine = any(size and out._impl.shard_pointer(p) == keys._impl.shard_pointer(p)
+               for p, size in enumerate(keys._impl.shard_sizes))  # this rank's shards
+    if keys.group._distributed:  # every rank takes the same branch
+        from ..distributed._agreement import gather
+
+        return any(gather(keys.group, mine, ("scan by key: out shares keys' memory",)))
+    return mine
 
 
 def _init_bytes(layout, init) -> bytes:
@@ -187,16 +192,16 @@ def _scan_by_key(keys, values, op, init, out, equal, exclusive: bool, what: str)
     source = values if values.dtype == out_dtype else values.astype(out_dtype)
     if out is None:
         out = ShardedArray.allocate(keys.group, list(keys.shard_sizes), out_dtype)
-    if keys.group._distributed:
+    edges = None
+    if keys.group._distributed:  # the engine is told what lies beyond this rank's shards
         from ..distributed import _runs
 
-        _runs.scan_by_key(keys, source, out, op, equal, exclusive, init)
-        return out
+        edges = _runs.edges(keys, source, what)
     if _shares_storage(out, keys):  # the sweep reads keys across tile edges: a new array first
         result = ShardedArray.allocate(keys.group, list(keys.shard_sizes), out_dtype)
-        _shim.scan_by_key(libraries, keys._impl, source._impl, result._impl, exclusive, packed)
+        _shim.scan_by_key(libraries, keys._impl, source._impl, result._impl, exclusive, packed, edges)
         return transform(_SAME, result, out=keys)
-    _shim.scan_by_key(libraries, keys._impl, source._impl, out._impl, exclusive, packed)
+    _shim.scan_by_key(libraries, keys._impl, source._impl, out._impl, exclusive, packed, edges)
     return out
 
 
@@ -254,10 +259,12 @@ def reduce_by_key(keys: ShardedArray, values: ShardedArray, op, equal=None):
     op = _check_op(op, values, "reduce_by_key")
     equal = _check_equal(equal, keys)
     libraries = _engine(keys, values.dtype, op, equal)
-    if keys.group._distributed:
+    if keys.group._distributed:  # the engine is told what lies beyond this rank's shards
         from ..distributed import _runs
 
-        return _runs.reduce_by_key(keys, values, op, equal)
+        unique_keys, reduced = _shim.reduce_by_key(libraries, keys._impl, values._impl,
+                                                   _runs.edges(keys, values, "reduce_by_key"))
+        return _runs.gathered(keys, values, unique_keys, reduced)
     unique_keys, reduced = _shim.reduce_by_key(libraries, keys._impl, values._impl)
     return ShardedArray(unique_keys, keys.group, keys.dtype), ShardedArray(reduced, values.group, values.dtype)
 

@@ -210,17 +210,41 @@ NB_MODULE(_shim, m) {
         nb::call_guard<nb::gil_scoped_release>());
   m.def("select", &csj::select, "libraries"_a, "a"_a, "outputs"_a, nb::call_guard<nb::gil_scoped_release>());
   m.def("select_flagged", &csj::select_flagged, "flags"_a, "arrays"_a, nb::call_guard<nb::gil_scoped_release>());
+  // `edges` across ranks: None, or (previous key bytes, next key bytes, totals callable:
+  // bytes -> bytes, called with the GIL held)
+  auto by_key_edges = [](const nb::object& edges) {
+    std::optional<csj::ByKeyEdges> made;
+    if (edges.is_none()) return made;
+    const nb::tuple parts = nb::cast<nb::tuple>(edges);
+    nb::object totals = parts[2];
+    made = csj::ByKeyEdges{to_string(nb::cast<nb::bytes>(parts[0])), to_string(nb::cast<nb::bytes>(parts[1])),
+                           [totals](const std::string& mine) {
+                             nb::gil_scoped_acquire acquire;
+                             const nb::object earlier = totals(nb::bytes(mine.data(), mine.size()));
+                             return to_string(nb::cast<nb::bytes>(earlier));
+                           }};
+    return made;
+  };
   m.def(
       "scan_by_key",
-      [](const std::vector<const csj::KernelLibrary*>& libraries, const csj::ShardedArray& keys,
-         const csj::ShardedArray& values, csj::ShardedArray& out, bool exclusive, const nb::bytes& init) {
+      [by_key_edges](const std::vector<const csj::KernelLibrary*>& libraries, const csj::ShardedArray& keys,
+                     const csj::ShardedArray& values, csj::ShardedArray& out, bool exclusive, const nb::bytes& init,
+                     const nb::object& edges) {
         const std::string init_bytes = to_string(init);
+        const std::optional<csj::ByKeyEdges> across = by_key_edges(edges);
         nb::gil_scoped_release release;
-        csj::scan_by_key(libraries, keys, values, out, exclusive, init_bytes);
+        csj::scan_by_key(libraries, keys, values, out, exclusive, init_bytes, across ? &*across : nullptr);
       },
-      "libraries"_a, "keys"_a, "values"_a, "out"_a, "exclusive"_a, "init"_a);
-  m.def("reduce_by_key", &csj::reduce_by_key, "libraries"_a, "keys"_a, "values"_a,
-        nb::call_guard<nb::gil_scoped_release>());
+      "libraries"_a, "keys"_a, "values"_a, "out"_a, "exclusive"_a, "init"_a, "edges"_a = nb::none());
+  m.def(
+      "reduce_by_key",
+      [by_key_edges](const std::vector<const csj::KernelLibrary*>& libraries, const csj::ShardedArray& keys,
+                     const csj::ShardedArray& values, const nb::object& edges) {
+        const std::optional<csj::ByKeyEdges> across = by_key_edges(edges);
+        nb::gil_scoped_release release;
+        return csj::reduce_by_key(libraries, keys, values, across ? &*across : nullptr);
+      },
+      "libraries"_a, "keys"_a, "values"_a, "edges"_a = nb::none());
   m.def("redistribute", &csj::redistribute, "a"_a, "sizes"_a, nb::call_guard<nb::gil_scoped_release>());
   m.def(
       "adjacent_difference",

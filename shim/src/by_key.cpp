@@ -6,13 +6,16 @@
 // shard before, the first of the shard after, so runs crossing shards are seen) and, for
 // every shard after the first, the earlier shards' totals, which its carry kernel folds in
 // place order. reduce_by_key then reads each place's count of run ends to size its outputs;
-// the scans need no host read. Before returning, every place's stream waits for the others
+// the scans need no host read. Across ranks (ByKeyEdges) the neighbouring keys come from the
+// nearest ranks holding any, and the carries fold the earlier ranks' totals first: the first
+// pass's totals go to the host once, for the caller to exchange. Before returning, every place's stream waits for the others
 // (events, no host wait), so the scratch and the arrays they read across places stay until
 // the copies are done.
 #include "csj/by_key.hpp"
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstring>
 #include <stdexcept>
 
@@ -34,6 +37,7 @@ struct ByKeyPlace {
   cudaStream_t stream = nullptr;
   k::ByKeyParams params{};
   detail::StreamScratch scratch;
+  detail::StreamScratch sources;  // across ranks: the earlier ranks' totals, then this rank's
   const KernelLibrary* library = nullptr;
 };
 
@@ -63,7 +67,8 @@ void check_arguments(const std::vector<const KernelLibrary*>& libraries, const S
 // The first half on every non-empty place: the neighbouring keys copied in, the chunk
 // records and the shard's total; then each later place's carry.
 std::vector<ByKeyPlace> reduce_places(const std::vector<const KernelLibrary*>& libraries, const ShardedArray& keys,
-                                      const ShardedArray& values, int mode, const std::string& init) {
+                                      const ShardedArray& values, int mode, const std::string& init,
+                                      const ByKeyEdges* edges) {
   const PlaceGroup& group = *keys.group();
   const std::size_t key_size = keys.itemsize();
   const long long chunk = k::by_key_chunk(static_cast<int>(key_size), static_cast<int>(values.itemsize()));
@@ -79,6 +84,14 @@ std::vector<ByKeyPlace> reduce_places(const std::vector<const KernelLibrary*>& l
     places.push_back(std::move(item));
   }
   constexpr std::size_t kRecord = sizeof(k::ByKeyRecord);
+  if (edges) {
+    for (const std::string* key : {&edges->prev_key, &edges->next_key}) {
+      if (!key->empty() && key->size() != key_size) {
+        throw std::invalid_argument("edges: a neighbouring key of " + std::to_string(key->size()) +
+                                    " bytes, the keys have " + std::to_string(key_size));
+      }
+    }
+  }
   for (std::size_t i = 0; i < places.size(); ++i) {
     ByKeyPlace& item = places[i];
     const std::size_t p = item.place;
@@ -109,6 +122,11 @@ std::vector<ByKeyPlace> reduce_places(const std::vector<const KernelLibrary*>& l
                                         before.device, key_size, item.stream),
                     "cudaMemcpyPeerAsync (the key before the shard)");
       params.prev_key = neighbour_keys;
+    } else if (edges && !edges->prev_key.empty()) {  // an earlier rank's last key
+      detail::check(cudaMemcpyAsync(neighbour_keys, edges->prev_key.data(), key_size, cudaMemcpyHostToDevice,
+                                    item.stream),
+                    "cudaMemcpyAsync (the key before this rank's part)");
+      params.prev_key = neighbour_keys;
     }
     if (i + 1 < places.size()) {
       const ByKeyPlace& after = places[i + 1];
@@ -117,6 +135,11 @@ std::vector<ByKeyPlace> reduce_places(const std::vector<const KernelLibrary*>& l
                                         reinterpret_cast<const void*>(keys.shard_pointer(after.place)), after.device,
                                         key_size, item.stream),
                     "cudaMemcpyPeerAsync (the key after the shard)");
+      params.next_key = neighbour_keys + 8;
+    } else if (edges && !edges->next_key.empty()) {  // a later rank's first key
+      detail::check(cudaMemcpyAsync(neighbour_keys + 8, edges->next_key.data(), key_size, cudaMemcpyHostToDevice,
+                                    item.stream),
+                    "cudaMemcpyAsync (the key after this rank's part)");
       params.next_key = neighbour_keys + 8;
     }
   }
@@ -130,10 +153,39 @@ std::vector<ByKeyPlace> reduce_places(const std::vector<const KernelLibrary*>& l
                    k::by_key_scan_block(static_cast<int>(values.itemsize())), item.stream, item.params,
                    "launching by-key chunk scan");
   }
-  for (std::size_t i = 1; i < places.size(); ++i) {
+  std::string prior;  // across ranks: the earlier ranks' totals, folded in front of this rank's
+  if (edges && edges->totals) {
+    detail::PinnedBuffer pinned(std::max<std::size_t>(places.size(), 1) * kRecord);
+    for (std::size_t i = 0; i < places.size(); ++i) {
+      DeviceGuard guard(places[i].device);
+      detail::check(cudaMemcpyAsync(pinned.data + i * kRecord, places[i].params.total, kRecord,
+                                    cudaMemcpyDeviceToHost, places[i].stream),
+                    "reading a shard's total");
+    }
+    for (const ByKeyPlace& item : places) {
+      DeviceGuard guard(item.device);
+      detail::check(cudaStreamSynchronize(item.stream), "synchronising the shards' totals");
+    }
+    prior = edges->totals(std::string(reinterpret_cast<const char*>(pinned.data), places.size() * kRecord));
+    if (prior.size() % kRecord) {
+      throw std::invalid_argument("edges: the earlier ranks' totals are not whole 64-byte records");
+    }
+  }
+  const std::size_t earlier = prior.size() / kRecord;
+  for (std::size_t i = earlier ? 0 : 1; i < places.size(); ++i) {
     ByKeyPlace& item = places[i];
     DeviceGuard guard(item.device);
     auto* sources = const_cast<k::ByKeyRecord*>(item.params.sources);
+    if (earlier) {  // the earlier ranks' totals first, then this rank's shards before this one
+      item.sources = detail::StreamScratch((earlier + i) * kRecord, item.stream,
+                                           reinterpret_cast<cudaMemPool_t>(group.memory_pool(item.place)));
+      sources = static_cast<k::ByKeyRecord*>(item.sources.get());
+      detail::check(cudaMemcpyAsync(sources, prior.data(), prior.size(), cudaMemcpyHostToDevice, item.stream),
+                    "cudaMemcpyAsync (the earlier ranks' totals)");
+      item.params.sources = sources;
+      item.params.carry = static_cast<k::ByKeyRecord*>(item.scratch.get()) + item.params.num_chunks + 1;
+      sources += earlier;
+    }
     for (std::size_t j = 0; j < i; ++j) {
       const ByKeyPlace& earlier = places[j];
       detail::wait_for(item.stream, earlier.stream, earlier.device);
@@ -141,7 +193,7 @@ std::vector<ByKeyPlace> reduce_places(const std::vector<const KernelLibrary*>& l
                                         item.stream),
                     "cudaMemcpyPeerAsync (an earlier shard's total)");
     }
-    item.params.count = static_cast<int>(i);
+    item.params.count = static_cast<int>(earlier + i);
     detail::launch(KernelHandle::linked(item.library->kernel("csj_by_key_carry", item.device)), 1, 32,
                    item.stream, item.params, "launching by-key carry");
   }
@@ -166,7 +218,8 @@ void sweep(std::vector<ByKeyPlace>& places) {
 }  // namespace
 
 void scan_by_key(const std::vector<const KernelLibrary*>& libraries, const ShardedArray& keys,
-                 const ShardedArray& values, ShardedArray& out, bool exclusive, const std::string& init) {
+                 const ShardedArray& values, ShardedArray& out, bool exclusive, const std::string& init,
+                 const ByKeyEdges* edges) {
   check_arguments(libraries, keys, values);
   if (out.group() != keys.group()) throw std::invalid_argument("out: belongs to another PlaceGroup");
   if (out.shard_sizes() != values.shard_sizes()) throw std::invalid_argument("out: shard sizes differ from the values'");
@@ -183,20 +236,20 @@ void scan_by_key(const std::vector<const KernelLibrary*>& libraries, const Shard
   std::vector<ByKeyPlace> places;
   const detail::SyncOnUnwind settle(*keys.group());  // after `places`: queued work drains first
   places = reduce_places(libraries, keys, values, exclusive ? k::kByKeyExclusive : k::kByKeyInclusive,
-                         exclusive ? init : std::string());
+                         exclusive ? init : std::string(), edges);
   for (ByKeyPlace& item : places) item.params.out_values = reinterpret_cast<void*>(out.shard_pointer(item.place));
   sweep(places);
 }
 
 ArrayList reduce_by_key(const std::vector<const KernelLibrary*>& libraries, const ShardedArray& keys,
-                        const ShardedArray& values) {
+                        const ShardedArray& values, const ByKeyEdges* edges) {
   check_arguments(libraries, keys, values);
   const ArrayLeases leases({{&keys, "keys"}, {&values, "values"}});
   const PlaceGroup& group = *keys.group();
   detail::PinnedBuffer pinned(group.size() * sizeof(long long));
   std::vector<ByKeyPlace> places;
   const detail::SyncOnUnwind settle(group);  // after `places` and `pinned`: queued work drains first
-  places = reduce_places(libraries, keys, values, k::kByKeyReduce, std::string());
+  places = reduce_places(libraries, keys, values, k::kByKeyReduce, std::string(), edges);
   auto* ends = reinterpret_cast<long long*>(pinned.data);
   for (std::size_t i = 0; i < places.size(); ++i) {
     DeviceGuard guard(places[i].device);

@@ -292,14 +292,77 @@ def _cast(value, dtype):
         return np.array([value]).astype(dtype)[0]
 
 
-def scan_by_key(libraries, keys, values, out, exclusive, init):
+_RECORD = np.dtype([("valid", "u1"), ("head", "u1"), ("pad", "V6"), ("tails", "<i8"), ("key", "V8"),
+                    ("unused", "V8"), ("value", "V32")])  # 64 bytes, as the engine's records
+
+
+def _run_edges(keys, values, equal, edges):
+    """The local part's head flags and, across ranks, whether its last run goes on in a later
+    rank, and the carry into its first element: the earlier ranks' totals folded (exchanged
+    through the edges' callback with this rank's shards' records, 64 bytes each)."""
+    key_values, source = keys.typed(), values.typed()
+    before, after, totals = edges if edges is not None else (b"", b"", None)
+    heads = _heads(key_values, equal)
+    if key_values.size and before:
+        heads[0] = not equal(np.frombuffer(before, key_values.dtype)[0], key_values[0])
+    continues = bool(key_values.size and after and equal(key_values[-1], np.frombuffer(after, key_values.dtype)[0]))
+    carry = None
+    if totals is not None:
+        records = np.zeros(sum(1 for size in keys.shard_sizes if size), _RECORD)
+        n = len(heads)
+        ends = [heads[i + 1] if i + 1 < n else not continues for i in range(n)]  # a run ends at i
+        at = k = 0
+        for size in keys.shard_sizes:
+            if not size:
+                continue
+            shard_heads = [at + j for j in range(size) if heads[at + j]]
+            start = shard_heads[-1] if shard_heads else at
+            record = records[k]
+            record["valid"], record["head"] = 1, bool(shard_heads)
+            record["tails"] = sum(1 for j in range(at, at + size) if ends[j])
+            record["key"] = key_values[start].tobytes().ljust(8, b"\0")
+            record["value"] = _fold_values(source[start:at + size], values.fold).tobytes().ljust(32, b"\0")
+            at, k = at + size, k + 1
+        earlier = np.frombuffer(totals(records.tobytes()), _RECORD)
+        for record in earlier:  # the earlier ranks' totals, in place order: the run into this rank
+            if not record["valid"]:
+                continue
+            value = np.frombuffer(record["value"].tobytes()[:source.itemsize], source.dtype)[0]
+            key = np.frombuffer(record["key"].tobytes()[:key_values.itemsize], key_values.dtype)[0]
+            carry = (key, value) if record["head"] or carry is None else (carry[0], values.fold(carry[1], value))
+    return heads, continues, (carry if key_values.size and not heads[0] else None)
+
+
+def _fold_values(values, op):
+    acc = values[0]
+    for value in values[1:]:
+        acc = op(acc, value)
+    return np.array([acc], values.dtype)
+
+
+class _Values:
+    """values and the operator folding them in their dtype."""
+
+    def __init__(self, array, op):
+        self.array, self.dtype = array, np.dtype(array.dtype)
+        self.fold = lambda x, y: _cast(op(x, y), self.dtype)
+
+    def typed(self):
+        return self.array.typed()
+
+
+def scan_by_key(libraries, keys, values, out, exclusive, init, edges=None):
     op, (_, equal) = libraries
     dtype = np.dtype(out.dtype)
-    key_values, source = keys.typed(), values.typed()
+    folding = _Values(values, op)
+    heads, _, carry = _run_edges(keys, folding, equal, edges)
+    source = values.typed()
     seed = np.frombuffer(init, dtype)[0] if exclusive else None
     result = np.empty(source.size, dtype)
     acc = None
-    for i, head in enumerate(_heads(key_values, equal)):
+    if carry is not None:  # the run goes on from earlier ranks
+        acc = folding.fold(seed, carry[1]) if exclusive else carry[1]
+    for i, head in enumerate(heads):
         if exclusive:
             acc = seed if head else acc
             result[i] = acc
@@ -310,12 +373,17 @@ def scan_by_key(libraries, keys, values, out, exclusive, init):
     out.typed()[:] = result
 
 
-def reduce_by_key(libraries, keys, values):
+def reduce_by_key(libraries, keys, values, edges=None):
     op, (_, equal) = libraries
+    folding = _Values(values, op)
+    heads, continues, carry = _run_edges(keys, folding, equal, edges)
     key_values, source = keys.typed(), values.typed()
     dtype = source.dtype
     firsts, folds, ends = [], [], []
-    for i, head in enumerate(_heads(key_values, equal)):
+    if carry is not None:  # the run from earlier ranks: its first key, the fold so far
+        firsts.append(carry[0])
+        folds.append(carry[1])
+    for i, head in enumerate(heads):
         if head:
             if firsts:
                 ends.append(i - 1)
@@ -325,6 +393,8 @@ def reduce_by_key(libraries, keys, values):
             folds[-1] = _cast(op(folds[-1], source[i]), dtype)
     if firsts:
         ends.append(key_values.size - 1)
+    if continues:  # its last run ends on a later rank, which writes it
+        firsts, folds, ends = firsts[:-1], folds[:-1], ends[:-1]
     return (_from_parts(keys.group, keys, np.array(firsts, key_values.dtype), ends),
             _from_parts(values.group, values, np.array(folds, dtype), ends))
 

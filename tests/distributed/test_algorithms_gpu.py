@@ -571,16 +571,26 @@ def test_by_key_algorithms_match_by_devices_bit_for_bit(groups, value_dtype):
     assert np.array_equal(ours[9][1], np.unique(values_host))
 
 
-def test_float_scans_by_key_match_numpy_closely(groups):
+@pytest.mark.parametrize("value_dtype", [np.float32, np.float64])
+def test_float_scans_and_reduce_by_key_match_by_devices_bit_for_bit(groups, value_dtype):
+    """A run that crosses ranks is folded as one process folds it across places: the carry
+    from the earlier ranks' totals, in place order, on the GPU."""
     group, _ = groups
     keys_host = _long_runs(N, seed=25)
-    values_host = sample(np.float32, N, seed=26)
+    values_host = sample(value_dtype, N, seed=26)
     sizes = uneven(len(group), N)
     (ka, kr), (va, vr) = _both(groups, keys_host, sizes), _both(groups, values_host, sizes)
-    ours = [sharded.inclusive_scan_by_key(ka, va, "sum").to_numpy(root=None),
-            sharded.reduce_by_key(ka, va, "sum")[1].to_numpy(root=None)]
-    theirs = [sharded.inclusive_scan_by_key(kr, vr, "sum").to_numpy(),
-              sharded.reduce_by_key(kr, vr, "sum")[1].to_numpy()]
-    # a run that crosses a rank folds its carry in front there: the association may differ
-    for mine, other in zip(ours, theirs):
-        assert mine.shape == other.shape and np.allclose(mine, other, rtol=1e-3, atol=0.5)
+
+    def by_key(k, v):
+        return [sharded.inclusive_scan_by_key(k, v, "sum"),
+                sharded.exclusive_scan_by_key(k, v, lambda x, y: x * 0.5 + y, 0.25),  # not associative in floats
+                *sharded.reduce_by_key(k, v, lambda x, y: x + y)]
+
+    ours = [(x.shard_sizes, x.to_numpy(root=None)) for x in by_key(ka, va)]
+    theirs = [(x.shard_sizes, x.to_numpy()) for x in by_key(kr, vr)]
+    for index, ((sizes_ours, mine), (sizes_theirs, other)) in enumerate(zip(ours, theirs)):
+        assert sizes_ours == sizes_theirs and mine.tobytes() == other.tobytes(), index
+    starts = np.flatnonzero(np.concatenate([[True], keys_host[1:] != keys_host[:-1]]))
+    assert np.array_equal(ours[2][1], keys_host[starts])
+    expected = np.add.reduceat(values_host.astype(np.float64), starts)
+    assert np.allclose(ours[3][1], expected, rtol=1e-3, atol=0.5)

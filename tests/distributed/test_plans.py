@@ -398,33 +398,3 @@ def test_merge_best_takes_the_lower_index_among_ties():
     assert best.tolist() == [7, 7, 7] and where.tolist() == [3, 20, 40]
     best, where = plans.merge_best(values, indices, plans.order_codes(values, False), 2)
     assert best.tolist() == [1, 5] and where.tolist() == [2, 10]
-
-
-def _edges_of(part: np.ndarray, values: np.ndarray):
-    """A rank's RunEdges computed directly (runs of equal keys, folds by sum)."""
-    if part.size == 0:
-        return None
-    starts = [0] + [i for i in range(1, part.size) if part[i] != part[i - 1]]
-    folds = [int(values[s:e].sum()) for s, e in zip(starts, starts[1:] + [part.size])]
-    return plans.RunEdges(int(part[0]), int(part[-1]), len(starts), folds[0], folds[-1], int(part[starts[-1]]))
-
-
-@pytest.mark.parametrize("counts", [[4, 0, 3, 5, 0, 2], [6], [0, 7, 0], [1, 1, 1, 1]])
-def test_run_carries_fold_the_runs_that_cross_ranks(counts):
-    keys = np.array([1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1])[:sum(counts)]
-    values = np.arange(1, keys.size + 1)
-    starts = plans.offsets(counts)
-    edges = [_edges_of(keys[s:s + c], values[s:s + c]) for s, c in zip(starts, counts)]
-    carries = plans.run_carries(edges, lambda x, y: x == y, lambda x, y: x + y)
-    for rank, (start, count) in enumerate(zip(starts, counts)):
-        carry = carries[rank]
-        if count == 0:
-            assert carry == plans.RunCarry(None, None, False)
-            continue
-        head = start
-        while head > 0 and keys[head - 1] == keys[start]:
-            head -= 1
-        end = start + count - 1
-        assert carry.carry == (int(values[head:start].sum()) if head < start else None)
-        assert carry.head == (int(keys[head]) if head < start else None)
-        assert carry.continues == (end + 1 < keys.size and keys[end + 1] == keys[end])
