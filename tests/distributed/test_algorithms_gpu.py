@@ -546,6 +546,16 @@ def _long_runs(n, seed):
     return np.repeat(np.arange(lengths.size, dtype=np.int32) % 5, lengths)[:n].copy()
 
 
+def _same_bits(by_key, mine, reference) -> list:
+    """by_key's results on the from_mpi arrays `mine`, (shard sizes, host copy) each, after
+    checking them bit for bit, shard sizes included, against the same on `reference`."""
+    ours = [(x.shard_sizes, x.to_numpy(root=None)) for x in by_key(*mine)]
+    theirs = [(x.shard_sizes, x.to_numpy()) for x in by_key(*reference)]
+    for index, ((sizes_ours, got), (sizes_theirs, other)) in enumerate(zip(ours, theirs)):
+        assert sizes_ours == sizes_theirs and got.tobytes() == other.tobytes(), index
+    return ours
+
+
 @pytest.mark.parametrize("value_dtype", [np.int32, np.int64])
 def test_by_key_algorithms_match_by_devices_bit_for_bit(groups, value_dtype):
     group, _ = groups
@@ -561,10 +571,7 @@ def test_by_key_algorithms_match_by_devices_bit_for_bit(groups, value_dtype):
                 *sharded.reduce_by_key(k, v, "sum"), *sharded.reduce_by_key(k, v, "max"),
                 *sharded.unique_by_key(k, v), sharded.unique(v)]
 
-    ours = [(x.shard_sizes, x.to_numpy(root=None)) for x in by_key(ka, va)]
-    theirs = [(x.shard_sizes, x.to_numpy()) for x in by_key(kr, vr)]
-    for index, ((sizes_ours, mine), (sizes_theirs, other)) in enumerate(zip(ours, theirs)):
-        assert sizes_ours == sizes_theirs and mine.tobytes() == other.tobytes(), index
+    ours = _same_bits(by_key, (ka, va), (kr, vr))
     starts = np.flatnonzero(np.concatenate([[True], keys_host[1:] != keys_host[:-1]]))
     assert np.array_equal(ours[3][1], keys_host[starts])
     assert np.array_equal(ours[4][1], np.add.reduceat(values_host, starts).astype(value_dtype))
@@ -586,10 +593,7 @@ def test_float_scans_and_reduce_by_key_match_by_devices_bit_for_bit(groups, valu
                 sharded.exclusive_scan_by_key(k, v, lambda x, y: x * 0.5 + y, 0.25),  # not associative in floats
                 *sharded.reduce_by_key(k, v, lambda x, y: x + y)]
 
-    ours = [(x.shard_sizes, x.to_numpy(root=None)) for x in by_key(ka, va)]
-    theirs = [(x.shard_sizes, x.to_numpy()) for x in by_key(kr, vr)]
-    for index, ((sizes_ours, mine), (sizes_theirs, other)) in enumerate(zip(ours, theirs)):
-        assert sizes_ours == sizes_theirs and mine.tobytes() == other.tobytes(), index
+    ours = _same_bits(by_key, (ka, va), (kr, vr))
     starts = np.flatnonzero(np.concatenate([[True], keys_host[1:] != keys_host[:-1]]))
     assert np.array_equal(ours[2][1], keys_host[starts])
     expected = np.add.reduceat(values_host.astype(np.float64), starts)
