@@ -18,6 +18,7 @@ from __future__ import annotations
 import ctypes
 import os
 import threading
+from contextlib import contextmanager
 
 ENV_NCCL = "CUDA_SHARDED_JIT_NCCL"
 SONAME = "libnccl.so.2"
@@ -76,11 +77,26 @@ def _set_device(device: int) -> None:
         raise RuntimeError(f"cudaSetDevice({device}) failed: {status}")
 
 
+@contextmanager
+def _current_device_kept():
+    """The thread's current CUDA device as it was, after the block (NCCL's calls need each
+    place's device current; the program's own current device, which CuPy or torch use, stays)."""
+    from cuda.bindings import runtime
+
+    status, previous = runtime.cudaGetDevice()
+    try:
+        yield
+    finally:
+        if status == runtime.cudaError_t.cudaSuccess:
+            runtime.cudaSetDevice(previous)
+
+
 def set_devices(devices) -> None:
     """Makes each device current once (its primary context made): what can fail on one rank
     alone before the communicators' creation, which is collective."""
-    for device in devices:
-        _set_device(device)
+    with _current_device_kept():
+        for device in devices:
+            _set_device(device)
 
 
 class Communicators:
@@ -111,12 +127,13 @@ class Communicators:
         self._places, self._devices, self._set_device = tuple(places), tuple(devices), _set_device
         self._lock = threading.Lock()
         try:
-            _check(library, library.ncclGroupStart(), "ncclGroupStart")
-            for handle, place, device in zip(self._comms, places, devices):
-                _set_device(device)
-                _check(library, library.ncclCommInitRank(ctypes.byref(handle), nplaces, identity, place),
-                       f"ncclCommInitRank (place {place} on cuda:{device})")
-            _check(library, library.ncclGroupEnd(), "ncclGroupEnd (the communicators' creation)")
+            with _current_device_kept():
+                _check(library, library.ncclGroupStart(), "ncclGroupStart")
+                for handle, place, device in zip(self._comms, places, devices):
+                    _set_device(device)
+                    _check(library, library.ncclCommInitRank(ctypes.byref(handle), nplaces, identity, place),
+                           f"ncclCommInitRank (place {place} on cuda:{device})")
+                _check(library, library.ncclGroupEnd(), "ncclGroupEnd (the communicators' creation)")
         except Exception as error:  # noqa: BLE001 - the peers wait inside NCCL's bootstrap
             abort(comm, "PlaceGroup.from_mpi (the NCCL communicators)", error)
             raise
@@ -156,7 +173,7 @@ class Communicators:
         """Frees the communicators. Every exchange ends with its streams waited for, so
         nothing is in flight: ncclCommAbort frees them without waiting for the peers (a rank
         may drop its group, or exit, before the others), where ncclCommDestroy would."""
-        with self._lock:
+        with self._lock, _current_device_kept():
             comms, self._comms = self._comms, []
             for handle, device in zip(comms, self._devices):
                 if handle.value:
