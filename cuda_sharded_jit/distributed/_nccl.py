@@ -80,14 +80,21 @@ def _set_device(device: int) -> None:
 @contextmanager
 def _current_device_kept():
     """The thread's current CUDA device as it was, after the block (NCCL's calls need each
-    place's device current; the program's own current device, which CuPy or torch use, stays)."""
-    from cuda.bindings import runtime
+    place's device current; the program's own current device, which CuPy or torch use, stays).
+    A thread with no current context is left with the block's last (making device 0's
+    context, on every rank, would cost each a context on GPU 0)."""
+    from cuda.bindings import driver, runtime
 
+    try:
+        status, context = driver.cuCtxGetCurrent()
+        current = status == driver.CUresult.CUDA_SUCCESS and int(context) != 0  # else nothing to put back
+    except RuntimeError:  # no driver to load (cuda.pathfinder's error): no context either
+        current = False
     status, previous = runtime.cudaGetDevice()
     try:
         yield
     finally:
-        if status == runtime.cudaError_t.cudaSuccess:
+        if current and status == runtime.cudaError_t.cudaSuccess:
             runtime.cudaSetDevice(previous)
 
 

@@ -376,5 +376,3 @@ def merge_best(values, indices, codes, k: int):
 
     order = np.lexsort((indices, codes))[:k]
     return values[order], indices[order]
-
-

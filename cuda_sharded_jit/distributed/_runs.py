@@ -41,7 +41,7 @@ def edges(keys, values, name: str) -> tuple:
     after = next((edge[0] for edge in every[rank + 1:] if edge is not None), b"")
 
     def totals(records: bytes) -> bytes:  # this rank's shards' totals; the earlier ranks' back
-        return b"".join(gather(group, records, signature + (("totals",),))[:rank])
+        return b"".join(gather(group, records, signature + (("step", "totals"),))[:rank])
 
     return before, after, totals
 

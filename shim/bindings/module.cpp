@@ -216,6 +216,7 @@ NB_MODULE(_shim, m) {
     std::optional<csj::ByKeyEdges> made;
     if (edges.is_none()) return made;
     const nb::tuple parts = nb::cast<nb::tuple>(edges);
+    if (parts.size() != 3) throw std::invalid_argument("edges: expected (previous key, next key, totals)");
     nb::object totals = parts[2];
     made = csj::ByKeyEdges{to_string(nb::cast<nb::bytes>(parts[0])), to_string(nb::cast<nb::bytes>(parts[1])),
                            [totals](const std::string& mine) {

@@ -156,6 +156,7 @@ std::vector<ByKeyPlace> reduce_places(const std::vector<const KernelLibrary*>& l
   std::string prior;  // across ranks: the earlier ranks' totals, folded in front of this rank's
   if (edges && edges->totals) {
     detail::PinnedBuffer pinned(std::max<std::size_t>(places.size(), 1) * kRecord);
+    const detail::SyncOnUnwind drain(group);  // after `pinned`: on a throw, its copies end before it goes back
     for (std::size_t i = 0; i < places.size(); ++i) {
       DeviceGuard guard(places[i].device);
       detail::check(cudaMemcpyAsync(pinned.data + i * kRecord, places[i].params.total, kRecord,

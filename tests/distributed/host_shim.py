@@ -293,7 +293,7 @@ def _cast(value, dtype):
 
 
 _RECORD = np.dtype([("valid", "u1"), ("head", "u1"), ("pad", "V6"), ("tails", "<i8"), ("key", "V8"),
-                    ("unused", "V8"), ("value", "V32")])  # 64 bytes, as the engine's records
+                    ("unused", "V8"), ("value", "V32")])  # 64 bytes, opaque to the Python layer
 
 
 def _run_edges(keys, values, equal, edges):

@@ -442,6 +442,38 @@ def _in_shards(host_positions, sizes):
     return tuple(int(np.count_nonzero(places == place)) for place in range(len(sizes)))
 
 
+def test_scans_by_key_into_the_keys_and_an_error_before_the_totals_exchange(group, monkeypatch):
+    """A scan by key into its own keys takes a new array first on every rank alike; an error
+    one rank hits inside the engine before it exchanges the totals reaches every rank."""
+    n = 700
+    keys_host = _long_runs(n, seed=30)
+    values_host = np.random.default_rng(31).integers(-50, 50, n).astype(np.int64)
+    sizes = _sizes(len(group), n)
+    keys = sharded.ShardedArray.from_numpy(group, keys_host, sizes=sizes, root=None)
+    values = sharded.ShardedArray.from_numpy(group, values_host, sizes=sizes, root=None)
+    expected = sharded.inclusive_scan_by_key(keys, values, "sum").to_numpy(root=None)
+    into_keys = sharded.ShardedArray.from_numpy(group, keys_host, sizes=sizes, root=None)
+    sharded.inclusive_scan_by_key(into_keys, into_keys, "sum", out=into_keys)
+    scanned_keys = into_keys.to_numpy(root=None)
+    keys_only = np.empty(n, np.int64)
+    for start, stop in _runs_of(keys_host):
+        keys_only[start:stop] = np.cumsum(keys_host[start:stop])
+    real = host_shim.scan_by_key
+
+    def failing(libraries, k, v, out, exclusive, init, edges=None):
+        if RANK == SIZE - 1:
+            raise MemoryError("out of memory in the stand-in's first pass")
+        return real(libraries, k, v, out, exclusive, init, edges)
+
+    monkeypatch.setattr(sharded._shim, "scan_by_key", failing)
+    outcome = outcome_of(lambda: sharded.inclusive_scan_by_key(keys, values, "sum"))
+    monkeypatch.setattr(sharded._shim, "scan_by_key", real)
+    after = sharded.inclusive_scan_by_key(keys, values, "sum").to_numpy(root=None)  # the group still works
+    assert np.array_equal(scanned_keys, keys_only)
+    assert allgather(outcome) == [("MemoryError", "out of memory in the stand-in's first pass")] * SIZE
+    assert np.array_equal(after, expected)
+
+
 @pytest.mark.parametrize("layout", [0, 1, 2])
 def test_by_key_algorithms_carry_runs_across_ranks(group, layout):
     n = 901
