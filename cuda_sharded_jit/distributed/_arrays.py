@@ -23,7 +23,7 @@ from ..array import ShardedArray, ShardView, _shard_sizes, from_local_parts
 from ._agreement import begin, gather, moving, run
 from ._exchange import host_copy, move, stage
 from ._mpi import mpi
-from ._plans import alltoallv_plan, in_place_order, index_origin, offsets, rank_counts
+from ._plans import in_place_order, index_origin, offsets, rank_counts, reshard_flows
 
 _MAX_ELEMENTS = 1 << 60  # as the shim bounds a total
 
@@ -307,12 +307,11 @@ def redistribute(a: DistributedArray, target: list[int]) -> DistributedArray:
     """sharded.redistribute on a from_mpi group (inside its collective): the elements move to
     the shards of sizes `target` in one all-to-all-v on the group's transport."""
     group = a.group
-    plans = [alltoallv_plan(a.shard_sizes, target, group.place_ranks, group.nranks, rank)
-             for rank in range(group.nranks)]
+    flows = reshard_flows(a.shard_sizes, target, group.place_ranks, group.nranks)
     source = ShardedArray(a._impl, group._local, a.dtype)
     counts, _ = rank_counts(target, group.place_ranks, group.nranks)
     host, = stage(group, [source], ["send"], counts[group.rank] * a.dtype.itemsize)
     out = empty(group, target, a.dtype)
     begin(group, ("redistribute", ("shard sizes", a.shard_sizes), ("to", tuple(target)), ("dtype", a.dtype.str)))
-    move(group, source, ShardedArray(out._impl, group._local, a.dtype), plans, a.shard_sizes, target, host)
+    move(group, source, ShardedArray(out._impl, group._local, a.dtype), flows, a.shard_sizes, target, host)
     return out

@@ -9,10 +9,10 @@ pieces, resharding), on the group's transport. One plan, three ways to carry it 
 - NCCL ("nccl" transport): the same pieces, one ncclSend / ncclRecv each, every place its
   own NCCL rank, all of them in one NCCL group on the places' streams.
 
-A rank's part is its shards' elements in order (its local range). A plan (`AllToAll`, one
-per rank, every rank able to compute every rank's) says how many elements of its local
-range each rank sends to each, from where, and where in the receiver's local range they
-land. `pieces` cuts those flows at both sides' shard boundaries: every piece goes from one
+A rank's part is its shards' elements in order (its local range). The flows (`Flows`, every
+rank's part of the all-to-all-v, which every rank can compute) say how many elements of its
+local range each rank sends to each, from where, and where in the receiver's local range
+they land. `pieces` cuts those flows at both sides' shard boundaries: every piece goes from one
 shard to one shard, and every rank derives the same list from global facts alone, so the
 two ends of each piece agree without any further message.
 """
@@ -26,7 +26,7 @@ import numpy as np
 
 from ._agreement import moving
 from ._mpi import mpi
-from ._plans import AllToAll
+from ._plans import AllToAll, Flows
 
 ENV_CUDA_AWARE = "CUDA_SHARDED_JIT_MPI_CUDA_AWARE"  # "1": MPI takes device buffers, "0": never
 
@@ -54,33 +54,37 @@ def _cuts(shard_sizes: Sequence[int], places: Sequence[int], start: int, count: 
         at += size
 
 
-def pieces(plans: Sequence[AllToAll], source_sizes: Sequence[int], dest_sizes: Sequence[int],
-           owners: Sequence[int]) -> list[Piece]:
-    """Every piece of the all-to-all-v whose per-rank plans are `plans` (plans[r]: rank r's),
-    from an array of shard sizes `source_sizes` to one of `dest_sizes` (global, in place
-    order; `owners[p]`: the rank of place p), ordered by sending rank, receiving rank, then
-    position: both ends of every pair of ranks list their pieces in the same order."""
-    nranks = len(plans)
-    held = [[place for place, owner in enumerate(owners) if owner == rank] for rank in range(nranks)]
+def pieces(flows: Flows, source_sizes: Sequence[int], dest_sizes: Sequence[int], owners: Sequence[int],
+           rank: int | None = None) -> list[Piece]:
+    """The pieces of the all-to-all-v `flows` (every rank's, [sender, receiver]) from an
+    array of shard sizes `source_sizes` to one of `dest_sizes` (global, in place order;
+    `owners[p]`: the rank of place p), ordered by sending rank, receiving rank, then
+    position: both ends of every pair of ranks list its pieces in the same order. `rank`:
+    only the pieces it sends or receives (O(R) pairs, not R^2)."""
+    nranks = len(flows.counts)
+    held = [[] for _ in range(nranks)]
+    for place, owner in enumerate(owners):
+        held[owner].append(place)
+    if rank is None:
+        pairs = [(sender, receiver) for sender in range(nranks) for receiver in range(nranks)]
+    else:
+        pairs = sorted({(rank, other) for other in range(nranks)} | {(other, rank) for other in range(nranks)})
     out = []
-    for sender in range(nranks):
-        for receiver in range(nranks):
-            count = plans[sender].send_counts[receiver]
-            if not count:
-                continue
-            start = plans[sender].send_displacements[receiver]
-            land = plans[receiver].receive_displacements[sender]
-            sources = list(_cuts(source_sizes, held[sender], start, count))
-            dests = list(_cuts(dest_sizes, held[receiver], land, count))
-            s = d = 0
-            while s < len(sources):  # merge the two cuttings of the same `count` elements
-                (source, source_offset, source_left), (dest, dest_offset, dest_left) = sources[s], dests[d]
-                step = min(source_left, dest_left)
-                out.append(Piece(source, source_offset, dest, dest_offset, step))
-                sources[s] = (source, source_offset + step, source_left - step)
-                dests[d] = (dest, dest_offset + step, dest_left - step)
-                s += sources[s][2] == 0
-                d += dests[d][2] == 0
+    for sender, receiver in pairs:
+        count = int(flows.counts[sender, receiver])
+        if not count:
+            continue
+        sources = list(_cuts(source_sizes, held[sender], int(flows.starts[sender, receiver]), count))
+        dests = list(_cuts(dest_sizes, held[receiver], int(flows.lands[sender, receiver]), count))
+        s = d = 0
+        while s < len(sources):  # merge the two cuttings of the same `count` elements
+            (source, source_offset, source_left), (dest, dest_offset, dest_left) = sources[s], dests[d]
+            step = min(source_left, dest_left)
+            out.append(Piece(source, source_offset, dest, dest_offset, step))
+            sources[s] = (source, source_offset + step, source_left - step)
+            dests[d] = (dest, dest_offset + step, dest_left - step)
+            s += sources[s][2] == 0
+            d += dests[d][2] == 0
     return out
 
 
@@ -133,20 +137,19 @@ def _pointer(array, group, place: int, offset: int) -> int:
     return array._impl.shard_pointer(group._local_index(place)) + offset * array.dtype.itemsize
 
 
-def move(group, source, dest, plans: Sequence[AllToAll], source_sizes, dest_sizes,
+def move(group, source, dest, flows: Flows, source_sizes, dest_sizes,
          host: np.ndarray | None = None) -> None:
     """Moves this rank's part of `source` (a one-process view of its shards; every rank's
     shard sizes `source_sizes`) into `dest` (another array: the same for `dest_sizes`) as
-    `plans` say, on the group's transport. `host`: the source's bytes already on the host
+    `flows` say, on the group's transport. `host`: the source's bytes already on the host
     (the staged move sends them instead of copying the part down again). Called after the
     agreement that precedes the move: an error inside aborts the communicator."""
     how = group._exchange_how
     with moving(group):
         if how == "staged":
-            _staged(group, source, dest, plans[group.rank], host)
+            _staged(group, source, dest, flows.plan(group.rank), host)
             return
-        mine = [piece for piece in pieces(plans, source_sizes, dest_sizes, group.place_ranks)
-                if group.rank in (group.place_ranks[piece.source], group.place_ranks[piece.dest])]
+        mine = pieces(flows, source_sizes, dest_sizes, group.place_ranks, group.rank)
         if how == "nccl":
             group._nccl.exchange(group, source, dest, mine)
         else:

@@ -32,7 +32,7 @@ from ._arrays import empty, wrap
 from ._exchange import move, stage
 from ._mpi import mpi
 from ._plans import (SortedCodes, corank_points, merge_best, narrow, order_codes, rank_counts,
-                     search_candidates, sort_exchange_plan, split_points)
+                     search_candidates, sort_flows, split_points)
 
 _WAYS = 16  # candidate codes per bracket a round: 4 bits of a code a round
 
@@ -130,9 +130,9 @@ def _move(group, shard_sizes, points, parts, received, hosts) -> None:
     order that the split `points` gives to each rank; `received[i]` takes those of `parts[i]`
     that this rank owns, in rank order. `hosts`: the parts staged (_exchange.stage)."""
     counts, _ = rank_counts(shard_sizes, group.place_ranks, group.nranks)
-    plans = [sort_exchange_plan(points, counts, rank) for rank in range(group.nranks)]
+    flows = sort_flows(points, counts)
     for part, into, host in zip(parts, received, hosts):
-        move(group, part, into, plans, shard_sizes, shard_sizes, host)
+        move(group, part, into, flows, shard_sizes, shard_sizes, host)
 
 
 def compare_sort(a, out, libraries, *signature):

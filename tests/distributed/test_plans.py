@@ -55,7 +55,7 @@ def test_rank_counts_cover_each_rank_s_contiguous_range(places_per_rank, shard_s
 
 
 @pytest.mark.parametrize("places_per_rank, old", LAYOUTS)
-def test_alltoallv_plan_moves_every_element_to_its_new_shard(places_per_rank, old):
+def test_reshard_flows_move_every_element_to_its_new_shard(places_per_rank, old):
     owners, _, nranks = _layout(places_per_rank, old)
     total = sum(old)
     rng = np.random.default_rng(len(old))
@@ -64,7 +64,7 @@ def test_alltoallv_plan_moves_every_element_to_its_new_shard(places_per_rank, ol
     values = rng.standard_normal(total)
     old_counts, old_starts = plans.rank_counts(old, owners, nranks)
     new_counts, new_starts = plans.rank_counts(new, owners, nranks)
-    plan_of = [plans.alltoallv_plan(old, new, owners, nranks, rank) for rank in range(nranks)]
+    plan_of = [plans.reshard_flows(old, new, owners, nranks).plan(rank) for rank in range(nranks)]
     for rank in range(nranks):  # what each rank receives, assembled as MPI_Alltoallv would
         received = np.full(new_counts[rank], np.nan)
         for sender in range(nranks):
@@ -79,7 +79,7 @@ def test_alltoallv_plan_moves_every_element_to_its_new_shard(places_per_rank, ol
         assert np.array_equal(received, expected)
         assert sum(plan_of[rank].send_counts) == old_counts[rank]
     with pytest.raises(ValueError, match="add up to"):
-        plans.alltoallv_plan(old, [total + 1] + [0] * (len(old) - 1), owners, nranks, 0)
+        plans.reshard_flows(old, [total + 1] + [0] * (len(old) - 1), owners, nranks)
 
 
 def _run_pieces(pieces, source_shards, dest_sizes):
@@ -106,8 +106,8 @@ def test_exchange_pieces_go_shard_to_shard_as_the_plans_say(places_per_rank, old
     for _ in range(4):  # resharding to random sizes: every element to its global index
         cuts = np.sort(rng.integers(0, total + 1, len(old) - 1)) if len(old) > 1 else np.array([], np.int64)
         new = np.diff(np.concatenate([[0], cuts, [total]])).astype(int).tolist()
-        plan_of = [plans.alltoallv_plan(old, new, owners, nranks, rank) for rank in range(nranks)]
-        moved = _run_pieces(pieces(plan_of, old, new, owners), _shards(values, old), new)
+        flows = plans.reshard_flows(old, new, owners, nranks)
+        moved = _run_pieces(pieces(flows, old, new, owners), _shards(values, old), new)
         assert np.array_equal(np.concatenate(moved + [np.empty(0)]), values)
     counts, starts = plans.rank_counts(old, owners, nranks)
     rank_of = np.repeat(np.arange(nranks), counts)
@@ -116,8 +116,9 @@ def test_exchange_pieces_go_shard_to_shard_as_the_plans_say(places_per_rank, old
         position = np.empty(total, np.int64)
         position[np.argsort(keys, kind="stable")] = np.arange(total)
         points = [[int(np.sum((rank_of == r) & (position < start))) for start in starts[1:]] for r in range(nranks)]
-        plan_of = [plans.sort_exchange_plan(points, counts, rank) for rank in range(nranks)]
-        moved = _run_pieces(pieces(plan_of, old, old, owners), _shards(values, old), old)
+        flows = plans.sort_flows(points, counts)
+        plan_of = [flows.plan(rank) for rank in range(nranks)]
+        moved = _run_pieces(pieces(flows, old, old, owners), _shards(values, old), old)
         received = np.concatenate(moved + [np.empty(0)])
         expected = []
         locals_ = [values[start:start + count] for start, count in zip(plans.offsets(counts), counts)]
@@ -127,9 +128,12 @@ def test_exchange_pieces_go_shard_to_shard_as_the_plans_say(places_per_rank, old
                 start = plan.send_displacements[receiver]
                 expected.append(locals_[sender][start:start + plan.send_counts[receiver]])
         assert np.array_equal(received, np.concatenate(expected + [np.empty(0)]))
-    listed = pieces(plan_of, old, old, owners)
+    listed = pieces(flows, old, old, owners)
     order = [(owners[piece.source], owners[piece.dest]) for piece in listed]
     assert order == sorted(order)  # by sending rank, then receiving rank: both ends' order
+    for rank in range(nranks):  # a rank's own pieces: the whole list's that it sends or receives
+        assert pieces(flows, old, old, owners, rank) == [
+            piece for piece in listed if rank in (owners[piece.source], owners[piece.dest])]
 
 
 def _left_fold(values, op, init=None):
@@ -325,13 +329,14 @@ def test_the_split_sends_each_position_to_its_rank_in_stable_order(counts, ways)
     codes = [plans.order_codes(part) for part in per_rank]
     points = _split_on_host(codes, targets, ways) if targets and sum(counts) else [[0] * len(targets)] * len(counts)
     received = {}
+    flows = plans.sort_flows(points, counts)
     for rank in range(len(counts)):
-        plan = plans.sort_exchange_plan(points, counts, rank)
+        plan = flows.plan(rank)
         assert sum(plan.send_counts) == counts[rank]
         assert sum(plan.receive_counts) == counts[rank]  # every rank keeps its element count
         received[rank] = [(per_rank[source][plan_start + j], source, plan_start + j)
                           for source in range(len(counts))
-                          for other in [plans.sort_exchange_plan(points, counts, source)]
+                          for other in [flows.plan(source)]
                           for plan_start in [other.send_displacements[rank]]
                           for j in range(other.send_counts[rank])]
     for rank, start in enumerate(starts):
