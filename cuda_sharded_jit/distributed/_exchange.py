@@ -137,13 +137,12 @@ def _pointer(array, group, place: int, offset: int) -> int:
     return array._impl.shard_pointer(group._local_index(place)) + offset * array.dtype.itemsize
 
 
-def move(group, source, dest, flows: Flows, source_sizes, dest_sizes,
-         host: np.ndarray | None = None) -> None:
+def move(group, source, dest, flows: Flows, source_sizes, dest_sizes, host: np.ndarray | None) -> None:
     """Moves this rank's part of `source` (a one-process view of its shards; every rank's
     shard sizes `source_sizes`) into `dest` (another array: the same for `dest_sizes`) as
-    `flows` say, on the group's transport. `host`: the source's bytes already on the host
-    (the staged move sends them instead of copying the part down again). Called after the
-    agreement that precedes the move: an error inside aborts the communicator."""
+    `flows` say, on the group's transport. `host`: the source's bytes on the host, from
+    `stage` (what the staged move sends; None elsewhere). Called after the agreement that
+    precedes the move: an error inside aborts the communicator."""
     how = group._exchange_how
     with moving(group):
         if how == "staged":
@@ -177,11 +176,9 @@ def host_copy(group, array, slot: str) -> np.ndarray:
     return host
 
 
-def _staged(group, source, dest, plan: AllToAll, sent) -> None:
+def _staged(group, source, dest, plan: AllToAll, sent: np.ndarray) -> None:
     MPI = mpi()
     itemsize = source.dtype.itemsize
-    if sent is None:
-        sent = host_copy(group, source, "send")
     sent = sent.reshape(-1).view(np.uint8)
     received = group._staging.take("receive", dest._impl.size * itemsize)
     scale = lambda counts: [count * itemsize for count in counts]  # noqa: E731
@@ -215,8 +212,8 @@ def _device_mpi(group, source, dest, mine: list[Piece]) -> None:
 
 
 class Staging:
-    """A rank's pinned host buffers for staged moves, one per slot (the sort's keys, its
-    values, what arrives), used by one collective at a time (the group's lock): each grows to
+    """A rank's pinned host buffers for staged moves, one per slot (the sorts' keys and
+    values, what a rank sends and what it receives), used by one collective at a time (the group's lock): each grows to
     the largest move that used it and lives as long as the group. `allocate(nbytes) ->
     (address, free)` makes page-locked memory (the shim's)."""
 

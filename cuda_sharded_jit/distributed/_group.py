@@ -180,23 +180,19 @@ def _make(MPI, comm, devices, transport) -> DistributedPlaceGroup:
     node = comm.Split_type(MPI.COMM_TYPE_SHARED)  # the ranks of this host: local_rank
     local_rank = node.Get_rank()
     node.Free()
-    error, impl, loads, aware = None, None, False, False
+    error, impl, loads, aware, identities = None, None, False, False, []
     try:
         if transport not in TRANSPORTS:
             raise ValueError(f"transport: expected one of {', '.join(map(repr, TRANSPORTS))}, got {transport!r}")
         impl = _shim.PlaceGroup.by_devices(_local_devices(devices, local_rank))
+        # a device's UUID: the same GPU under two ordinals, or two GPUs both seen as 0, told apart
+        identities = [device_identity(device) for device in impl.devices]
         loads = transport != "mpi" and nccl_loads()
         aware = transport != "nccl" and cuda_aware(MPI)
     except Exception as failure:  # noqa: BLE001 - every rank raises it (agree)
         error = failure
     agree(comm, error, ("from_mpi", ("transport", transport)))
     host = MPI.Get_processor_name()
-    error, identities = None, []
-    try:  # a device's UUID: the same GPU under two ordinals, or two GPUs both seen as 0, told apart
-        identities = [device_identity(device) for device in impl.devices]
-    except Exception as failure:  # noqa: BLE001 - every rank raises it (agree)
-        error = failure
-    agree(comm, error, ("from_mpi: the devices",))
     gathered = comm.allgather((list(impl.devices), list(impl.locality_domains), host, loads, aware, identities))
     owners, _ = place_layout([len(devices) for devices, *_ in gathered])
     all_devices = [device for devices, *_ in gathered for device in devices]

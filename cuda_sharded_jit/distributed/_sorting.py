@@ -22,6 +22,7 @@ ranks through MPI, the sorts' pieces in one all-to-all-v on the group's transpor
 from __future__ import annotations
 
 import hashlib
+from contextlib import contextmanager
 
 import numpy as np
 
@@ -40,12 +41,6 @@ _WAYS = 16  # candidate codes per bracket a round: 4 bits of a code a round
 def local(a) -> ShardedArray:
     """This rank's shards of a from_mpi array as a one-process array (the same storage)."""
     return ShardedArray(a._impl, a.group._local, a.dtype)
-
-
-def _to_host(array: ShardedArray) -> np.ndarray:
-    host = np.empty(array.size, array.dtype)
-    array._impl.copy_to_host(host.ctypes.data, host.nbytes)
-    return host
 
 
 def _split(group, codes: SortedCodes, shard_sizes) -> list[list[int]]:
@@ -102,8 +97,7 @@ def _exchange(group, shard_sizes, keys: ShardedArray, values: ShardedArray | Non
         points = _split(group, codes, shard_sizes)
         _move(group, shard_sizes, points, parts, received, hosts)
     except BaseException:
-        for array in received:
-            array.free()
+        _free(received)
         raise
     return received
 
@@ -115,10 +109,23 @@ def _receivers(group, parts) -> list[ShardedArray]:
         for part in parts:
             made.append(ShardedArray.allocate(group._local, list(part.shard_sizes), part.dtype))
     except BaseException:
-        for array in made:
-            array.free()
+        _free(made)
         raise
     return made
+
+
+def _free(arrays) -> None:
+    for array in arrays:
+        array.free()
+
+
+@contextmanager
+def _freed(arrays):
+    """`arrays` (the pieces received), freed when the block ends, however it ends."""
+    try:
+        yield arrays
+    finally:
+        _free(arrays)
 
 
 def _nbytes(array: ShardedArray) -> int:
@@ -152,7 +159,7 @@ def compare_sort(a, out, libraries, *signature):
     staged, = stage(group, [target], ["keys"], _nbytes(target), always=(0,))
     host = staged.view(a.dtype)
     received, = _receivers(group, [target])
-    try:
+    with _freed([received]):
         begin(group, ("sort (compare)", ("shard sizes", a.shard_sizes), ("dtype", a.dtype.str), *signature))
         counts, starts = rank_counts(a.shard_sizes, group.place_ranks, group.nranks)
         rank, MPI = group.rank, mpi()
@@ -187,8 +194,6 @@ def compare_sort(a, out, libraries, *signature):
         _move(group, a.shard_sizes, points, [target], [received], [staged])
         if held:
             _shim.sort_compare(libraries, received._impl, target._impl)
-    finally:
-        received.free()
     return out
 
 
@@ -199,12 +204,9 @@ def sort(a, out, descending: bool):
     held = mine.size > 0  # a rank may hold no elements: it only takes part in the exchange
     if held:
         _shim.sort(mine._impl, target._impl, descending)
-    received, = _exchange(a.group, a.shard_sizes, target, None, descending)
-    try:
+    with _freed(_exchange(a.group, a.shard_sizes, target, None, descending)) as (received,):
         if held:  # the received runs, in rank order: stable
             _shim.sort(received._impl, target._impl, descending)
-    finally:
-        received.free()
     return out
 
 
@@ -218,13 +220,9 @@ def sort_by_key(keys, values, out_keys, out_values, descending: bool):
     if held:
         _sort_values(*parts, descending)
     _, sorted_keys, _, sorted_values = parts
-    received = _exchange(keys.group, keys.shard_sizes, sorted_keys, sorted_values, descending)
-    try:
+    with _freed(_exchange(keys.group, keys.shard_sizes, sorted_keys, sorted_values, descending)) as received:
         if held:
             _sort_values(received[0], sorted_keys, received[1], sorted_values, descending)
-    finally:
-        for array in received:
-            array.free()
     return out_keys, out_values
 
 
@@ -241,13 +239,9 @@ def argsort(a, descending: bool):
     try:
         if held:
             _shim.sort_by_key(keys._impl, keys._impl, indices._impl, indices._impl, descending)
-        received = _exchange(group, a.shard_sizes, keys, local(indices), descending)
-        try:
+        with _freed(_exchange(group, a.shard_sizes, keys, local(indices), descending)) as received:
             if held:
                 _shim.sort_by_key(received[0]._impl, keys._impl, received[1]._impl, indices._impl, descending)
-        finally:
-            for array in received:
-                array.free()
     finally:
         keys.free()
     return indices

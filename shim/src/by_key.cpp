@@ -8,9 +8,9 @@
 // place order. reduce_by_key then reads each place's count of run ends to size its outputs;
 // the scans need no host read. Across ranks (ByKeyEdges) the neighbouring keys come from the
 // nearest ranks holding any, and the carries fold the earlier ranks' totals first: the first
-// pass's totals go to the host once, for the caller to exchange. Before returning, every place's stream waits for the others
-// (events, no host wait), so the scratch and the arrays they read across places stay until
-// the copies are done.
+// pass's totals go to the host once, for the caller to exchange. Before returning, every
+// place's stream waits for the others (events, no host wait), so the scratch and the arrays
+// they read across places stay until the copies are done.
 #include "csj/by_key.hpp"
 
 #include <cuda_runtime.h>
