@@ -2,36 +2,59 @@
 // (merge_sort_jit.cu, one per element size) and the host driver (sort_compare.cpp). Plain
 // C++ (no CUDA types) so both sides agree on the layout.
 //
-// The sort of one shard: each block sorts a tile of kMergeSortBlock x merge_sort_items(size)
+// The sort of one shard: each block sorts a tile of kBlockSortThreads x block_sort_items(size)
 // elements (csj_merge_sort_block), then pass after pass runs of width w (a tile, then twice
 // that, ...) are merged pairwise into the other of two buffers: a partition kernel finds, by
 // a binary search along each output tile's diagonal of the merge path, where the tile starts
-// in the first run (csj_merge_partition), and one block per output tile merges its two
-// ranges through shared memory (csj_merge). The same two kernels merge two sorted arrays of
-// any lengths (MergeParams::pass < 0). csj_merge_search counts, for many pivots, the
-// elements of a sorted run that go before each. Ties take the first run (or the elements
-// before the pivot, for an upper bound): the sort is stable.
+// in the first run (csj_merge_partition), and one block per output tile of kMergeThreads x
+// merge_items(size) elements merges its two ranges through shared memory (csj_merge). The
+// same two kernels merge two sorted arrays of any lengths (MergeParams::pass < 0).
+// csj_merge_search counts, for many pivots, the elements of a sorted run that go before each.
+// Ties take the first run (or the elements before the pivot, for an upper bound): the sort is
+// stable.
 #pragma once
 
 namespace csj::kernels {
 
-constexpr int kMergeSortBlock = 256;
-
-// Items per thread: CUB's merge sort tuning for sm_60 and later (17 4-byte items, fewer of
-// larger elements, at least 1): tiles of 2048 8-byte elements, so that 2^26 of them take
-// 15 merge passes.
-constexpr int merge_sort_items(int element_size) {
+// Items per thread of the block sort: CUB's merge sort tuning for sm_60 and later (17 4-byte
+// items, fewer of larger elements, at least 1).
+constexpr int block_sort_items(int element_size) {
   return element_size <= 4 ? 17 : (17 * 4) / element_size < 1 ? 1 : (17 * 4) / element_size;
 }
-constexpr long long merge_sort_tile(int element_size) {
-  return static_cast<long long>(kMergeSortBlock) * merge_sort_items(element_size);
+
+// The tile shapes (measured on an H200, 2^26 int64 and a comparator, against CUB's 256 x 8
+// for both steps: docs/performance.md): the block sort runs 512 threads a block, which sorts
+// tiles twice as long for about the same time per element, and the merges of elements of 8
+// bytes or more take twice the block sort's items per thread on 256 threads, so that their
+// tiles are as long as the block sort's and each merge pass has half the blocks and half the
+// partitions. For 2^26 8-byte elements: tiles of 4096, 14 merge passes. 4-byte elements keep
+// 17 items per merging thread (34 would cost occupancy): their block-sorted runs are two merge
+// tiles long, and their merge passes start at pass 1.
+constexpr int kBlockSortThreads = 512;
+constexpr int kMergeThreads = 256;
+constexpr int merge_items(int element_size) {
+  return element_size <= 4 ? block_sort_items(element_size) : 2 * block_sort_items(element_size);
 }
+constexpr long long block_sort_tile(int element_size) {
+  return static_cast<long long>(kBlockSortThreads) * block_sort_items(element_size);
+}
+constexpr long long merge_tile(int element_size) {
+  return static_cast<long long>(kMergeThreads) * merge_items(element_size);
+}
+// The first merge pass: the block-sorted runs are merge_tile << first_merge_pass long.
+constexpr int first_merge_pass(int element_size) {
+  return block_sort_tile(element_size) == merge_tile(element_size) ? 0 : 1;
+}
+static_assert(block_sort_tile(4) == merge_tile(4) << first_merge_pass(4), "runs of whole merge tiles");
+static_assert(block_sort_tile(8) == merge_tile(8) << first_merge_pass(8), "runs of whole merge tiles");
+static_assert(block_sort_tile(12) == merge_tile(12) << first_merge_pass(12), "runs of whole merge tiles");
+static_assert(block_sort_tile(32) == merge_tile(32) << first_merge_pass(32), "runs of whole merge tiles");
 
 constexpr int kMergePartitionBlock = 256;
 constexpr int kMergeSearchBlock = 256;
 
 // csj_merge_sort_block: every tile of `in` sorted into the same place of `out` (which may be
-// `in`); one block per tile.
+// `in`); one block per block-sort tile.
 struct BlockSortParams {
   const void* in;
   void* out;
@@ -41,7 +64,8 @@ struct BlockSortParams {
 // csj_merge_partition (one thread per output tile) and csj_merge (one block per output tile).
 // pass >= 0: a merge pass over the n elements of `in`, whose runs of w = tile << pass
 // elements are merged pairwise, [2gw, 2gw + w) with [2gw + w, 2gw + 2w), into the same
-// place of `out` (tiles of a merge by shifts: no 64-bit division in the kernels).
+// place of `out` (tiles of a merge by shifts: no 64-bit division in the kernels); w is
+// merge_tile << pass.
 // pass < 0: `in` (n elements) and `second` (second_n) merged into `out`.
 // partitions[t]: how many elements of its first run come before output tile t of its
 // merge (written by the partition kernel, read by the merge kernel).

@@ -8,8 +8,8 @@
 //
 // Block sort: cub::BlockMergeSort's stable sort of a tile per block, loaded and stored
 // through CUB's warp-transposing block load and store. Merges: merge-path partitioning (the
-// tile sizes and the split of a merge into a partition kernel and a merge kernel follow CUB's
-// DeviceMergeSort design; the code is ours): each output tile of a merge begins where its
+// split of a merge into a partition kernel and a merge kernel follows CUB's DeviceMergeSort
+// design, the tile shapes are ours, merge_sort.hpp; the code is ours): each output tile of a merge begins where its
 // diagonal of the merge path crosses the boundary between the two runs, found by a binary
 // search with the comparator; the merge block loads its two ranges into shared memory, each
 // thread finds its own diagonal there and merges its items sequentially.
@@ -31,8 +31,6 @@ namespace {
 using namespace csj::kernels;
 
 using Element = Word<CSJ_ELEMENT_SIZE>::type;
-constexpr int kItems = merge_sort_items(CSJ_ELEMENT_SIZE);
-constexpr int kTile = kMergeSortBlock * kItems;
 
 struct Less {
   __device__ __forceinline__ bool operator()(const Element& a, const Element& b) const {
@@ -73,6 +71,7 @@ struct TileMerge {
   bool last;            // the merge's last tile: its first run ends at first_n
 };
 
+template <int kTile>
 __device__ __forceinline__ TileMerge tile_merge(const MergeParams& p, long long tile) {
   TileMerge merge;
   if (p.pass < 0) {
@@ -99,25 +98,23 @@ __device__ __forceinline__ TileMerge tile_merge(const MergeParams& p, long long 
   return merge;
 }
 
-using BlockLoad = cub::BlockLoad<Element, kMergeSortBlock, kItems, cub::BLOCK_LOAD_WARP_TRANSPOSE>;
-using BlockStore = cub::BlockStore<Element, kMergeSortBlock, kItems, cub::BLOCK_STORE_WARP_TRANSPOSE>;
-using BlockSort = cub::BlockMergeSort<Element, kMergeSortBlock, kItems>;
-
-}  // namespace
-
-extern "C" __global__ void __launch_bounds__(kMergeSortBlock)
-    csj_merge_sort_block(const __grid_constant__ BlockSortParams params) {
+template <int kThreads, int kPer>
+__device__ __forceinline__ void block_sort(const BlockSortParams& params) {
+  using BlockLoad = cub::BlockLoad<Element, kThreads, kPer, cub::BLOCK_LOAD_WARP_TRANSPOSE>;
+  using BlockStore = cub::BlockStore<Element, kThreads, kPer, cub::BLOCK_STORE_WARP_TRANSPOSE>;
+  using BlockSort = cub::BlockMergeSort<Element, kThreads, kPer>;
+  constexpr int kTile = kThreads * kPer;
   __shared__ union {
-    BlockLoad::TempStorage load;
-    BlockSort::TempStorage sort;
-    BlockStore::TempStorage store;
+    typename BlockLoad::TempStorage load;
+    typename BlockSort::TempStorage sort;
+    typename BlockStore::TempStorage store;
   } shared;
   const long long base = static_cast<long long>(blockIdx.x) * kTile;
   const long long remaining = params.n - base;
   const int valid = remaining < kTile ? static_cast<int>(remaining) : kTile;
   const Element* in = static_cast<const Element*>(params.in) + base;
   Element* out = static_cast<Element*>(params.out) + base;
-  Element keys[kItems];
+  Element keys[kPer];
   if (valid == kTile) {
     BlockLoad(shared.load).Load(in, keys);
   } else {
@@ -137,28 +134,20 @@ extern "C" __global__ void __launch_bounds__(kMergeSortBlock)
   }
 }
 
-extern "C" __global__ void __launch_bounds__(kMergePartitionBlock)
-    csj_merge_partition(const __grid_constant__ MergeParams params) {
-  const long long tile = static_cast<long long>(blockIdx.x) * kMergePartitionBlock + threadIdx.x;
-  if (tile >= params.tiles) return;
-  const TileMerge merge = tile_merge(params, tile);
-  const long long total = merge.first_n + merge.second_n;
-  const long long diag = merge.diag < total ? merge.diag : total;
-  params.partitions[tile] = merge_split(merge.first, merge.first_n, merge.second, merge.second_n, diag);
-}
-
-extern "C" __global__ void __launch_bounds__(kMergeSortBlock)
-    csj_merge(const __grid_constant__ MergeParams params) {
-  // The tile's two ranges one after the other, and kItems elements of padding: the sequential
+template <int kThreads, int kPer>
+__device__ __forceinline__ void merge_block(const MergeParams& params) {
+  using BlockStore = cub::BlockStore<Element, kThreads, kPer, cub::BLOCK_STORE_WARP_TRANSPOSE>;
+  constexpr int kTile = kThreads * kPer;
+  // The tile's two ranges one after the other, and kPer elements of padding: the sequential
   // merge below reads the next element of a range before it knows whether the range goes on
   // (never compared then), which keeps its loop free of bounds branches; a thread past the
-  // end of a partial tile steps through at most kItems elements beyond it.
+  // end of a partial tile steps through at most kPer elements beyond it.
   __shared__ union {
-    Element tile[kTile + kItems];
-    BlockStore::TempStorage store;
+    Element tile[kTile + kPer];
+    typename BlockStore::TempStorage store;
   } shared;
   const long long tile = blockIdx.x;
-  const TileMerge merge = tile_merge(params, tile);
+  const TileMerge merge = tile_merge<kTile>(params, tile);
   const long long total = merge.first_n + merge.second_n;
   const long long end = merge.diag + kTile < total ? merge.diag + kTile : total;
   const long long first_begin = params.partitions[tile];
@@ -171,30 +160,30 @@ extern "C" __global__ void __launch_bounds__(kMergeSortBlock)
   // global memory to registers (every load in flight at once), then to shared memory
   const Element* first = merge.first + first_begin;
   const Element* second = merge.second + second_begin;
-  Element keys[kItems];
+  Element keys[kPer];
 #pragma unroll
-  for (int item = 0; item < kItems; ++item) {
-    const int index = item * kMergeSortBlock + static_cast<int>(threadIdx.x);
+  for (int item = 0; item < kPer; ++item) {
+    const int index = item * kThreads + static_cast<int>(threadIdx.x);
     if (count == kTile || index < count) {
       keys[item] = index < first_count ? first[index] : second[index - first_count];
     }
   }
 #pragma unroll
-  for (int item = 0; item < kItems; ++item) {
-    const int index = item * kMergeSortBlock + static_cast<int>(threadIdx.x);
+  for (int item = 0; item < kPer; ++item) {
+    const int index = item * kThreads + static_cast<int>(threadIdx.x);
     if (count == kTile || index < count) shared.tile[index] = keys[item];
   }
   __syncthreads();
 
   // this thread's items: where its diagonal crosses the two ranges, then a sequential merge
-  const int diag = static_cast<int>(threadIdx.x) * kItems < count ? static_cast<int>(threadIdx.x) * kItems : count;
+  const int diag = static_cast<int>(threadIdx.x) * kPer < count ? static_cast<int>(threadIdx.x) * kPer : count;
   int i = merge_split<int>(shared.tile, first_count, shared.tile + first_count, second_count, diag);
   int j = first_count + diag - i;
   const Less less;
   Element a = shared.tile[i];
   Element b = shared.tile[j];
 #pragma unroll
-  for (int item = 0; item < kItems; ++item) {
+  for (int item = 0; item < kPer; ++item) {
     const bool take_second = j < count && (i >= first_count || less(b, a));
     keys[item] = take_second ? b : a;
     if (take_second) {
@@ -211,6 +200,34 @@ extern "C" __global__ void __launch_bounds__(kMergeSortBlock)
     BlockStore(shared.store).Store(out, keys, count);
   }
 }
+
+template <int kTile>
+__device__ __forceinline__ void partition(const MergeParams& params) {
+  const long long tile = static_cast<long long>(blockIdx.x) * kMergePartitionBlock + threadIdx.x;
+  if (tile >= params.tiles) return;
+  const TileMerge merge = tile_merge<kTile>(params, tile);
+  const long long total = merge.first_n + merge.second_n;
+  const long long diag = merge.diag < total ? merge.diag : total;
+  params.partitions[tile] = merge_split(merge.first, merge.first_n, merge.second, merge.second_n, diag);
+}
+
+}  // namespace
+
+extern "C" __global__ void __launch_bounds__(kBlockSortThreads)
+    csj_merge_sort_block(const __grid_constant__ BlockSortParams params) {
+  block_sort<kBlockSortThreads, block_sort_items(CSJ_ELEMENT_SIZE)>(params);
+}
+
+extern "C" __global__ void __launch_bounds__(kMergePartitionBlock)
+    csj_merge_partition(const __grid_constant__ MergeParams params) {
+  partition<merge_tile(CSJ_ELEMENT_SIZE)>(params);
+}
+
+extern "C" __global__ void __launch_bounds__(kMergeThreads)
+    csj_merge(const __grid_constant__ MergeParams params) {
+  merge_block<kMergeThreads, merge_items(CSJ_ELEMENT_SIZE)>(params);
+}
+
 
 extern "C" __global__ void __launch_bounds__(kMergeSearchBlock)
     csj_merge_search(const __grid_constant__ MergeSearchParams params) {

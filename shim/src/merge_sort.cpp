@@ -1,5 +1,5 @@
 // The comparator merge sort's launches (merge_sort.hpp): a block sort of every tile, then
-// log2(tiles) merge passes ping-ponging between the output and a scratch buffer, each a
+// about log2(tiles) merge passes ping-ponging between the output and a scratch buffer, each a
 // partition kernel (one thread per output tile) and a merge kernel (one block per output
 // tile); the same two kernels merge two arrays of any lengths; the pivot search.
 #include "merge_sort.hpp"
@@ -19,8 +19,9 @@ constexpr std::size_t kAlign = 256;
 
 std::size_t aligned(std::size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
 
+// Output tiles of a merge of n elements.
 long long tiles_of(long long n, std::size_t element_size) {
-  const long long tile = k::merge_sort_tile(static_cast<int>(element_size));
+  const long long tile = k::merge_tile(static_cast<int>(element_size));
   return (n + tile - 1) / tile;
 }
 
@@ -29,7 +30,7 @@ unsigned grid_of(long long threads, int block) { return static_cast<unsigned>((t
 void queue_merge_launches(const MergeSortKernels& kernels, k::MergeParams& params, cudaStream_t stream) {
   launch(kernels.partition, grid_of(params.tiles, k::kMergePartitionBlock), k::kMergePartitionBlock, stream, params,
          "launching merge partitions");
-  launch(kernels.merge, static_cast<unsigned>(params.tiles), k::kMergeSortBlock, stream, params,
+  launch(kernels.merge, static_cast<unsigned>(params.tiles), k::kMergeThreads, stream, params,
          "launching merge");
 }
 
@@ -59,19 +60,21 @@ std::size_t merge_temp_bytes(long long total, std::size_t element_size) {
 void queue_merge_sort(const MergeSortKernels& kernels, const void* in, void* out, long long n, void* scratch,
                       cudaStream_t stream) {
   if (n == 0) return;
-  const std::size_t item = kernels.element_size;
-  const long long tiles = tiles_of(n, item);
-  int passes = 0;
+  const int item = static_cast<int>(kernels.element_size);
+  const long long tiles = tiles_of(n, kernels.element_size);
+  const long long block_tile = k::block_sort_tile(item);
+  const int first = k::first_merge_pass(item);
+  int passes = first;  // the block-sorted runs are merge tiles << first long
   while ((1LL << passes) < tiles) ++passes;
   void* other = scratch;
   auto* partitions = reinterpret_cast<long long*>(static_cast<unsigned char*>(scratch) +
-                                                  aligned(static_cast<std::size_t>(n) * item));
+                                                  aligned(static_cast<std::size_t>(n) * kernels.element_size));
   // an even number of passes ends where the block sort wrote
-  void* sorted = passes % 2 == 0 ? out : other;
+  void* sorted = (passes - first) % 2 == 0 ? out : other;
   k::BlockSortParams block{in, sorted, n};
-  launch(kernels.block_sort, static_cast<unsigned>(tiles), k::kMergeSortBlock, stream, block,
-         "launching merge sort tiles");
-  for (int pass = 0; pass < passes; ++pass) {
+  launch(kernels.block_sort, static_cast<unsigned>((n + block_tile - 1) / block_tile), k::kBlockSortThreads, stream,
+         block, "launching merge sort tiles");
+  for (int pass = first; pass < passes; ++pass) {
     void* into = sorted == out ? other : out;
     k::MergeParams params{};
     params.in = sorted;
