@@ -4,8 +4,8 @@
 //   int  csj_equal(const void* a, const void* b)           nonzero: the keys share a run
 //   void csj_op(const void* a, const void* b, void* out)   the values' operator
 // Keys and values move as opaque words of their sizes; tiles are read and written through
-// CUB's warp-transposing block loads and stores, and folded with CUB's block scans, whose
-// association is fixed for a block size.
+// CUB's warp-transposing block loads and stores, and folded with CUB's block reductions and
+// scans, whose association is fixed for a block size.
 #include <cub/block/block_load.cuh>
 #include <cub/block/block_reduce.cuh>
 #include <cub/block/block_scan.cuh>
@@ -30,31 +30,43 @@ using Value = Word<CSJ_VALUE_SIZE>::type;
 constexpr int kItems = by_key_items(CSJ_KEY_SIZE, CSJ_VALUE_SIZE);
 constexpr int kTile = kByKeyBlock * kItems;
 constexpr int kChunkScanBlock = by_key_scan_block(CSJ_VALUE_SIZE);
+constexpr int kSweepBlocks = by_key_sweep_blocks(CSJ_KEY_SIZE, CSJ_VALUE_SIZE);
 
-// One element, or the fold of a range: whether a run starts in it, the first key of its
-// last run and the fold of that run's values. Invalid: the empty range (the identity).
-struct Pair {
-  int valid;
-  int head;
+// One element, or the fold of a range: whether it holds an element (kValid: else it is the
+// empty range, the identity) and whether a run starts in it (kHead), the fold of its last
+// run's values and, where a result needs it (the records, reduce_by_key's sweep), the first
+// key of that run. The scans' sweeps carry no key.
+constexpr int kValid = 1;
+constexpr int kHead = 2;
+
+template <bool kWithKey>
+struct PairOf {
+  static constexpr bool kKeyed = true;
+  int flags;
   Key key;
   Value value;
 };
+template <>
+struct PairOf<false> {
+  static constexpr bool kKeyed = false;
+  int flags;
+  Value value;
+};
+using Pair = PairOf<true>;
 
-__device__ __forceinline__ Pair empty_pair() {
-  Pair pair;
-  pair.valid = 0;
-  pair.head = 0;
+template <class P>
+__device__ __forceinline__ P empty_pair() {
+  P pair;
+  pair.flags = 0;
   return pair;
 }
 
 struct Segmented {
-  __device__ __forceinline__ Pair operator()(const Pair& a, const Pair& b) const {
-    if (!b.valid) return a;
-    if (!a.valid || b.head) return b;
-    Pair out;
-    out.valid = 1;
-    out.head = a.head;
-    out.key = a.key;
+  template <class P>
+  __device__ __forceinline__ P operator()(const P& a, const P& b) const {
+    if (!(b.flags & kValid)) return a;
+    if (!(a.flags & kValid) || (b.flags & kHead)) return b;
+    P out = a;  // a's head and key
     csj_op(&a.value, &b.value, &out.value);
     return out;
   }
@@ -75,8 +87,7 @@ struct Join {
 __device__ __forceinline__ Tally read_record(const ByKeyRecord& record) {
   Tally tally;
   tally.tails = record.tails;
-  tally.pair.valid = record.valid;
-  tally.pair.head = record.head;
+  tally.pair.flags = (record.valid ? kValid : 0) | (record.head ? kHead : 0);
   memcpy(&tally.pair.key, &record.key, sizeof(Key));
   memcpy(&tally.pair.value, record.value, sizeof(Value));
   return tally;
@@ -84,24 +95,44 @@ __device__ __forceinline__ Tally read_record(const ByKeyRecord& record) {
 
 __device__ __forceinline__ void write_record(ByKeyRecord& record, const Tally& tally) {
   record.tails = tally.tails;
-  record.valid = tally.pair.valid;
-  record.head = tally.pair.head;
+  record.valid = (tally.pair.flags & kValid) ? 1 : 0;
+  record.head = (tally.pair.flags & kHead) ? 1 : 0;
   record.key = 0;
   memcpy(&record.key, &tally.pair.key, sizeof(Key));
   memcpy(record.value, &tally.pair.value, sizeof(Value));
 }
 
-struct Larger {
-  __device__ __forceinline__ int operator()(int a, int b) const { return a > b ? a : b; }
+template <class P>
+__device__ __forceinline__ P without_key(const Pair& pair) {
+  if constexpr (P::kKeyed) {
+    return pair;
+  } else {
+    P out;
+    out.flags = pair.flags;
+    out.value = pair.value;
+    return out;
+  }
+}
+
+// The latest run head of a tile and its count of run ends, reduced together.
+struct HeadsAndTails {
+  int latest;
+  int tails;
+};
+struct LatestAndSum {
+  __device__ __forceinline__ HeadsAndTails operator()(const HeadsAndTails& a, const HeadsAndTails& b) const {
+    return {a.latest > b.latest ? a.latest : b.latest, a.tails + b.tails};
+  }
 };
 
 __device__ __forceinline__ bool same_run(const Key& a, const Key& b) { return csj_equal(&a, &b) != 0; }
 
 // Hands the running prefix to each tile of a chunk and advances it by the tile's fold.
+template <class P>
 struct RunningPrefix {
-  Pair running;
-  __device__ __forceinline__ Pair operator()(const Pair& tile) {
-    const Pair prefix = running;
+  P running;
+  __device__ __forceinline__ P operator()(const P& tile) {
+    const P prefix = running;
     running = Segmented()(running, tile);
     return prefix;
   }
@@ -153,12 +184,12 @@ __device__ __forceinline__ void run_heads(const ByKeyParams& p, const Key (&keys
 
 // Element j's pair; in the exclusive scan a run's head holds op(init, value), so every run
 // of the scan starts from init.
-__device__ __forceinline__ Pair element_pair(const ByKeyParams& p, int head, const Key& key, const Value& value) {
-  Pair pair;
-  pair.valid = 1;
-  pair.head = head;
-  pair.key = key;
-  if (p.mode == kByKeyExclusive && head) {
+template <class P, bool kExclusive>
+__device__ __forceinline__ P element_pair(const ByKeyParams& p, int head, const Key& key, const Value& value) {
+  P pair;
+  pair.flags = kValid | (head ? kHead : 0);
+  if constexpr (P::kKeyed) pair.key = key;
+  if (kExclusive && head) {
     csj_op(reinterpret_cast<const Value*>(p.init), &value, &pair.value);
   } else {
     pair.value = value;
@@ -169,9 +200,9 @@ __device__ __forceinline__ Pair element_pair(const ByKeyParams& p, int head, con
 using LoadKeys = cub::BlockLoad<Key, kByKeyBlock, kItems, cub::BLOCK_LOAD_WARP_TRANSPOSE>;
 using LoadValues = cub::BlockLoad<Value, kByKeyBlock, kItems, cub::BLOCK_LOAD_WARP_TRANSPOSE>;
 using StoreValues = cub::BlockStore<Value, kByKeyBlock, kItems, cub::BLOCK_STORE_WARP_TRANSPOSE>;
-using ScanPairs = cub::BlockScan<Pair, kByKeyBlock>;
+using ReducePairs = cub::BlockReduce<Pair, kByKeyBlock>;
+using ReduceHeads = cub::BlockReduce<HeadsAndTails, kByKeyBlock>;
 using ScanInts = cub::BlockScan<int, kByKeyBlock>;
-using ReduceInts = cub::BlockReduce<int, kByKeyBlock>;
 
 __device__ __forceinline__ void load_keys(const ByKeyParams& p, typename LoadKeys::TempStorage& storage,
                                           long long tile_start, int valid, Key (&keys)[kItems]) {
@@ -191,15 +222,15 @@ extern "C" __global__ void __launch_bounds__(kByKeyBlock)
     csj_by_key_reduce(const __grid_constant__ ByKeyParams p) {
   __shared__ union {
     typename LoadKeys::TempStorage load;
-    typename ScanPairs::TempStorage scan;
-    typename ReduceInts::TempStorage reduce;
+    typename ReducePairs::TempStorage pairs;
+    typename ReduceHeads::TempStorage heads;
   } temp;
   __shared__ Neighbours neighbours;
   __shared__ int last_head;
   const int t = static_cast<int>(threadIdx.x);
   const long long chunk_start = static_cast<long long>(blockIdx.x) * kTile * kByKeyChunkTiles;
   const Value* values = static_cast<const Value*>(p.values);
-  Tally chunk = {0, empty_pair()};  // thread 0's copy is the chunk's
+  Tally chunk = {0, empty_pair<Pair>()};  // thread 0's copy is the chunk's
   for (int tile = 0; tile < kByKeyChunkTiles; ++tile) {
     const long long tile_start = chunk_start + static_cast<long long>(tile) * kTile;
     if (tile_start >= p.n) break;
@@ -208,33 +239,32 @@ extern "C" __global__ void __launch_bounds__(kByKeyBlock)
     load_keys(p, temp.load, tile_start, valid, keys);
     int heads[kItems + 1];
     run_heads(p, keys, tile_start, neighbours, heads);
-    int latest = -1, tails = 0;
+    HeadsAndTails mine = {-1, 0};
 #pragma unroll
     for (int j = 0; j < kItems; ++j) {
       if (t * kItems + j < valid) {
-        if (heads[j]) latest = t * kItems + j;
-        tails += heads[j + 1];
+        if (heads[j]) mine.latest = t * kItems + j;
+        mine.tails += heads[j + 1];
       }
     }
     __syncthreads();  // the key load's storage is free
-    latest = ReduceInts(temp.reduce).Reduce(latest, Larger());
-    __syncthreads();
-    tails = ReduceInts(temp.reduce).Sum(tails);
-    if (t == 0) last_head = latest;
+    const HeadsAndTails block = ReduceHeads(temp.heads).Reduce(mine, LatestAndSum());
+    if (t == 0) last_head = block.latest;
     __syncthreads();
     const int from = last_head < 0 ? 0 : last_head;
-    Pair folded = empty_pair();
+    Pair folded = empty_pair<Pair>();
 #pragma unroll
     for (int j = 0; j < kItems; ++j) {
       const int local = t * kItems + j;
       if (local < valid && local >= from) {
-        folded = Segmented()(folded, element_pair(p, heads[j], keys[j], values[tile_start + local]));
+        const Value value = values[tile_start + local];
+        folded = Segmented()(folded, p.mode == kByKeyExclusive ? element_pair<Pair, true>(p, heads[j], keys[j], value)
+                                                               : element_pair<Pair, false>(p, heads[j], keys[j], value));
       }
     }
-    Pair tile_fold;
-    ScanPairs(temp.scan).InclusiveScan(folded, folded, Segmented(), tile_fold);
+    const Pair tile_fold = ReducePairs(temp.pairs).Reduce(folded, Segmented());
     __syncthreads();
-    if (t == 0) chunk = Join()(chunk, Tally{tails, tile_fold});
+    if (t == 0) chunk = Join()(chunk, Tally{block.tails, tile_fold});
   }
   if (t == 0) write_record(p.chunks[blockIdx.x], chunk);
 }
@@ -249,7 +279,7 @@ extern "C" __global__ void __launch_bounds__(kChunkScanBlock)
   const long long per = (count + kChunkScanBlock - 1) / kChunkScanBlock;
   const long long first = min(static_cast<long long>(threadIdx.x) * per, count);
   const long long last = min(first + per, count);
-  const Tally none = {0, empty_pair()};
+  const Tally none = {0, empty_pair<Pair>()};
   Tally run = none;
   for (long long c = first; c < last; ++c) run = Join()(run, read_record(p.chunks[c]));
   Tally acc;
@@ -265,14 +295,19 @@ extern "C" __global__ void __launch_bounds__(kChunkScanBlock)
 // One thread: the fold of the earlier shards' totals, in place order.
 extern "C" __global__ void csj_by_key_carry(const __grid_constant__ ByKeyParams p) {
   if (threadIdx.x != 0 || blockIdx.x != 0) return;
-  Tally acc = {0, empty_pair()};
+  Tally acc = {0, empty_pair<Pair>()};
   for (int k = 0; k < p.count; ++k) acc = Join()(acc, read_record(p.sources[k]));
   write_record(*p.carry, acc);
 }
 
-// Each chunk again, from its prefix (the carry into the shard, then the chunks before).
-extern "C" __global__ void __launch_bounds__(kByKeyBlock)
-    csj_by_key_sweep(const __grid_constant__ ByKeyParams p) {
+// Each chunk again, from its prefix (the carry into the shard, then the chunks before). One
+// kernel per mode, so that each holds only what it needs: the scans carry no keys.
+template <int kMode>
+__device__ __forceinline__ void sweep(const ByKeyParams& p) {
+  constexpr bool kReduce = kMode == kByKeyReduce;
+  constexpr bool kExclusive = kMode == kByKeyExclusive;
+  using P = PairOf<kReduce>;
+  using ScanPairs = cub::BlockScan<P, kByKeyBlock>;
   __shared__ union {
     typename LoadKeys::TempStorage load_keys;
     typename LoadValues::TempStorage load_values;
@@ -281,16 +316,16 @@ extern "C" __global__ void __launch_bounds__(kByKeyBlock)
     typename ScanInts::TempStorage scan_ints;
   } temp;
   __shared__ Neighbours neighbours;
-  __shared__ Pair start;
+  __shared__ P start;
   const int t = static_cast<int>(threadIdx.x);
   const ByKeyRecord& record = p.chunks[blockIdx.x];
   if (t == 0) {
-    const Pair carry = p.carry != nullptr ? read_record(*p.carry).pair : empty_pair();
-    start = Segmented()(carry, read_record(record).pair);
+    const Pair carry = p.carry != nullptr ? read_record(*p.carry).pair : empty_pair<Pair>();
+    start = without_key<P>(Segmented()(carry, read_record(record).pair));
   }
   long long out_base = record.tails;  // run ends before the chunk, in this shard
   __syncthreads();
-  RunningPrefix prefix{start};
+  RunningPrefix<P> prefix{start};
   const long long chunk_start = static_cast<long long>(blockIdx.x) * kTile * kByKeyChunkTiles;
   for (int tile = 0; tile < kByKeyChunkTiles; ++tile) {
     const long long tile_start = chunk_start + static_cast<long long>(tile) * kTile;
@@ -307,19 +342,20 @@ extern "C" __global__ void __launch_bounds__(kByKeyBlock)
     } else {
       LoadValues(temp.load_values).Load(in, values, valid);
     }
-    Pair pairs[kItems];
+    P pairs[kItems];
 #pragma unroll
     for (int j = 0; j < kItems; ++j) {
-      pairs[j] = t * kItems + j < valid ? element_pair(p, heads[j], keys[j], values[j]) : empty_pair();
+      pairs[j] = t * kItems + j < valid ? element_pair<P, kExclusive>(p, heads[j], keys[j], values[j])
+                                        : empty_pair<P>();
     }
     __syncthreads();
-    if (p.mode == kByKeyExclusive) {
+    if constexpr (kExclusive) {
       ScanPairs(temp.scan).ExclusiveScan(pairs, pairs, Segmented(), prefix);
     } else {
       ScanPairs(temp.scan).InclusiveScan(pairs, pairs, Segmented(), prefix);
     }
     __syncthreads();
-    if (p.mode == kByKeyReduce) {
+    if constexpr (kReduce) {
       int ends = 0;
 #pragma unroll
       for (int j = 0; j < kItems; ++j) ends += t * kItems + j < valid ? heads[j + 1] : 0;
@@ -337,10 +373,13 @@ extern "C" __global__ void __launch_bounds__(kByKeyBlock)
       }
       out_base += tile_ends;
     } else {
-      const Value init = *reinterpret_cast<const Value*>(p.init);
+      if constexpr (kExclusive) {
+        const Value init = *reinterpret_cast<const Value*>(p.init);
 #pragma unroll
-      for (int j = 0; j < kItems; ++j) {
-        values[j] = p.mode == kByKeyExclusive && heads[j] ? init : pairs[j].value;
+        for (int j = 0; j < kItems; ++j) values[j] = heads[j] ? init : pairs[j].value;
+      } else {
+#pragma unroll
+        for (int j = 0; j < kItems; ++j) values[j] = pairs[j].value;
       }
       Value* out = static_cast<Value*>(p.out_values) + tile_start;
       if (valid == kTile) {
@@ -351,4 +390,19 @@ extern "C" __global__ void __launch_bounds__(kByKeyBlock)
     }
     __syncthreads();
   }
+}
+
+extern "C" __global__ void __launch_bounds__(kByKeyBlock, kSweepBlocks)
+    csj_by_key_sweep_inclusive(const __grid_constant__ ByKeyParams p) {
+  sweep<kByKeyInclusive>(p);
+}
+
+extern "C" __global__ void __launch_bounds__(kByKeyBlock, kSweepBlocks)
+    csj_by_key_sweep_exclusive(const __grid_constant__ ByKeyParams p) {
+  sweep<kByKeyExclusive>(p);
+}
+
+extern "C" __global__ void __launch_bounds__(kByKeyBlock, kSweepBlocks)
+    csj_by_key_sweep_reduce(const __grid_constant__ ByKeyParams p) {
+  sweep<kByKeyReduce>(p);
 }

@@ -204,7 +204,10 @@ std::vector<ByKeyPlace> reduce_places(const std::vector<const KernelLibrary*>& l
 void sweep(std::vector<ByKeyPlace>& places) {
   for (ByKeyPlace& item : places) {
     DeviceGuard guard(item.device);
-    detail::launch(KernelHandle::linked(item.library->kernel("csj_by_key_sweep", item.device)),
+    const char* name = item.params.mode == k::kByKeyInclusive   ? "csj_by_key_sweep_inclusive"
+                       : item.params.mode == k::kByKeyExclusive ? "csj_by_key_sweep_exclusive"
+                                                                : "csj_by_key_sweep_reduce";
+    detail::launch(KernelHandle::linked(item.library->kernel(name, item.device)),
                    static_cast<unsigned>(item.params.num_chunks), k::kByKeyBlock, item.stream, item.params,
                    "launching by-key sweep");
   }
