@@ -37,10 +37,17 @@ void throw_driver_error(CUresult status, const char* what) {
 
 DeviceGuard::DeviceGuard(int device) {
   check(cudaGetDevice(&previous_), "cudaGetDevice");
-  if (previous_ != device) check(cudaSetDevice(device), "cudaSetDevice");
+  if (previous_ == device) return;
+  // A thread with no current context reads device 0; putting that back would make device
+  // 0's primary context (on every rank of a job with a GPU each), so there is nothing to
+  // restore then and `device` stays current.
+  CUcontext current = nullptr;
+  if (driver().cuCtxGetCurrent(&current) == CUDA_SUCCESS && current == nullptr) previous_ = -1;
+  check(cudaSetDevice(device), "cudaSetDevice");
 }
 
 DeviceGuard::~DeviceGuard() {
+  if (previous_ < 0) return;
   int current = -1;
   if (cudaGetDevice(&current) == cudaSuccess && current != previous_) cudaSetDevice(previous_);
 }

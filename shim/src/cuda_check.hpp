@@ -30,7 +30,8 @@ inline void check(CUresult status, const char* what) {
   if (status != CUDA_SUCCESS) throw_driver_error(status, what);
 }
 
-// Makes `device` current on this thread for the scope, restoring the previous one.
+// Makes `device` current on this thread for the scope, restoring the previous one (none, and
+// `device` stays current, when the thread had no current context).
 class DeviceGuard {
  public:
   explicit DeviceGuard(int device);
