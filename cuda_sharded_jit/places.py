@@ -67,8 +67,8 @@ class PlaceGroup:
         Places are numbered globally in rank order, then local order; shard i lives on global
         place i, as in one process. By default each rank has one place, on device
         local_rank % (its host's visible GPUs); `devices=[...]` gives a rank several places.
-        `transport`: "mpi" (data between ranks through MPI: device buffers where every
-        rank's MPI is CUDA-aware, else staged through pinned host memory), "nccl" (GPU data
+        `transport`: "mpi" (data between ranks through MPI, staged through pinned host
+        memory; device buffers with CUDA_SHARDED_JIT_MPI_CUDA_AWARE=1), "nccl" (GPU data
         through NCCL) or "auto" (NCCL where it loads on every rank and every place's GPU is
         distinct, else MPI).
         Every algorithm on its arrays is a collective: see docs/distributed.md. Needs mpi4py.

@@ -1,11 +1,12 @@
 """The all-to-all-v that moves array data between the ranks of a from_mpi group (the sort's
 pieces, resharding), on the group's transport. One plan, three ways to carry it out:
 
-- host staged ("mpi" transport, the MPI is not CUDA-aware): each rank copies its part from
+- host staged ("mpi" transport, by default): each rank copies its part from
   its GPUs into a pinned host buffer, MPI_Alltoallv moves the bytes, the receiver copies
   them up;
-- device buffers through MPI ("mpi" transport over a CUDA-aware MPI): the pieces go
-  straight from shard to shard, one MPI_Isend / MPI_Irecv per piece;
+- device buffers through MPI ("mpi" transport over a CUDA-aware MPI, when
+  CUDA_SHARDED_JIT_MPI_CUDA_AWARE=1 says so): the pieces go straight from shard to shard,
+  one MPI_Isend / MPI_Irecv per piece;
 - NCCL ("nccl" transport): the same pieces, one ncclSend / ncclRecv each, every place its
   own NCCL rank, all of them in one NCCL group on the places' streams.
 
@@ -28,7 +29,7 @@ from ._agreement import moving
 from ._mpi import mpi
 from ._plans import AllToAll, Flows
 
-ENV_CUDA_AWARE = "CUDA_SHARDED_JIT_MPI_CUDA_AWARE"  # "1": MPI takes device buffers, "0": never
+ENV_CUDA_AWARE = "CUDA_SHARDED_JIT_MPI_CUDA_AWARE"  # "1": MPI takes device buffers; else staged
 
 
 class Piece(NamedTuple):
@@ -88,46 +89,18 @@ def pieces(flows: Flows, source_sizes: Sequence[int], dest_sizes: Sequence[int],
     return out
 
 
-def cuda_aware(MPI) -> bool:
-    """Whether this rank's MPI takes device buffers: CUDA_SHARDED_JIT_MPI_CUDA_AWARE ("1" or
-    "0") when set, else what the library says (Open MPI's MPIX_Query_cuda_support, MPICH's
-    MPIX_GPU_query_support); False when it says nothing."""
+def cuda_aware() -> bool:
+    """Whether this rank's MPI is to take device buffers: CUDA_SHARDED_JIT_MPI_CUDA_AWARE="1"
+    says so ("0" or unset: the pieces are staged through pinned host memory). An opt-in,
+    not the library's own answer (Open MPI's MPIX_Query_cuda_support): the shards live in
+    stream-ordered pools, which an MPI's CUDA IPC between the ranks of one node may not
+    handle, and the path has not been run on GPUs."""
     override = os.environ.get(ENV_CUDA_AWARE)
-    if override is not None:
-        if override not in ("0", "1"):
-            raise ValueError(f"{ENV_CUDA_AWARE}: expected 0 or 1, got {override!r}")
-        return override == "1"
-    return _library_says_cuda_aware()
-
-
-def _library_says_cuda_aware() -> bool:
-    import ctypes
-
-    for path in _loaded_mpi_libraries():
-        try:
-            library = ctypes.CDLL(path)
-        except OSError:
-            continue
-        query = getattr(library, "MPIX_Query_cuda_support", None)
-        if query is not None:
-            query.restype = ctypes.c_int
-            return bool(query())
-        query = getattr(library, "MPIX_GPU_query_support", None)
-        if query is not None:  # (MPIX_GPU_SUPPORT_CUDA = 0, int* is_supported)
-            supported = ctypes.c_int(0)
-            query.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_int)]
-            return query(0, ctypes.byref(supported)) == 0 and bool(supported.value)
-    return False
-
-
-def _loaded_mpi_libraries() -> list[str]:
-    """The libmpi shared objects this process has loaded (through mpi4py)."""
-    try:
-        with open("/proc/self/maps") as maps:
-            paths = {line.split()[-1] for line in maps if "libmpi" in line and ".so" in line}
-    except OSError:
-        return []
-    return sorted(path for path in paths if path.startswith("/"))
+    if override is None:
+        return False
+    if override not in ("0", "1"):
+        raise ValueError(f"{ENV_CUDA_AWARE}: expected 0 or 1, got {override!r}")
+    return override == "1"
 
 
 # ---- carrying a plan out ---------------------------------------------------------------------------

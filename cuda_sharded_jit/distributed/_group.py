@@ -79,8 +79,8 @@ class DistributedPlaceGroup(PlaceGroup):
 
     @property
     def transport(self) -> str:
-        """How data moves between ranks: "mpi" (through MPI: device buffers where every
-        rank's MPI is CUDA-aware, else staged through pinned host memory) or "nccl"."""
+        """How data moves between ranks: "mpi" (through MPI, staged through pinned host
+        memory; device buffers with CUDA_SHARDED_JIT_MPI_CUDA_AWARE=1) or "nccl"."""
         return self._transport
 
     def _transport_text(self) -> str:
@@ -188,7 +188,7 @@ def _make(MPI, comm, devices, transport) -> DistributedPlaceGroup:
         # a device's UUID: the same GPU under two ordinals, or two GPUs both seen as 0, told apart
         identities = [device_identity(device) for device in impl.devices]
         loads = transport != "mpi" and nccl_loads()
-        aware = transport != "nccl" and cuda_aware(MPI)
+        aware = transport != "nccl" and cuda_aware()
     except Exception as failure:  # noqa: BLE001 - every rank raises it (agree)
         error = failure
     agree(comm, error, ("from_mpi", ("transport", transport)))
