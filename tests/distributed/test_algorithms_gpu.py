@@ -598,3 +598,25 @@ def test_float_scans_and_reduce_by_key_match_by_devices_bit_for_bit(groups, valu
     assert np.array_equal(ours[2][1], keys_host[starts])
     expected = np.add.reduceat(values_host.astype(np.float64), starts)
     assert np.allclose(ours[3][1], expected, rtol=1e-3, atol=0.5)
+
+
+def test_an_error_before_the_totals_exchange_reaches_every_rank(groups, monkeypatch):
+    """The last rank fails before its engine exchanges the shards' totals; every other rank's
+    real engine is then inside the exchange (called from C++), learns of the error there, and
+    raises it through the shim: every rank raises the same error once, and nobody hangs."""
+    _, keys, _ = _pair(groups, np.int32, n=20_000, seed=40)
+    _, values, _ = _pair(groups, np.int64, n=20_000, seed=41)
+    expected = sharded.inclusive_scan_by_key(keys, values, "sum").to_numpy(root=None)
+    real = sharded._shim.scan_by_key
+
+    def failing(*args, **kwargs):
+        if RANK == SIZE - 1:
+            raise MemoryError("out of memory before the totals exchange")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(sharded._shim, "scan_by_key", failing)
+    outcome = outcome_of(lambda: sharded.inclusive_scan_by_key(keys, values, "sum"))
+    monkeypatch.setattr(sharded._shim, "scan_by_key", real)
+    after = sharded.inclusive_scan_by_key(keys, values, "sum").to_numpy(root=None)  # the group still works
+    assert allgather(outcome) == [("MemoryError", "out of memory before the totals exchange")] * SIZE
+    assert np.array_equal(after, expected)
