@@ -150,6 +150,8 @@ class Communicators:
         offsets in the shards of `source` / `dest`, one-process views of this rank's shards),
         as one NCCL group of sends and receives on the places' streams; then the places'
         streams are waited for and every communicator's asynchronous error checked."""
+        from ._exchange import _pointer  # the addresses the MPI path sends from and receives into
+
         library = self._library
         itemsize = source.dtype.itemsize
         local = {place: index for index, place in enumerate(self._places)}
@@ -160,12 +162,12 @@ class Communicators:
                     nbytes = piece.count * itemsize
                     if piece.source in local:
                         index = local[piece.source]
-                        address = source._impl.shard_pointer(index) + piece.source_offset * itemsize
+                        address = _pointer(source, group, piece.source, piece.source_offset)
                         _check(library, library.ncclSend(address, nbytes, _UINT8, piece.dest, self._comms[index],
                                                          group._impl.stream(index)), "ncclSend", self._comms[index])
                     if piece.dest in local:
                         index = local[piece.dest]
-                        address = dest._impl.shard_pointer(index) + piece.dest_offset * itemsize
+                        address = _pointer(dest, group, piece.dest, piece.dest_offset)
                         _check(library, library.ncclRecv(address, nbytes, _UINT8, piece.source, self._comms[index],
                                                          group._impl.stream(index)), "ncclRecv", self._comms[index])
             finally:

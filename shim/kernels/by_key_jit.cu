@@ -41,7 +41,7 @@ constexpr int kHead = 2;
 
 template <bool kWithKey>
 struct PairOf {
-  static constexpr bool kKeyed = true;
+  static constexpr bool kKeyed = kWithKey;
   int flags;
   Key key;
   Value value;
@@ -184,12 +184,13 @@ __device__ __forceinline__ void run_heads(const ByKeyParams& p, const Key (&keys
 
 // Element j's pair; in the exclusive scan a run's head holds op(init, value), so every run
 // of the scan starts from init.
-template <class P, bool kExclusive>
-__device__ __forceinline__ P element_pair(const ByKeyParams& p, int head, const Key& key, const Value& value) {
+template <class P>
+__device__ __forceinline__ P element_pair(const ByKeyParams& p, bool exclusive, int head, const Key& key,
+                                          const Value& value) {
   P pair;
   pair.flags = kValid | (head ? kHead : 0);
   if constexpr (P::kKeyed) pair.key = key;
-  if (kExclusive && head) {
+  if (exclusive && head) {
     csj_op(reinterpret_cast<const Value*>(p.init), &value, &pair.value);
   } else {
     pair.value = value;
@@ -257,9 +258,8 @@ extern "C" __global__ void __launch_bounds__(kByKeyBlock)
     for (int j = 0; j < kItems; ++j) {
       const int local = t * kItems + j;
       if (local < valid && local >= from) {
-        const Value value = values[tile_start + local];
-        folded = Segmented()(folded, p.mode == kByKeyExclusive ? element_pair<Pair, true>(p, heads[j], keys[j], value)
-                                                               : element_pair<Pair, false>(p, heads[j], keys[j], value));
+        folded = Segmented()(folded, element_pair<Pair>(p, p.mode == kByKeyExclusive, heads[j], keys[j],
+                                                        values[tile_start + local]));
       }
     }
     const Pair tile_fold = ReducePairs(temp.pairs).Reduce(folded, Segmented());
@@ -345,7 +345,7 @@ __device__ __forceinline__ void sweep(const ByKeyParams& p) {
     P pairs[kItems];
 #pragma unroll
     for (int j = 0; j < kItems; ++j) {
-      pairs[j] = t * kItems + j < valid ? element_pair<P, kExclusive>(p, heads[j], keys[j], values[j])
+      pairs[j] = t * kItems + j < valid ? element_pair<P>(p, kExclusive, heads[j], keys[j], values[j])
                                         : empty_pair<P>();
     }
     __syncthreads();

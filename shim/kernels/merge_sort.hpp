@@ -4,14 +4,14 @@
 //
 // The sort of one shard: each block sorts a tile of kBlockSortThreads x block_sort_items(size)
 // elements (csj_merge_sort_block), then pass after pass runs of width w (a block-sort tile,
-// then twice that, ...) are merged pairwise into the other of two buffers: a partition kernel finds, by
-// a binary search along each output tile's diagonal of the merge path, where the tile starts
-// in the first run (csj_merge_partition), and one block per output tile of kMergeThreads x
-// merge_items(size) elements merges its two ranges through shared memory (csj_merge). The
-// same two kernels merge two sorted arrays of any lengths (MergeParams::pass < 0).
-// csj_merge_search counts, for many pivots, the elements of a sorted run that go before each.
-// Ties take the first run (or the elements before the pivot, for an upper bound): the sort is
-// stable.
+// then twice that, ...) are merged pairwise into the other of two buffers: a partition
+// kernel finds, by a binary search along each output tile's diagonal of the merge path, where
+// the tile starts in the first run (csj_merge_partition), and one block per output tile of
+// kMergeThreads x merge_items(size) elements merges its two ranges through shared memory
+// (csj_merge). The same two kernels merge two sorted arrays of any lengths
+// (MergeParams::pass < 0). csj_merge_search counts, for many pivots, the elements of a sorted
+// run that go before each. Ties take the first run (or the elements before the pivot, for an
+// upper bound): the sort is stable.
 #pragma once
 
 namespace csj::kernels {
