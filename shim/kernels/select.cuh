@@ -95,4 +95,16 @@ __device__ __forceinline__ void scatter_tile(const SelectParams& p, const int (&
   }
 }
 
+// The payload-moving selections' emit: class 0's element `local` of the shard (its index)
+// copied from every payload array to `position` of that array's output, a 4-byte word at a
+// time (each payload has its own element size).
+__device__ __forceinline__ void copy_payloads(const SelectParams& p, long long local, long long position) {
+  for (int k = 0; k < p.payloads; ++k) {
+    const int words = p.payload_size[k] / 4;
+    const unsigned* from = static_cast<const unsigned*>(p.payload_in[k]) + local * words;
+    unsigned* to = static_cast<unsigned*>(p.payload_out[k]) + position * words;
+    for (int w = 0; w < words; ++w) to[w] = from[w];
+  }
+}
+
 }  // namespace csj::kernels
