@@ -25,8 +25,9 @@ WIDE = np.dtype([("a", np.float64), ("b", np.int64), ("c", np.int32), ("d", np.u
 SINGLE = np.dtype([("v", np.int32)], align=True)                                          # 4
 RECORDS = [SINGLE, POINT, XYZ, SAMPLE, MIXED, WIDE]
 
-# larger than several tiles of every element size (2048 8-byte elements, 4352 4-byte ones),
-# and no multiple of any: several merge passes, a partial last tile
+# larger than several tiles of every element size (4096 8-byte elements; 4-byte ones: merge
+# tiles of 4352, block-sort tiles of 8704), and no multiple of any: several merge passes, a
+# partial last tile
 LARGE = 300_007
 
 
@@ -169,9 +170,13 @@ def test_uneven_explicit_and_empty_shards(places):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("n", [0, 1, 2, 3, 255, 2047, 2048, 2049, 4352, 4353, 2 * 2048 + 5, 3 * 4352 + 1])
+@pytest.mark.parametrize("n", [0, 1, 2, 3, 255, 2047, 2048, 2049, 4095, 4096, 4097, 4352, 4353, 8703, 8704, 8705,
+                               2 * 4096 + 5, 17409, 3 * 8704 + 1])
 def test_small_and_tile_edge_sizes(places, n):
-    for dtype in (np.int64, np.float32):  # tiles of 2048 and 4352
+    # int64: tiles of 4096 for the block sort and the merges; float32: merge tiles of 4352 and
+    # block-sort tiles of 8704 (the merges start at their second pass). On one place n meets
+    # the edges exactly; over several the shards meet others.
+    for dtype in (np.int64, np.float32):
         host = with_ties(dtype, n, seed=n)
         result = sort_with(sharded_array(places, host), by_abs).to_numpy()
         np.testing.assert_array_equal(result, host[stable_order(np.abs(host))])

@@ -31,9 +31,10 @@ constexpr int by_key_items(int key_size, int value_size) {
   return widest <= 8 ? 8 : widest <= 16 ? 4 : 2;
 }
 // Blocks of the sweeps a multiprocessor must hold (their launch bounds): 4 (64 registers) for
-// 4-byte keys and values, which the sweeps are latency-bound on; the few bytes that spill
-// cost less than the occupancy gained (measured on an H200: reduce_by_key 2.75 against 3.6 ms
-// uncapped at 80-112 registers, the scan 2.67 against 2.91). Wider types, which would spill
+// 4-byte keys and values, which the sweeps are latency-bound on. They spill (sm_90: 16 bytes
+// a thread for the exclusive scan, 24 for the inclusive, 112 for reduce_by_key's), which costs
+// less than the occupancy gained: on an H200 reduce_by_key took 2.75 against 3.6 ms uncapped
+// (112 registers), the scan 2.67 against 2.91 (80). Wider types, which would spill
 // hundreds of bytes, are left to the compiler.
 constexpr int by_key_sweep_blocks(int key_size, int value_size) {
   return key_size <= 4 && value_size <= 4 ? 4 : 1;

@@ -3,8 +3,8 @@
 // C++ (no CUDA types) so both sides agree on the layout.
 //
 // The sort of one shard: each block sorts a tile of kBlockSortThreads x block_sort_items(size)
-// elements (csj_merge_sort_block), then pass after pass runs of width w (a tile, then twice
-// that, ...) are merged pairwise into the other of two buffers: a partition kernel finds, by
+// elements (csj_merge_sort_block), then pass after pass runs of width w (a block-sort tile,
+// then twice that, ...) are merged pairwise into the other of two buffers: a partition kernel finds, by
 // a binary search along each output tile's diagonal of the merge path, where the tile starts
 // in the first run (csj_merge_partition), and one block per output tile of kMergeThreads x
 // merge_items(size) elements merges its two ranges through shared memory (csj_merge). The
@@ -45,10 +45,14 @@ constexpr long long merge_tile(int element_size) {
 constexpr int first_merge_pass(int element_size) {
   return block_sort_tile(element_size) == merge_tile(element_size) ? 0 : 1;
 }
-static_assert(block_sort_tile(4) == merge_tile(4) << first_merge_pass(4), "runs of whole merge tiles");
-static_assert(block_sort_tile(8) == merge_tile(8) << first_merge_pass(8), "runs of whole merge tiles");
-static_assert(block_sort_tile(12) == merge_tile(12) << first_merge_pass(12), "runs of whole merge tiles");
-static_assert(block_sort_tile(32) == merge_tile(32) << first_merge_pass(32), "runs of whole merge tiles");
+// Every element size the modules are built for sorts into runs of whole merge tiles.
+constexpr bool runs_of_merge_tiles() {
+  for (int size = 4; size <= 32; size += 4) {
+    if (block_sort_tile(size) != merge_tile(size) << first_merge_pass(size)) return false;
+  }
+  return true;
+}
+static_assert(runs_of_merge_tiles(), "block-sort tiles must be whole merge tiles");
 
 constexpr int kMergePartitionBlock = 256;
 constexpr int kMergeSearchBlock = 256;

@@ -9,10 +9,11 @@
 // Block sort: cub::BlockMergeSort's stable sort of a tile per block, loaded and stored
 // through CUB's warp-transposing block load and store. Merges: merge-path partitioning (the
 // split of a merge into a partition kernel and a merge kernel follows CUB's DeviceMergeSort
-// design, the tile shapes are ours, merge_sort.hpp; the code is ours): each output tile of a merge begins where its
-// diagonal of the merge path crosses the boundary between the two runs, found by a binary
-// search with the comparator; the merge block loads its two ranges into shared memory, each
-// thread finds its own diagonal there and merges its items sequentially.
+// design; the tile shapes, merge_sort.hpp, and the code are ours): each output tile of a
+// merge begins where its diagonal of the merge path crosses the boundary between the two
+// runs, found by a binary search with the comparator; the merge block loads its two ranges
+// into shared memory, each thread finds its own diagonal there and merges its items
+// sequentially.
 #include <cub/block/block_load.cuh>
 #include <cub/block/block_merge_sort.cuh>
 #include <cub/block/block_store.cuh>
@@ -227,7 +228,6 @@ extern "C" __global__ void __launch_bounds__(kMergeThreads)
     csj_merge(const __grid_constant__ MergeParams params) {
   merge_block<kMergeThreads, merge_items(CSJ_ELEMENT_SIZE)>(params);
 }
-
 
 extern "C" __global__ void __launch_bounds__(kMergeSearchBlock)
     csj_merge_search(const __grid_constant__ MergeSearchParams params) {
