@@ -305,11 +305,11 @@ def test_unique_every_dtype(places, dtype):
 @pytest.mark.parametrize("sizes", [[5000, 0, 1, 4999], [0, 10_000], [3333, 3333, 3334]])
 def test_unique_by_key_int64_keys_with_record_values(sizes):
     """8-byte keys whose runs cross shards (a one-element shard inside a run, an empty shard
-    between), and 20-byte records riding along: each run's first element, in order."""
+    between), and 24-byte records riding along: each run's first element, in order."""
     group = sharded.PlaceGroup.by_devices([0] * len(sizes))
     rng = np.random.default_rng(11)
     keys = np.repeat(rng.integers(-2**40, 2**40, 700), rng.integers(1, 30, 700))[:10_000].astype(np.int64)
-    record = np.dtype([("a", "<f8"), ("b", "<i4"), ("c", "<i4"), ("d", "<f4")])
+    record = np.dtype([("a", "<f8"), ("b", "<i4"), ("c", "<i4"), ("d", "<f4")], align=True)
     values = np.zeros(keys.size, record)
     values["a"] = rng.standard_normal(keys.size)
     values["b"] = np.arange(keys.size)

@@ -1,7 +1,8 @@
 // The selection engine's kernel bodies (select_params.hpp says what each launch does), shared
-// by the JIT module (select_jit.cu: classes from a linked predicate, elements of one size) and
+// by the JIT module (select_jit.cu: classes from a linked predicate, elements of one size),
 // the built-in flagged compaction (select_builtin.cu: classes from 0/1 flags, several arrays
-// moved). Each caller says how an element gets its class and how it is written; counting,
+// moved) and the run heads (by_key_jit.cu: classes from the linked key equality, several
+// arrays moved). Each caller says how an element gets its class and how it is written; counting,
 // the ranks within a tile live here once.
 //
 // A thread's counts of the three classes travel packed in one 64-bit word, 21 bits each (a

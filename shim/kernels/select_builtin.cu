@@ -3,8 +3,9 @@
 // (4- or 8-byte integers: 0 where the flag is nonzero, 1 elsewhere) and, in place of the
 // flags, up to kMaxSelectPayloads arrays of the same shard sizes moved, each of its own
 // element size (a multiple of 4 bytes, copied a 4-byte word at a time). The by-key
-// algorithms compact their run heads (keys and values) with it. Also here, for every
-// selection: the scan of the tiles' counts between the two passes (CUB's device scan).
+// algorithms compact their run heads with it across ranks (one process classifies by the
+// keys themselves, by_key_jit.cu). Also here, for every selection: the scan of the tiles'
+// counts between the two passes (CUB's device scan).
 #include <cub/device/device_scan.cuh>
 
 #include "builtin_kernels.hpp"

@@ -16,7 +16,7 @@ namespace csj::kernels {
 
 constexpr int kSelectBlock = 256;
 constexpr int kSelectClasses = 3;
-constexpr int kMaxSelectPayloads = 4;  // arrays one flagged compaction moves
+constexpr int kMaxSelectPayloads = 4;  // arrays one payload-moving selection moves
 constexpr int kSelectPayloadItems = 8;  // items per thread of the payload-moving selections
 
 // Items per thread: 16 of 4 bytes, 8 of 8, 64 bytes' worth of records (at least 2). A tile

@@ -1,4 +1,5 @@
-// Selections, the flagged compaction and resharding (csj/select.hpp).
+// Selections, the flagged compaction, the run heads' compaction and resharding
+// (csj/select.hpp).
 //
 // The selection engine (kernels/select_params.hpp) runs per place in two halves around one
 // host read: the counting pass and the device scan of the tiles' counts are queued on every
@@ -160,16 +161,20 @@ ArrayList select(const std::vector<const KernelLibrary*>& libraries, const Shard
 
 namespace {
 
-// The leases and checks of a payload-moving selection: `arrays` (1 to kMaxSelectPayloads, each
-// of `in`'s group and shard sizes, elements a multiple of 4 bytes) classified by `in`
-// (named `in_name`).
+// The leases of a payload-moving selection: `in` (named `in_name`), which classifies, and
+// `arrays`, which move.
 ArrayLeases lease_payloads(const ShardedArray& in, const char* in_name, const ArrayList& arrays) {
   std::vector<ArrayLeases::Use> uses{{&in, in_name}};
   for (std::size_t i = 0; i < arrays.size(); ++i) {
     if (!arrays[i]) throw std::invalid_argument("arrays: None");
     uses.push_back({arrays[i].get(), "arrays[" + std::to_string(i) + "]"});
   }
-  ArrayLeases leases(std::move(uses));
+  return ArrayLeases(std::move(uses));
+}
+
+// `arrays`: 1 to kMaxSelectPayloads, each of `in`'s group and shard sizes, elements a
+// multiple of 4 bytes.
+void check_payloads(const ShardedArray& in, const char* in_name, const ArrayList& arrays) {
   if (arrays.empty() || arrays.size() > static_cast<std::size_t>(k::kMaxSelectPayloads)) {
     throw std::invalid_argument("arrays: expected 1 to " + std::to_string(k::kMaxSelectPayloads) + " arrays, got " +
                                 std::to_string(arrays.size()));
@@ -182,7 +187,6 @@ ArrayLeases lease_payloads(const ShardedArray& in, const char* in_name, const Ar
     }
     if (arrays[i]->itemsize() % 4 != 0) throw std::invalid_argument(what + ": elements are not a multiple of 4 bytes");
   }
-  return leases;
 }
 
 // Both halves of a payload-moving selection whose places have their kernels: the counts,
@@ -219,6 +223,7 @@ ArrayList select_flagged(const ShardedArray& flags, const ArrayList& arrays) {
                             flags.dtype() != DType::int64 && flags.dtype() != DType::uint64)) {
     throw std::invalid_argument("flags: expected an integer array (int32, uint32, int64 or uint64)");
   }
+  check_payloads(flags, "flags", arrays);
   const k::SelectFlagKernels builtin = k::builtin_select_flag_kernels(static_cast<int>(flags.itemsize()));
   std::vector<SelectPlace> places = places_of(flags);
   for (SelectPlace& place : places) {
@@ -243,16 +248,23 @@ ArrayList select_heads(const std::vector<const KernelLibrary*>& libraries, const
   if (keys.is_record() || (key_size != 4 && key_size != 8)) {
     throw std::invalid_argument("keys: expected numbers of 4 or 8 bytes");
   }
+  check_payloads(keys, "keys", arrays);
   std::vector<SelectPlace> places = places_of(keys);
-  // the key before each non-empty shard but the first: the last of the nearest non-empty one
-  // before it, read on the shard's stream once that one's stream has written it
+  for (std::size_t p = 0; p < places.size(); ++p) {  // every kernel found before anything is queued
+    if (places[p].params.n == 0) continue;
+    const int device = places[p].device;
+    places[p].kernels = {KernelHandle::linked(libraries[p]->kernel("csj_by_key_heads_count", device)),
+                         KernelHandle::linked(libraries[p]->kernel("csj_by_key_heads_scatter", device))};
+  }
+  // The key before each non-empty shard but the first: the last of the nearest non-empty one
+  // before it, read on the shard's stream once that one's stream has written it. Its stream
+  // need not wait for the read: the totals' host read (count_classes) waits for every stream
+  // before this call returns.
   const detail::SyncOnUnwind settle(group);
   long long previous = -1;
   for (std::size_t p = 0; p < places.size(); ++p) {
     SelectPlace& place = places[p];
     if (place.params.n == 0) continue;
-    place.kernels = {KernelHandle::linked(libraries[p]->kernel("csj_by_key_heads_count", place.device)),
-                     KernelHandle::linked(libraries[p]->kernel("csj_by_key_heads_scatter", place.device))};
     if (previous >= 0) {
       const SelectPlace& prior = places[static_cast<std::size_t>(previous)];
       DeviceGuard guard(place.device);
@@ -263,8 +275,6 @@ ArrayList select_heads(const std::vector<const KernelLibrary*>& libraries, const
       detail::check(cudaMemcpyPeerAsync(place.before.get(), place.device, last, prior.device, key_size, place.stream),
                     "cudaMemcpyPeerAsync (the key before the shard)");
       place.params.before = place.before.get();
-      // the earlier shard's stream may overwrite its keys only after this read
-      detail::wait_for(prior.stream, place.stream, place.device);
     }
     previous = static_cast<long long>(p);
   }
