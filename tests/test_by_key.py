@@ -302,6 +302,33 @@ def test_unique_every_dtype(places, dtype):
 
 
 @gpu
+@pytest.mark.parametrize("sizes", [[5000, 0, 1, 4999], [0, 10_000], [3333, 3333, 3334]])
+def test_unique_by_key_int64_keys_with_record_values(sizes):
+    """8-byte keys whose runs cross shards (a one-element shard inside a run, an empty shard
+    between), and 24-byte records riding along: each run's first element, in order."""
+    group = sharded.PlaceGroup.by_devices([0] * len(sizes))
+    rng = np.random.default_rng(11)
+    keys = np.repeat(rng.integers(-2**40, 2**40, 700), rng.integers(1, 30, 700))[:10_000].astype(np.int64)
+    record = np.dtype([("a", "<f8"), ("b", "<i4"), ("c", "<i4"), ("d", "<f4")], align=True)
+    values = np.zeros(keys.size, record)
+    values["a"] = rng.standard_normal(keys.size)
+    values["b"] = np.arange(keys.size)
+    values["c"] = -np.arange(keys.size)
+    values["d"] = rng.standard_normal(keys.size).astype(np.float32)
+    k = sharded.ShardedArray.from_numpy(group, keys, sizes=sizes)
+    v = sharded.ShardedArray.from_numpy(group, values, sizes=sizes)
+    unique_keys, first_values = sharded.unique_by_key(k, v)
+    heads = np.array(_heads(keys))
+    np.testing.assert_array_equal(unique_keys.to_numpy(), keys[heads])
+    np.testing.assert_array_equal(first_values.to_numpy(), values[heads])
+    starts = np.cumsum([0] + sizes[:-1])
+    where = np.flatnonzero(heads)
+    assert unique_keys.shard_sizes == tuple(int(np.count_nonzero((where >= start) & (where < start + size)))
+                                            for start, size in zip(starts, sizes))
+    assert first_values.shard_sizes == unique_keys.shard_sizes
+
+
+@gpu
 def test_unique_by_key_of_sorted_keys_with_values(places):
     keys = np.sort(np.random.default_rng(9).integers(0, 3000, 200_003)).astype(np.int32)
     values = np.arange(keys.size, dtype=np.int32)

@@ -14,9 +14,12 @@ which is associative (not commutative) for an associative op. Each shard is read
 write), with a fixed association, so results are deterministic; reduce_by_key writes each
 run's first key and fold where the run ends.
 
-unique_by_key (and unique, after a sort) compacts the run heads: an int32 flag per element,
-1 where a run starts, computed by adjacent_difference's kernel (which hands each shard the
-last key of the previous non-empty shard), then the flagged compaction.
+unique_by_key (and unique, after a sort) compacts the run heads with the selection engine,
+each element's class coming from the by-key module's equality of the key and its
+predecessor (a shard's first key meets the last of the previous non-empty shard): the keys
+are read once to count and once to move the heads. Across ranks the heads are int32 flags
+from adjacent_difference's kernel (which meets each rank's first key with the previous
+rank's last), then the flagged compaction.
 """
 
 from __future__ import annotations
@@ -47,6 +50,10 @@ def _equal_or_both_nan(x, y):  # np.unique's equal_nan=True: the NaNs make one r
 
 def _one(x):
     return 1
+
+
+def _first(x, y):  # the run heads' module needs a values' operator; it never runs
+    return x
 
 
 def _same(x):
@@ -147,6 +154,21 @@ def _engine(keys: ShardedArray, value_dtype: np.dtype, op: Op, equal: Op, argume
     by_key_module(keys.dtype, value_dtype, argument)
     kinds = (("array", keys.dtype), ("array", value_dtype))
     return kernel_libraries(op, "by_key", kinds, value_dtype, keys.group.archs, (BY_KEY_MAP, equal))[1]
+
+
+_FIRST = Op(_first)
+
+
+def _heads(keys: ShardedArray, equal: Op) -> list:
+    """The by-key module of keys' dtype with `equal`: its run-head selection kernels."""
+    return _engine(keys, keys.dtype, _FIRST, equal, "keys")
+
+
+def _select_heads(libraries: list, keys: ShardedArray, arrays: list) -> list:
+    """Each of `arrays` (keys' group and shard sizes, at most two here) compacted to the
+    elements that start a run of keys, in global order."""
+    impls = _shim.select_heads(libraries, keys._impl, [array._impl for array in arrays])
+    return [ShardedArray(impl, array.group, array.dtype) for impl, array in zip(impls, arrays)]
 
 
 def _shares_storage(out: ShardedArray, keys: ShardedArray) -> bool:
@@ -285,8 +307,11 @@ def unique_by_key(keys: ShardedArray, values: ShardedArray | None = None, equal=
     if values is not None:
         _check_values(values, keys)
     equal = _check_equal(equal, keys)
-    heads = _RunFlags(keys, equal)
-    kept = select_flagged([keys] if values is None else [keys, values], heads(keys))
+    arrays = [keys] if values is None else [keys, values]
+    if keys.group._distributed:
+        kept = select_flagged(arrays, _RunFlags(keys, equal)(keys))
+    else:
+        kept = _select_heads(_heads(keys, equal), keys, arrays)
     return kept[0], (None if values is None else kept[1])
 
 
@@ -299,9 +324,12 @@ def unique(a: ShardedArray) -> ShardedArray:
     """
     check_numbers(a, "unique")
     equal = _EQUAL_NAN if a.dtype.kind == "f" else _EQUAL
-    heads = _RunFlags(a, equal)  # compiled before the sort runs
+    # the heads' kernels compile before the sort runs
+    heads = _RunFlags(a, equal) if a.group._distributed else _heads(a, equal)
     ordered = sort(a, out=ShardedArray.allocate(a.group, list(a.shard_sizes), a.dtype))
-    return select_flagged([ordered], heads(ordered))[0]
+    if a.group._distributed:
+        return select_flagged([ordered], heads(ordered))[0]
+    return _select_heads(heads, ordered, [ordered])[0]
 
 
 __all__ = ["inclusive_scan_by_key", "exclusive_scan_by_key", "reduce_by_key", "unique_by_key", "unique"]

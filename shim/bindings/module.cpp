@@ -210,6 +210,8 @@ NB_MODULE(_shim, m) {
         nb::call_guard<nb::gil_scoped_release>());
   m.def("select", &csj::select, "libraries"_a, "a"_a, "outputs"_a, nb::call_guard<nb::gil_scoped_release>());
   m.def("select_flagged", &csj::select_flagged, "flags"_a, "arrays"_a, nb::call_guard<nb::gil_scoped_release>());
+  m.def("select_heads", &csj::select_heads, "libraries"_a, "keys"_a, "arrays"_a,
+        nb::call_guard<nb::gil_scoped_release>());
   // `edges` across ranks: None, or (previous key bytes, next key bytes, totals callable:
   // bytes -> bytes, called with the GIL held)
   auto by_key_edges = [](const nb::object& edges) {

@@ -1,4 +1,5 @@
-// The by-key engine's JIT module (by_key_params.hpp says what each kernel does): built to
+// The by-key engine's JIT module (by_key_params.hpp says what each kernel does), and the
+// run heads as a selection (unique_by_key; select_params.hpp, bodies in select.cuh): built to
 // LTO-IR, one module per key size (CSJ_KEY_SIZE: 4, 8) and value size (CSJ_VALUE_SIZE: 4 to
 // 32), and linked at run time with the wrappers numba compiled:
 //   int  csj_equal(const void* a, const void* b)           nonzero: the keys share a run
@@ -12,6 +13,7 @@
 #include <cub/block/block_store.cuh>
 
 #include "by_key_params.hpp"
+#include "select.cuh"
 #include "transform.cuh"
 
 #if !defined(CSJ_KEY_SIZE) || !defined(CSJ_VALUE_SIZE)
@@ -405,4 +407,40 @@ extern "C" __global__ void __launch_bounds__(kByKeyBlock, kSweepBlocks)
 extern "C" __global__ void __launch_bounds__(kByKeyBlock, kSweepBlocks)
     csj_by_key_sweep_reduce(const __grid_constant__ ByKeyParams p) {
   sweep<kByKeyReduce>(p);
+}
+
+// The run heads as a selection: class 0 where an element starts a run of equal keys (the
+// shard's first element unless the key before it, SelectParams::before, shares its run),
+// class 1 elsewhere; the payloads (the keys, the values) are compacted to their heads. One
+// read of the keys for the counts and one for the scatter, where a flags array would be
+// written and read twice more.
+__device__ __forceinline__ int head_class(const SelectParams& p, const Key* keys, long long local) {
+  const Key key = keys[local];
+  if (local == 0) return p.before == nullptr || !same_run(*static_cast<const Key*>(p.before), key) ? 0 : 1;
+  return same_run(keys[local - 1], key) ? 1 : 0;
+}
+
+extern "C" __global__ void __launch_bounds__(kSelectBlock)
+    csj_by_key_heads_count(const __grid_constant__ SelectParams p) {
+  const Key* keys = static_cast<const Key*>(p.in);
+  count_tile<kSelectPayloadItems>(p, [&](long long local) { return head_class(p, keys, local); });
+}
+
+extern "C" __global__ void __launch_bounds__(kSelectBlock)
+    csj_by_key_heads_scatter(const __grid_constant__ SelectParams p) {
+  __shared__ int staged[kSelectBlock * kSelectPayloadItems];  // tile-local index by slot
+  const Key* keys = static_cast<const Key*>(p.in);
+  const long long tile_first = static_cast<long long>(blockIdx.x) * kSelectBlock * kSelectPayloadItems;
+  const int first = static_cast<int>(threadIdx.x) * kSelectPayloadItems;
+  int classes[kSelectPayloadItems];
+#pragma unroll
+  for (int item = 0; item < kSelectPayloadItems; ++item) {
+    const long long local = tile_first + first + item;
+    classes[item] = local < p.n ? head_class(p, keys, local) : -1;
+  }
+  scatter_tile<kSelectPayloadItems>(
+      p, classes, [&](int item, int slot) { staged[slot] = first + item; },
+      [&](int slot, int cls, long long position) {
+        if (cls == 0) copy_payloads(p, tile_first + staged[slot], position);
+      });
 }

@@ -1,7 +1,8 @@
 // The selection engine's kernel bodies (select_params.hpp says what each launch does), shared
-// by the JIT module (select_jit.cu: classes from a linked predicate, elements of one size) and
+// by the JIT module (select_jit.cu: classes from a linked predicate, elements of one size),
 // the built-in flagged compaction (select_builtin.cu: classes from 0/1 flags, several arrays
-// moved). Each caller says how an element gets its class and how it is written; counting,
+// moved) and the run heads (by_key_jit.cu: classes from the linked key equality, several
+// arrays moved). Each caller says how an element gets its class and how it is written; counting,
 // the ranks within a tile live here once.
 //
 // A thread's counts of the three classes travel packed in one 64-bit word, 21 bits each (a
@@ -92,6 +93,18 @@ __device__ __forceinline__ void scatter_tile(const SelectParams& p, const int (&
     const int cls = slot < base1 ? 0 : slot < base2 ? 1 : 2;
     const int base = cls == 0 ? 0 : cls == 1 ? base1 : base2;
     emit(slot, cls, offset.count[cls] + (slot - base));
+  }
+}
+
+// The payload-moving selections' emit: class 0's element `local` of the shard (its index)
+// copied from every payload array to `position` of that array's output, a 4-byte word at a
+// time (each payload has its own element size).
+__device__ __forceinline__ void copy_payloads(const SelectParams& p, long long local, long long position) {
+  for (int k = 0; k < p.payloads; ++k) {
+    const int words = p.payload_size[k] / 4;
+    const unsigned* from = static_cast<const unsigned*>(p.payload_in[k]) + local * words;
+    unsigned* to = static_cast<unsigned*>(p.payload_out[k]) + position * words;
+    for (int w = 0; w < words; ++w) to[w] = from[w];
   }
 }
 

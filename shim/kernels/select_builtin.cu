@@ -3,8 +3,9 @@
 // (4- or 8-byte integers: 0 where the flag is nonzero, 1 elsewhere) and, in place of the
 // flags, up to kMaxSelectPayloads arrays of the same shard sizes moved, each of its own
 // element size (a multiple of 4 bytes, copied a 4-byte word at a time). The by-key
-// algorithms compact their run heads (keys and values) with it. Also here, for every
-// selection: the scan of the tiles' counts between the two passes (CUB's device scan).
+// algorithms compact their run heads with it across ranks (one process classifies by the
+// keys themselves, by_key_jit.cu). Also here, for every selection: the scan of the tiles'
+// counts between the two passes (CUB's device scan).
 #include <cub/device/device_scan.cuh>
 
 #include "builtin_kernels.hpp"
@@ -13,7 +14,7 @@
 namespace csj::kernels {
 namespace {
 
-constexpr int kFlagItems = 8;
+constexpr int kFlagItems = kSelectPayloadItems;
 
 template <class Flag>
 __global__ void __launch_bounds__(kSelectBlock) select_flags_count(const __grid_constant__ SelectParams params) {
@@ -47,14 +48,7 @@ __global__ void __launch_bounds__(kSelectBlock) select_flags_scatter(const __gri
   scatter_tile<kFlagItems>(
       params, classes, [&](int item, int slot) { staged[slot] = first + item; },
       [&](int slot, int cls, long long position) {
-        if (cls != 0) return;
-        const long long local = tile_first + staged[slot];
-        for (int k = 0; k < params.payloads; ++k) {
-          const int words = params.payload_size[k] / 4;
-          const unsigned* from = static_cast<const unsigned*>(params.payload_in[k]) + local * words;
-          unsigned* to = static_cast<unsigned*>(params.payload_out[k]) + position * words;
-          for (int w = 0; w < words; ++w) to[w] = from[w];
-        }
+        if (cls == 0) copy_payloads(params, tile_first + staged[slot], position);
       });
 }
 

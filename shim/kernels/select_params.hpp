@@ -16,7 +16,8 @@ namespace csj::kernels {
 
 constexpr int kSelectBlock = 256;
 constexpr int kSelectClasses = 3;
-constexpr int kMaxSelectPayloads = 4;  // arrays one flagged compaction moves
+constexpr int kMaxSelectPayloads = 4;  // arrays one payload-moving selection moves
+constexpr int kSelectPayloadItems = 8;  // items per thread of the payload-moving selections
 
 // Items per thread: 16 of 4 bytes, 8 of 8, 64 bytes' worth of records (at least 2). A tile
 // holds at most 4096 elements, so that a thread's three class counts pack into one 64-bit
@@ -41,12 +42,15 @@ struct SelectParams {
   long long tiles;
   SelectCounts* tile_counts;  // one per tile and one more, the totals (device scratch)
   void* out[kSelectClasses];  // each class's output shard; null: not written
-  // flagged compaction (select_builtin.cu): the class is 0 where the flag is nonzero, 1
-  // elsewhere, and class 0's elements of each payload array are written, not the flags
+  // payload-moving selections: the flagged compaction (select_builtin.cu: the class is 0
+  // where the flag is nonzero, 1 elsewhere) and the run heads (by_key_jit.cu: 0 where an
+  // element starts a run of equal keys); class 0's elements of each payload array are
+  // written, not `in`'s
   int payloads;
   const void* payload_in[kMaxSelectPayloads];
   void* payload_out[kMaxSelectPayloads];
   int payload_size[kMaxSelectPayloads];  // bytes, a multiple of 4
+  const void* before;  // run heads: the key before the shard's first (null: a run starts there)
 };
 
 }  // namespace csj::kernels

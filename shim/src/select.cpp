@@ -1,4 +1,5 @@
-// Selections, the flagged compaction and resharding (csj/select.hpp).
+// Selections, the flagged compaction, the run heads' compaction and resharding
+// (csj/select.hpp).
 //
 // The selection engine (kernels/select_params.hpp) runs per place in two halves around one
 // host read: the counting pass and the device scan of the tiles' counts are queued on every
@@ -41,6 +42,7 @@ struct SelectPlace {
   cudaStream_t stream = nullptr;
   k::SelectParams params{};
   detail::StreamScratch scratch;
+  detail::StreamScratch before;  // the run heads: the key before the shard
   SelectKernels kernels;
 };
 
@@ -157,42 +159,50 @@ ArrayList select(const std::vector<const KernelLibrary*>& libraries, const Shard
   return result;
 }
 
-ArrayList select_flagged(const ShardedArray& flags, const ArrayList& arrays) {
-  std::vector<ArrayLeases::Use> uses{{&flags, "flags"}};
+namespace {
+
+// The leases of a payload-moving selection: `in` (named `in_name`), which classifies, and
+// `arrays`, which move.
+ArrayLeases lease_payloads(const ShardedArray& in, const char* in_name, const ArrayList& arrays) {
+  std::vector<ArrayLeases::Use> uses{{&in, in_name}};
   for (std::size_t i = 0; i < arrays.size(); ++i) {
     if (!arrays[i]) throw std::invalid_argument("arrays: None");
     uses.push_back({arrays[i].get(), "arrays[" + std::to_string(i) + "]"});
   }
-  const ArrayLeases leases(std::move(uses));
-  const PlaceGroup& group = *flags.group();
-  if (flags.is_record() || (flags.dtype() != DType::int32 && flags.dtype() != DType::uint32 &&
-                            flags.dtype() != DType::int64 && flags.dtype() != DType::uint64)) {
-    throw std::invalid_argument("flags: expected an integer array (int32, uint32, int64 or uint64)");
-  }
+  return ArrayLeases(std::move(uses));
+}
+
+// `arrays`: 1 to kMaxSelectPayloads, each of `in`'s group and shard sizes, elements a
+// multiple of 4 bytes.
+void check_payloads(const ShardedArray& in, const char* in_name, const ArrayList& arrays) {
   if (arrays.empty() || arrays.size() > static_cast<std::size_t>(k::kMaxSelectPayloads)) {
     throw std::invalid_argument("arrays: expected 1 to " + std::to_string(k::kMaxSelectPayloads) + " arrays, got " +
                                 std::to_string(arrays.size()));
   }
   for (std::size_t i = 0; i < arrays.size(); ++i) {
     const std::string what = "arrays[" + std::to_string(i) + "]";
-    if (arrays[i]->group() != flags.group()) throw std::invalid_argument(what + ": belongs to another PlaceGroup");
-    if (arrays[i]->shard_sizes() != flags.shard_sizes()) {
-      throw std::invalid_argument(what + ": shard sizes differ from the flags'");
+    if (arrays[i]->group() != in.group()) throw std::invalid_argument(what + ": belongs to another PlaceGroup");
+    if (arrays[i]->shard_sizes() != in.shard_sizes()) {
+      throw std::invalid_argument(what + ": shard sizes differ from the " + in_name + "'");
     }
     if (arrays[i]->itemsize() % 4 != 0) throw std::invalid_argument(what + ": elements are not a multiple of 4 bytes");
   }
-  const k::SelectFlagKernels builtin = k::builtin_select_flag_kernels(static_cast<int>(flags.itemsize()));
-  std::vector<SelectPlace> places = places_of(flags);
+}
+
+// Both halves of a payload-moving selection whose places have their kernels: the counts,
+// then class 0's elements of every array moved to new arrays.
+ArrayList compact_payloads(const PlaceGroup& group, std::vector<SelectPlace>& places, const ArrayList& arrays) {
+  for (SelectPlace& place : places) {
+    place.params.payloads = static_cast<int>(arrays.size());
+  }
   for (std::size_t p = 0; p < places.size(); ++p) {
-    places[p].kernels = {KernelHandle::builtin(builtin.count), KernelHandle::builtin(builtin.scatter)};
-    places[p].params.payloads = static_cast<int>(arrays.size());
     for (std::size_t i = 0; i < arrays.size(); ++i) {
       places[p].params.payload_in[i] = reinterpret_cast<const void*>(arrays[i]->shard_pointer(p));
       places[p].params.payload_size[i] = static_cast<int>(arrays[i]->itemsize());
     }
   }
-  const detail::SyncOnUnwind settle(group);
-  const ClassTotals totals = count_classes(group, places, static_cast<long long>(k::kSelectBlock) * 8);
+  const ClassTotals totals =
+      count_classes(group, places, static_cast<long long>(k::kSelectBlock) * k::kSelectPayloadItems);
   ArrayList result;
   for (const auto& array : arrays) result.push_back(allocate_like(*array, class_sizes(totals, 0)));
   for (std::size_t p = 0; p < places.size(); ++p) {
@@ -202,6 +212,73 @@ ArrayList select_flagged(const ShardedArray& flags, const ArrayList& arrays) {
   }
   scatter(places);
   return result;
+}
+
+}  // namespace
+
+ArrayList select_flagged(const ShardedArray& flags, const ArrayList& arrays) {
+  const ArrayLeases leases = lease_payloads(flags, "flags", arrays);
+  const PlaceGroup& group = *flags.group();
+  if (flags.is_record() || (flags.dtype() != DType::int32 && flags.dtype() != DType::uint32 &&
+                            flags.dtype() != DType::int64 && flags.dtype() != DType::uint64)) {
+    throw std::invalid_argument("flags: expected an integer array (int32, uint32, int64 or uint64)");
+  }
+  check_payloads(flags, "flags", arrays);
+  const k::SelectFlagKernels builtin = k::builtin_select_flag_kernels(static_cast<int>(flags.itemsize()));
+  std::vector<SelectPlace> places = places_of(flags);
+  for (SelectPlace& place : places) {
+    place.kernels = {KernelHandle::builtin(builtin.count), KernelHandle::builtin(builtin.scatter)};
+  }
+  const detail::SyncOnUnwind settle(group);
+  return compact_payloads(group, places, arrays);
+}
+
+ArrayList select_heads(const std::vector<const KernelLibrary*>& libraries, const ShardedArray& keys,
+                       const ArrayList& arrays) {
+  const ArrayLeases leases = lease_payloads(keys, "keys", arrays);
+  const PlaceGroup& group = *keys.group();
+  if (libraries.size() != group.size()) {
+    throw std::invalid_argument("libraries: expected one per place (" + std::to_string(group.size()) + "), got " +
+                                std::to_string(libraries.size()));
+  }
+  for (const KernelLibrary* library : libraries) {
+    if (!library) throw std::invalid_argument("libraries: None");
+  }
+  const std::size_t key_size = keys.itemsize();
+  if (keys.is_record() || (key_size != 4 && key_size != 8)) {
+    throw std::invalid_argument("keys: expected numbers of 4 or 8 bytes");
+  }
+  check_payloads(keys, "keys", arrays);
+  std::vector<SelectPlace> places = places_of(keys);
+  for (std::size_t p = 0; p < places.size(); ++p) {  // every kernel found before anything is queued
+    if (places[p].params.n == 0) continue;
+    const int device = places[p].device;
+    places[p].kernels = {KernelHandle::linked(libraries[p]->kernel("csj_by_key_heads_count", device)),
+                         KernelHandle::linked(libraries[p]->kernel("csj_by_key_heads_scatter", device))};
+  }
+  // The key before each non-empty shard but the first: the last of the nearest non-empty one
+  // before it, read on the shard's stream once that one's stream has written it. Its stream
+  // need not wait for the read: the totals' host read (count_classes) waits for every stream
+  // before this call returns.
+  const detail::SyncOnUnwind settle(group);
+  long long previous = -1;
+  for (std::size_t p = 0; p < places.size(); ++p) {
+    SelectPlace& place = places[p];
+    if (place.params.n == 0) continue;
+    if (previous >= 0) {
+      const SelectPlace& prior = places[static_cast<std::size_t>(previous)];
+      DeviceGuard guard(place.device);
+      place.before = detail::StreamScratch(16, place.stream, reinterpret_cast<cudaMemPool_t>(group.memory_pool(p)));
+      detail::wait_for(place.stream, prior.stream, prior.device);
+      const auto* last = static_cast<const unsigned char*>(prior.params.in) +
+                         static_cast<std::size_t>(prior.params.n - 1) * key_size;
+      detail::check(cudaMemcpyPeerAsync(place.before.get(), place.device, last, prior.device, key_size, place.stream),
+                    "cudaMemcpyPeerAsync (the key before the shard)");
+      place.params.before = place.before.get();
+    }
+    previous = static_cast<long long>(p);
+  }
+  return compact_payloads(group, places, arrays);
 }
 
 std::shared_ptr<ShardedArray> redistribute(const ShardedArray& in, const std::vector<std::int64_t>& sizes) {

@@ -1,5 +1,5 @@
-// Selections (select, partition, three_way_partition), the flagged compaction, and the
-// resharding of an array onto other shard sizes. CUDA-free header.
+// Selections (select, partition, three_way_partition), the flagged compaction, the run
+// heads' compaction, and the resharding of an array onto other shard sizes. CUDA-free header.
 #pragma once
 
 #include <cstdint>
@@ -23,6 +23,14 @@ ArrayList select(const std::vector<const KernelLibrary*>& libraries, const Shard
 // by `flags` (int32 / uint32 / int64 / uint64: nonzero keeps the element): new arrays of the
 // kept elements in global order, shard i holding what shard i kept. Built-in kernels.
 ArrayList select_flagged(const ShardedArray& flags, const ArrayList& arrays);
+
+// Compacts each of `arrays` (up to 4 per launch, same group and shard sizes as `keys`) to
+// the elements that start a run of equal keys (the by-key module linked with the keys'
+// equality, by_key_k<key size>_v*, one per place): new arrays in global order, shard i
+// holding the heads of shard i. A run continues across shards: a shard's first element is
+// compared with the last key of the nearest non-empty shard before it.
+ArrayList select_heads(const std::vector<const KernelLibrary*>& libraries, const ShardedArray& keys,
+                       const ArrayList& arrays);
 
 // A copy of `in` with shard sizes `sizes` (one per place, adding up to in's size): output
 // shard q receives, in global order, the pieces of every input shard its range overlaps,
