@@ -291,6 +291,23 @@ NB_MODULE(_shim, m) {
         return result_tuple(result);
       },
       "op"_a, "a"_a, "init"_a);
+  m.def(
+      "reduce_into",
+      [](const std::vector<const csj::KernelLibrary*>& libraries, const csj::ShardedArray& in, int acc_size,
+         const nb::bytes& init, csj::ShardedArray& out) {
+        std::string init_bytes = to_string(init);
+        nb::gil_scoped_release release;
+        csj::reduce_into(libraries, in, acc_size, init_bytes, out);
+      },
+      "libraries"_a, "a"_a, "acc_size"_a, "init"_a, "out"_a);
+  m.def(
+      "reduce_builtin_into",
+      [](csj::BuiltinReduction op, const csj::ShardedArray& in, const nb::bytes& init, csj::ShardedArray& out) {
+        std::string init_bytes = to_string(init);
+        nb::gil_scoped_release release;
+        csj::reduce_builtin_into(op, in, init_bytes, out);
+      },
+      "op"_a, "a"_a, "init"_a, "out"_a);
   // offsets: int64 positions in host memory, (address, count) as histogram_even's buffers
   m.def(
       "segmented_reduce",

@@ -1,0 +1,99 @@
+"""DeviceScalar and reductions into it: reduce(a, op, init, out=s) writes, on every place,
+bit for bit what reduce(a, op, init) returns for the same accumulator (against the eager
+call and numpy), with nothing waited for; and the errors, before anything runs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import cuda_sharded_jit as sharded
+from cuda_sharded_jit import _shim
+
+from conftest import ALL_DTYPES, sample, uneven
+from test_errors import shim_untouched, stand_in_array, stand_in_group  # noqa: F401 - a fixture
+
+gpu = pytest.mark.gpu
+
+
+def _copies(s: sharded.DeviceScalar) -> np.ndarray:
+    """Every place's copy, in place order."""
+    return s._array.to_numpy()
+
+
+@gpu
+@pytest.mark.parametrize("dtype", ALL_DTYPES)
+def test_reduce_into_matches_the_eager_reduce_bit_for_bit(places, dtype):
+    host = sample(dtype, 300_001, seed=3)
+    a = sharded.ShardedArray.from_numpy(places, host, sizes=uneven(places, host.size))
+    for op, init in ((lambda x, y: x + y, dtype(0)), ("sum", None), ("max", None),
+                     (lambda x, y: x if x < y else y, None)):
+        s = sharded.DeviceScalar(places, dtype)
+        assert sharded.reduce(a, op, init, out=s) is s
+        eager = sharded.reduce(a, op, init)
+        copies = _copies(s)
+        assert copies.tobytes() == np.full(len(places), eager, dtype).tobytes()
+        assert s.value.tobytes() == np.asarray(eager, dtype).tobytes()
+    if np.dtype(dtype).kind in "iu":  # exact: numpy's own answer too
+        s = sharded.DeviceScalar(places, dtype)
+        sharded.reduce(a, "sum", out=s)
+        assert s.value == host.sum(dtype=dtype)
+
+
+@gpu
+def test_reduce_into_accumulates_in_the_scalar_s_dtype(places):
+    host = sample(np.float32, 100_003, seed=5)
+    a = sharded.ShardedArray.from_numpy(places, host)
+    s = sharded.DeviceScalar(places, np.float64, value=7.0)
+    sharded.reduce(a, lambda x, y: x + y, 0.0, out=s)
+    eager = sharded.reduce(a, lambda x, y: x + y, np.float64(0))
+    assert isinstance(eager, np.float64)
+    assert _copies(s).tobytes() == np.full(len(places), eager).tobytes()
+    np.testing.assert_allclose(float(s), host.astype(np.float64).sum(), rtol=1e-12)
+    sharded.reduce(a, "max", out=s)  # a float64 max of float32 elements: through the JIT
+    assert s.value == np.float64(host.max())
+
+
+@gpu
+def test_reduce_into_of_an_empty_array(places):
+    a = sharded.ShardedArray.from_numpy(places, np.zeros(0, np.int64))
+    s = sharded.DeviceScalar(places, np.int64, value=5)
+    sharded.reduce(a, lambda x, y: x + y, np.int64(-3), out=s)
+    assert _copies(s).tolist() == [-3] * len(places)
+    sharded.reduce(a, "sum", out=s)
+    assert _copies(s).tolist() == [0] * len(places)
+    with pytest.raises(ValueError, match="empty and no init"):
+        sharded.reduce(a, lambda x, y: x + y, out=s)
+    assert _copies(s).tolist() == [0] * len(places)  # left as it was
+
+
+@gpu
+def test_device_scalar_reads_back_and_prints(one_place):
+    s = sharded.DeviceScalar(one_place, np.float32, value=1.5)
+    assert s.dtype == np.float32 and s.group is one_place
+    assert float(s) == 1.5 and int(sharded.DeviceScalar(one_place, np.int32, value=9)) == 9
+    assert repr(s) == "DeviceScalar(np.float32(1.5), on 1 place(s))"
+
+
+def test_out_must_be_a_device_scalar_of_a_s_group(shim_untouched):
+    group = stand_in_group()
+    a = stand_in_array(group)
+    with pytest.raises(TypeError, match="out: expected a sharded.DeviceScalar, got float"):
+        sharded.reduce(a, "sum", out=0.0)
+    with pytest.raises(TypeError, match="out: expected a sharded.DeviceScalar, got ShardedArray"):
+        sharded.reduce(a, lambda x, y: x + y, 0.0, out=stand_in_array(group))
+
+
+def test_device_scalar_rejects_bad_arguments(shim_untouched, monkeypatch):
+    allocated = []
+    monkeypatch.setattr(_shim.ShardedArray, "allocate", lambda *args, **kwargs: allocated.append(args))
+    group = stand_in_group()
+    with pytest.raises(TypeError, match="group: expected a PlaceGroup, got str"):
+        sharded.DeviceScalar("cuda:0", np.float64)
+    with pytest.raises(TypeError, match="unsupported dtype"):
+        sharded.DeviceScalar(group, np.float16)
+    with pytest.raises(TypeError, match="a DeviceScalar holds one number, not a record"):
+        sharded.DeviceScalar(group, np.dtype([("x", np.float32), ("y", np.float32)]))
+    with pytest.raises(TypeError, match="value: 'one' is not a float64 number"):
+        sharded.DeviceScalar(group, np.float64, value="one")
+    assert allocated == []  # every error came before any memory
