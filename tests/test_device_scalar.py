@@ -97,3 +97,51 @@ def test_device_scalar_rejects_bad_arguments(shim_untouched, monkeypatch):
     with pytest.raises(TypeError, match="value: 'one' is not a float64 number"):
         sharded.DeviceScalar(group, np.float64, value="one")
     assert allocated == []  # every error came before any memory
+
+
+@gpu
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int64])
+def test_transform_reads_a_device_scalar_on_every_place(places, dtype):
+    host = sample(dtype, 100_001, seed=8)
+    a = sharded.ShardedArray.from_numpy(places, host, sizes=uneven(places, host.size))
+    s = sharded.DeviceScalar(places, dtype)
+    sharded.reduce(a, "max", out=s)  # written on the device, read there by the next kernel
+    scaled = sharded.transform(lambda x, m: x - m, a, s)
+    np.testing.assert_array_equal(scaled.to_numpy(), host - host.max())
+    # the same kernel as a host scalar of the same dtype, and the same bits
+    np.testing.assert_array_equal(scaled.to_numpy(), sharded.transform(lambda x, m: x - m, a, s.value).to_numpy())
+    mixed = sharded.transform(lambda x, m, k: x * k - m, a, s, dtype(3), out=a)  # host and device scalars together
+    assert mixed is a
+    np.testing.assert_array_equal(a.to_numpy(), host * dtype(3) - host.max())
+
+
+@gpu
+def test_one_iteration_of_a_solver_stays_on_the_device(three_places):
+    """x += alpha p, r -= alpha A p with alpha = (r.r) / (p.Ap), A diagonal: the dots into
+    DeviceScalars, the ratio and the axpys read them on the device; against numpy."""
+    rng = np.random.default_rng(12)
+    n = 50_003
+    diagonal, r_host, p_host = rng.uniform(1, 2, n), rng.standard_normal(n), rng.standard_normal(n)
+    d, r, p = (sharded.ShardedArray.from_numpy(three_places, v) for v in (diagonal, r_host, p_host))
+    x = sharded.zeros(three_places, n, np.float64)
+    rr, pap = sharded.DeviceScalar(three_places, np.float64), sharded.DeviceScalar(three_places, np.float64)
+    add = lambda u, v: u + v  # noqa: E731
+    sharded.reduce(sharded.transform(lambda u: u * u, r), add, 0.0, out=rr)
+    ap = sharded.transform(lambda di, pi: di * pi, d, p)
+    sharded.reduce(sharded.transform(lambda pi, api: pi * api, p, ap), add, 0.0, out=pap)
+    sharded.transform(lambda xi, pi, a, b: xi + (a / b) * pi, x, p, rr, pap, out=x)
+    sharded.transform(lambda ri, api, a, b: ri - (a / b) * api, r, ap, rr, pap, out=r)
+    alpha = float(rr) / float(pap)
+    np.testing.assert_allclose(float(rr), r_host @ r_host, rtol=1e-12)
+    np.testing.assert_allclose(x.to_numpy(), alpha * p_host, rtol=1e-12)
+    np.testing.assert_allclose(r.to_numpy(), r_host - alpha * diagonal * p_host, rtol=1e-12, atol=1e-14)
+
+
+@gpu
+def test_a_device_scalar_of_another_group_is_refused(one_place, three_places):
+    a = sharded.ShardedArray.from_numpy(three_places, np.arange(10, dtype=np.float32))
+    s = sharded.DeviceScalar(one_place, np.float32)
+    with pytest.raises(ValueError, match=r"args\[1\]: a DeviceScalar of another PlaceGroup"):
+        sharded.transform(lambda x, m: x - m, a, s)
+    with pytest.raises(ValueError, match="out: belongs to another PlaceGroup than a"):
+        sharded.reduce(a, "sum", out=s)

@@ -156,12 +156,14 @@ NB_MODULE(_shim, m) {
   m.def(
       "transform",
       [](const std::vector<const csj::KernelLibrary*>& libraries, const csj::ArrayList& inputs,
-         csj::ShardedArray& out, const nb::bytes& scalars, bool indexed) {
+         csj::ShardedArray& out, const nb::bytes& scalars, bool indexed, const std::vector<int>& device_slots,
+         const csj::ArrayList& device_values) {
         std::string packed = to_string(scalars);
         nb::gil_scoped_release release;
-        csj::transform(libraries, inputs, out, packed, indexed);
+        csj::transform(libraries, inputs, out, packed, indexed, device_slots, device_values);
       },
-      "libraries"_a, "inputs"_a, "out"_a, "scalars"_a, "indexed"_a = false);
+      "libraries"_a, "inputs"_a, "out"_a, "scalars"_a, "indexed"_a = false, "device_slots"_a = std::vector<int>{},
+      "device_values"_a = csj::ArrayList{});
   m.def(
       "count",
       [](const csj::ShardedArray& in, const nb::bytes& value) {
