@@ -21,6 +21,10 @@ import functools
 # operator or a scalar, would cost a caught exception).
 _array_type = None
 
+# The capture in progress (capture.py's session), or None: every public call shows it its
+# arguments first, so that the capture starts on the group of the first call it records.
+capturing = None
+
 
 def register_array_type(cls) -> None:
     """Called once by distributed/_arrays.py with its DistributedArray."""
@@ -46,6 +50,8 @@ def collective(name: str):
     def wrap(function):
         @functools.wraps(function)
         def call(*args, **kwargs):
+            if capturing is not None:
+                capturing.see(args, kwargs)
             group = None if _array_type is None else _distributed_group(args, kwargs)
             if group is None:
                 return function(*args, **kwargs)

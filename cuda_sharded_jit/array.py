@@ -11,7 +11,7 @@ from typing import NamedTuple
 import numpy as np
 from numpy.lib.format import descr_to_dtype
 
-from . import _dlpack, _shim
+from . import _collective, _dlpack, _shim
 from ._dtypes import as_array_dtype, check_record, is_integer, is_record
 from ._layout import describe_dtype, layout_of
 from .places import PlaceGroup
@@ -127,6 +127,8 @@ def _shard_sizes(group: PlaceGroup, n_or_sizes, argument: str = "n") -> list[int
 
 
 def _allocate(group: PlaceGroup, sizes: list[int], dtype: np.dtype, contiguous: bool):
+    if _collective.capturing is not None:  # a captured function may not make arrays
+        _collective.capturing.allocating()
     name, itemsize = layout_of(dtype).shim_dtype
     return _shim.ShardedArray.allocate(group._impl, sizes, name, contiguous, itemsize)
 

@@ -6,6 +6,7 @@
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/shared_ptr.h>
+#include <nanobind/stl/unique_ptr.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
@@ -16,6 +17,7 @@
 #include "csj/search.hpp"
 #include "csj/select.hpp"
 #include "csj/by_key.hpp"
+#include "csj/capture.hpp"
 #include "csj/segmented.hpp"
 #include "csj/sharded_array.hpp"
 #include "csj/sort.hpp"
@@ -293,6 +295,12 @@ NB_MODULE(_shim, m) {
         return result_tuple(result);
       },
       "op"_a, "a"_a, "init"_a);
+  nb::class_<csj::CapturedGraph>(m, "CapturedGraph")
+      .def("replay", &csj::CapturedGraph::replay, nb::call_guard<nb::gil_scoped_release>())
+      .def_prop_ro("nodes", &csj::CapturedGraph::nodes);
+  m.def("capture_begin", &csj::capture_begin, "group"_a, nb::call_guard<nb::gil_scoped_release>());
+  m.def("capture_end", &csj::capture_end, "group"_a, nb::call_guard<nb::gil_scoped_release>());
+  m.def("capture_abandon", &csj::capture_abandon, "group"_a, nb::call_guard<nb::gil_scoped_release>());
   m.def(
       "reduce_into",
       [](const std::vector<const csj::KernelLibrary*>& libraries, const csj::ShardedArray& in, int acc_size,
