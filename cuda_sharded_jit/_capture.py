@@ -23,55 +23,61 @@ from . import _collective, _shim
 
 
 class _Session:
-    """A capture in progress on one thread: the group it records, once a call names one."""
+    """A capture in progress on one thread: the group it records, once a call names one, and
+    every array and DeviceScalar its calls named (the graph reads and writes their memory,
+    so the captured function keeps them alive)."""
 
     def __init__(self):
-        self.thread = threading.get_ident()
         self.group = None
+        self.kept = []
 
     def see(self, args, kwargs) -> None:
-        """A public call's arguments: the first that belongs to a group starts the capture."""
-        if self.group is not None or threading.get_ident() != self.thread:
-            return
-        group = _group_of(args, kwargs)
-        if group is None:
-            return
-        if group._distributed:
-            raise ValueError("capture: the calls of a PlaceGroup.from_mpi group are collectives over MPI, "
-                             "which a CUDA graph cannot hold; capture on a group of one process")
-        _shim.capture_begin(group._impl)
-        self.group = group
+        """A public call's arguments: the first that belongs to a group starts the capture;
+        a call on another group is refused."""
+        from .array import ShardedArray
+        from .places import PlaceGroup
+        from .scalar import DeviceScalar
+
+        for value in (*args, *kwargs.values()):
+            if isinstance(value, ShardedArray):
+                group = value._group
+            elif isinstance(value, DeviceScalar):
+                group = value.group
+            elif isinstance(value, PlaceGroup):
+                group = value
+            else:
+                continue
+            if self.group is None:
+                if group._distributed:
+                    raise ValueError("capture: the calls of a PlaceGroup.from_mpi group are collectives over "
+                                     "MPI, which a CUDA graph cannot hold; capture on a group of one process")
+                _shim.capture_begin(group._impl)
+                self.group = group
+            elif group is not self.group:
+                raise ValueError("capture: fn calls on a second PlaceGroup; a capture records the calls of one")
+            if not isinstance(value, PlaceGroup):
+                self.kept.append(value)
 
     def allocating(self) -> None:
-        if threading.get_ident() == self.thread:
-            raise ValueError("capture: fn makes a new array (a call without out=, or a constructor); a "
-                             "captured function writes into arrays made before the capture")
-
-
-def _group_of(args, kwargs):
-    from .array import ShardedArray
-    from .places import PlaceGroup
-    from .scalar import DeviceScalar
-
-    for value in (*args, *kwargs.values()):
-        if isinstance(value, ShardedArray):
-            return value._group
-        if isinstance(value, DeviceScalar):
-            return value.group
-        if isinstance(value, PlaceGroup):
-            return value
-    return None
+        raise ValueError("capture: fn makes a new array (a call without out=, or a constructor); a "
+                         "captured function writes into arrays made before the capture")
 
 
 class Captured:
-    """A recorded function: calling it replays the graph (queued, nothing waited for)."""
+    """A recorded function: calling it replays the graph (queued, nothing waited for). It
+    keeps the arrays, DeviceScalars and kernels the graph uses alive; freeing one of those
+    arrays explicitly (`a.free()`) while it lives is an error the graph cannot see."""
 
-    def __init__(self, graph, group, name: str):
+    def __init__(self, graph, group, name: str, kept: list):
         self._graph = graph
         self._group = group
         self._name = name
+        self._kept = kept
 
     def __call__(self) -> None:
+        if _collective.capture_session() is not None:
+            raise ValueError("capture: a captured function replayed inside another capture; call it "
+                             "after the capture ends, or call its function instead")
         self._graph.replay()
 
     @property
@@ -93,27 +99,32 @@ def capture(fn) -> Captured:
     """
     if not callable(fn):
         raise TypeError(f"fn: expected a callable of no arguments, got {type(fn).__name__}")
-    if _collective.capturing is not None:
-        raise RuntimeError("capture: a capture is already in progress (captures do not nest)")
+    thread = threading.get_ident()
+    if thread in _collective.capturing:
+        raise ValueError("capture: this thread is already capturing (captures do not nest)")
     session = _Session()
-    _collective.capturing = session
+    _collective.capturing[thread] = session
     try:
         fn()
     except BaseException as error:
-        _collective.capturing = None
+        del _collective.capturing[thread]
         if session.group is not None:
             _shim.capture_abandon(session.group._impl)
-        if isinstance(error, RuntimeError) and "captur" in str(error).lower():
-            raise RuntimeError(f"capture: a call in fn cannot be captured ({error}); a captured function may "
+        message = str(error)
+        if isinstance(error, RuntimeError) and not message.startswith("capture:") and "captur" in message.lower():
+            raise RuntimeError(f"capture: a call in fn cannot be captured ({message}); a captured function may "
                                f"not wait on the host: reduce into a DeviceScalar (out=) and read values "
                                f"after a replay") from error
         raise
-    _collective.capturing = None
+    del _collective.capturing[thread]
     if session.group is None:
         raise ValueError("capture: fn made no call of the library on a PlaceGroup, so there is nothing "
                          "to record")
+    from .compiler import _loaded_libraries
+
     graph = _shim.capture_end(session.group._impl)
-    return Captured(graph, session.group, getattr(fn, "__name__", "function"))
+    return Captured(graph, session.group, getattr(fn, "__name__", "function"),
+                    session.kept + _loaded_libraries())
 
 
 __all__ = ["capture", "Captured"]

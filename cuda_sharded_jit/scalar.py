@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._dtypes import as_dtype
+from . import _collective
+from ._dtypes import as_dtype, exact_cast
 from .array import ShardedArray
 from .places import PlaceGroup
 
@@ -35,10 +36,7 @@ class DeviceScalar:
         if isinstance(dtype, np.dtype) and dtype.names is not None:
             raise TypeError(f"dtype: a DeviceScalar holds one number, not a record ({dtype})")
         dtype = as_dtype(dtype)
-        try:
-            host = np.full(len(group), value, dtype=dtype)
-        except (TypeError, ValueError, OverflowError) as error:
-            raise TypeError(f"value: {value!r} is not a {dtype} number ({error})") from None
+        host = np.full(len(group), exact_cast(value, dtype, "value"), dtype=dtype)
         self._array = ShardedArray.allocate(group, [1] * len(group), dtype)
         self._array._impl.copy_from_host(host.ctypes.data, host.nbytes)
 
@@ -60,6 +58,7 @@ class DeviceScalar:
     @property
     def value(self):
         """The number, as a numpy scalar: place 0's copy, after the work queued there."""
+        _collective.refuse_host_wait("reading a DeviceScalar's value")
         host = np.empty(1, self.dtype)
         self._array._impl.copy_range_to_host(0, 1, host.ctypes.data, host.nbytes)
         return host[0]

@@ -1,7 +1,8 @@
 """sharded.capture: a function of the library's calls recorded into one CUDA graph, whose
-replays compute bit for bit what the same calls compute eagerly (against the eager run and
-numpy, on 1 to 4 places of one GPU); nothing runs while recording; what cannot be captured
-(a wait on the host, a new array) is refused and leaves the group working."""
+replays compute bit for bit what the same calls compute eagerly (against the eager run, on 1
+to 4 places of one GPU, and a replay after eager work against numpy); nothing runs while
+recording; what cannot be captured (a wait on the host, a new array, a second group, a
+nested capture) is refused and leaves the group working."""
 
 from __future__ import annotations
 
@@ -64,10 +65,22 @@ def test_a_replay_follows_the_work_queued_before_it(places):
 @gpu
 def test_what_cannot_be_captured_is_refused(three_places):
     x, y, s = _state(three_places, 5)
-    with pytest.raises(RuntimeError, match="may not wait on the host"):
+    with pytest.raises(ValueError, match="a reduction to a host value waits on the host"):
         sharded.capture(lambda: (sharded.transform(lambda a: a + 1.0, x, out=x), sharded.reduce(x, "sum")))
+    with pytest.raises(ValueError, match="to_numpy waits on the host"):
+        sharded.capture(lambda: (sharded.transform(lambda a: a + 1.0, x, out=x), x.to_numpy()))
     with pytest.raises(ValueError, match="fn makes a new array"):
         sharded.capture(lambda: sharded.transform(lambda a: a + 1.0, x))
+    other = sharded.ShardedArray.from_numpy(sharded.PlaceGroup.by_devices([0]), np.zeros(4))
+    with pytest.raises(ValueError, match="fn calls on a second PlaceGroup"):
+        sharded.capture(lambda: (sharded.transform(lambda a: a + 1.0, x, out=x),
+                                 sharded.transform(lambda a: a + 1.0, other, out=other)))
+    step = sharded.capture(lambda: sharded.transform(lambda a: a + 1.0, y, out=y))
+    with pytest.raises(ValueError, match="replayed inside another capture"):
+        sharded.capture(lambda: (sharded.transform(lambda a: a + 1.0, x, out=x), step()))
+    with pytest.raises(ValueError, match="already capturing"):
+        sharded.capture(lambda: (sharded.transform(lambda a: a + 1.0, x, out=x),
+                                 sharded.capture(lambda: None)))
     host = x.to_numpy()  # nothing of either ran, and the group still works
     np.testing.assert_array_equal(sharded.transform(lambda a: a + 1.0, x).to_numpy(), host + 1.0)
     assert float(sharded.reduce(x, "sum")) == pytest.approx(host.sum())
@@ -86,4 +99,4 @@ def test_capture_checks_its_function_first(monkeypatch):
     with pytest.raises(ValueError, match="fn makes a new array"):
         sharded.capture(lambda: sharded.empty_like(a))
     assert calls in ([], ["capture_begin", "capture_abandon"])  # nothing recorded, nothing left open
-    assert sharded._capture._collective.capturing is None
+    assert sharded._capture._collective.capturing == {}

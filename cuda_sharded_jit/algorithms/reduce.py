@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import _shim
+from .. import _collective
 from .._collective import collective
 from .._dtypes import as_dtype, as_flag, is_weak_scalar
 from .._layout import Layout, layout_of
@@ -91,6 +92,8 @@ def _operator(op, arity: int, what: str, values: Layout | None = None):
 def _reduce_call(a: ShardedArray, acc_size: int, init: bytes, libraries=None, builtin=None):
     """(valid, accumulator bytes) of the shim's reduce (`builtin`: a BuiltinReduction), or of
     its cross-rank form on a PlaceGroup.from_mpi group."""
+    if _collective.capturing:
+        _collective.refuse_host_wait("a reduction to a host value")
     if a._group._distributed:
         from ..distributed import _algorithms
 
@@ -132,8 +135,8 @@ def reduce(a: ShardedArray, op="sum", init=None, out=None):
     A record array folds its records: `op` takes and returns tuples (named ones when the
     fields have names), init is a tuple or None, the result a tuple of numpy scalars.
     `out`: a sharded.DeviceScalar of a's group, which receives the result on every place
-    (accumulated in its dtype, bit for bit what reduce returns for that accumulator) and is
-    returned; nothing is waited for on the host.
+    and is returned; nothing is waited for on the host. The fold accumulates in out's dtype
+    (narrower than a's too), bit for bit what reduce returns for that accumulator.
 
     >>> sharded.reduce(a, op=lambda x, y: max(abs(x), abs(y)), init=0.0)   # doctest: +SKIP
     >>> sharded.reduce(points, lambda p, q: (p.x + q.x, p.y + q.y))          # doctest: +SKIP
@@ -175,6 +178,8 @@ def _reduce_into(a: ShardedArray, op, init, out, values: Layout):
     acc_dtype = out.dtype
     acc = layout_of(acc_dtype)
     packed = acc.pack_init(init)
+    if a.size == 0:
+        _collective.refuse_host_wait("a reduce of an empty array (its init is written from host memory)")
     if a.size == 0 and not packed:
         if op != "sum":
             raise ValueError("reduce: the array is empty and no init was given, and the operator has no "

@@ -40,9 +40,8 @@ CapturedGraph::CapturedGraph(std::shared_ptr<PlaceGroup> group, void* graph, voi
     : group_(std::move(group)), graph_(graph), exec_(exec) {}
 
 CapturedGraph::~CapturedGraph() {
-  // a replay may still be running: the graph goes once place 0's stream has run it
+  // a replay still running is not cut short: its executable goes once it has run
   detail::DeviceGuard guard(group_->device(0));
-  cudaStreamSynchronize(stream_of(*group_, 0));
   cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(exec_));
   cudaGraphDestroy(static_cast<cudaGraph_t>(graph_));
   cudaGetLastError();
