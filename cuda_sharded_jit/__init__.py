@@ -46,6 +46,8 @@ from .compiler import CompiledKernel, cache_info, clear_cache, compile
 from .constructors import arange, asarray, empty, empty_like, full, full_like, linspace, ones, zeros, zeros_like
 from .op import Op, op
 from .places import PlaceGroup
+from .scalar import DeviceScalar
+from ._capture import capture
 
 __version__ = "0.1.0"
 
@@ -53,7 +55,7 @@ __version__ = "0.1.0"
 # which would shadow the builtins of the same names.
 
 __all__ = [
-    "PlaceGroup", "ShardedArray", "ShardView", "SUPPORTED_DTYPES",
+    "PlaceGroup", "ShardedArray", "ShardView", "DeviceScalar", "capture", "SUPPORTED_DTYPES",
     "op", "Op", "compile", "CompiledKernel", "transform", "ops",
     "reduce", "transform_reduce", "count_if", "argmin", "argmax",
     "inclusive_scan", "exclusive_scan", "transform_inclusive_scan", "transform_exclusive_scan",

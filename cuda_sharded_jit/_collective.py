@@ -14,12 +14,30 @@ Nothing here imports mpi4py: the package imports, and runs on one process, witho
 from __future__ import annotations
 
 import functools
+import threading
 
 # The array class of from_mpi groups, once distributed/_arrays.py is imported (by the first
 # from_mpi group's array): until then every call takes the one-process path at the cost of
 # one test, and after it, one type test an argument (an attribute lookup that fails, on an
 # operator or a scalar, would cost a caught exception).
 _array_type = None
+
+# The captures in progress (_capture.py's sessions) by thread: every public call of a thread
+# that captures shows its session its arguments first, so that the capture starts on the group
+# of the first call it records. Empty (one test a call) while nothing is captured.
+capturing: dict = {}
+
+
+def capture_session():
+    """This thread's capture in progress, or None."""
+    return capturing.get(threading.get_ident()) if capturing else None
+
+
+def refuse_host_wait(what: str) -> None:
+    """ValueError while this thread captures: `what` would wait on the host."""
+    if capturing and threading.get_ident() in capturing:
+        raise ValueError(f"capture: {what} waits on the host, which a captured function may not do; read "
+                         f"values after a replay (reduce into a DeviceScalar inside the capture)")
 
 
 def register_array_type(cls) -> None:
@@ -46,6 +64,10 @@ def collective(name: str):
     def wrap(function):
         @functools.wraps(function)
         def call(*args, **kwargs):
+            if capturing:
+                session = capturing.get(threading.get_ident())
+                if session is not None:
+                    session.see(args, kwargs)
             group = None if _array_type is None else _distributed_group(args, kwargs)
             if group is None:
                 return function(*args, **kwargs)

@@ -65,6 +65,11 @@ class MemoryCache:
         slot[1] = self._clock
         return slot[0]
 
+    def values(self) -> list:
+        """Every value held now (a snapshot)."""
+        with self._lock:
+            return [slot[0] for slot in self._entries.values()]
+
     def get_or_build(self, key, build):
         """The value for `key`, from `build()` on a miss: called once however many threads miss."""
         return self.get_or_build_reporting(key, build)[0]

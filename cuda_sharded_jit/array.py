@@ -11,7 +11,7 @@ from typing import NamedTuple
 import numpy as np
 from numpy.lib.format import descr_to_dtype
 
-from . import _dlpack, _shim
+from . import _collective, _dlpack, _shim
 from ._dtypes import as_array_dtype, check_record, is_integer, is_record
 from ._layout import describe_dtype, layout_of
 from .places import PlaceGroup
@@ -127,6 +127,10 @@ def _shard_sizes(group: PlaceGroup, n_or_sizes, argument: str = "n") -> list[int
 
 
 def _allocate(group: PlaceGroup, sizes: list[int], dtype: np.dtype, contiguous: bool):
+    if _collective.capturing:  # a captured function may not make arrays
+        session = _collective.capture_session()
+        if session is not None:
+            session.allocating()
     name, itemsize = layout_of(dtype).shim_dtype
     return _shim.ShardedArray.allocate(group._impl, sizes, name, contiguous, itemsize)
 
@@ -708,6 +712,7 @@ class ShardedArray:
         >>> host = a.to_numpy()                                           # doctest: +SKIP
         """
         check_one_process_root(root)
+        _collective.refuse_host_wait("to_numpy")
         host = np.empty(self.size, dtype=self._dtype)
         self._impl.copy_to_host(host.ctypes.data, host.nbytes)
         return host
@@ -965,9 +970,11 @@ class ShardedArray:
             host = np.full(stop - start, host[0], self._dtype)
         if host.size != stop - start:
             raise ValueError(f"value: {host.size} elements for a slice of {stop - start}")
+        _collective.refuse_host_wait("a host write (a[i] = v)")
         self._impl.copy_range_from_host(start, stop, host.ctypes.data, host.nbytes)
 
     def _host_range(self, start: int, stop: int) -> np.ndarray:
+        _collective.refuse_host_wait("a host read (a[i])")
         host = np.empty(stop - start, self._dtype)
         self._impl.copy_range_to_host(start, stop, host.ctypes.data, host.nbytes)
         return host

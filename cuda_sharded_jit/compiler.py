@@ -536,6 +536,12 @@ def kernel_libraries(op: Op, algorithm: str, arg_kinds: tuple, out_request, arch
     return found
 
 
+def _loaded_libraries() -> list:
+    """Every kernel library loaded now: what a captured graph keeps alive (an evicted
+    library is unloaded once nothing holds it, and a graph launches its kernels)."""
+    return _loaded.values()
+
+
 def _build_libraries(op: Op, base: tuple, archs: tuple, map_spec):
     """kernel_libraries' miss: the kernel of every place's arch, loaded once per process."""
     libraries, out_dtype = [], None

@@ -18,7 +18,8 @@ def _run(name: str) -> subprocess.CompletedProcess:
 @pytest.mark.parametrize("name", ["quickstart.py", "black_scholes.py", "reductions.py", "scans.py",
                                   "sort_and_histogram.py", "interop.py", "argmin.py", "welford.py",
                                   "log_sum_exp.py", "sorting_records.py", "filter_and_rebalance.py",
-                                  "group_by.py", "segment_statistics.py", "notebook_tour.py"])
+                                  "group_by.py", "segment_statistics.py", "notebook_tour.py",
+                                  "captured_loop.py"])
 def test_gpu_example(name):
     result = _run(name)
     assert result.returncode == 0, result.stderr

@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import _shim
+from .. import _collective
 from .._collective import collective
 from .._dtypes import as_dtype, as_flag, is_weak_scalar
 from .._layout import Layout, layout_of
@@ -91,6 +92,8 @@ def _operator(op, arity: int, what: str, values: Layout | None = None):
 def _reduce_call(a: ShardedArray, acc_size: int, init: bytes, libraries=None, builtin=None):
     """(valid, accumulator bytes) of the shim's reduce (`builtin`: a BuiltinReduction), or of
     its cross-rank form on a PlaceGroup.from_mpi group."""
+    if _collective.capturing:
+        _collective.refuse_host_wait("a reduction to a host value")
     if a._group._distributed:
         from ..distributed import _algorithms
 
@@ -123,7 +126,7 @@ def _result(valid: bool, raw: bytes, layout: Layout, op, what: str):
 
 
 @collective("reduce")
-def reduce(a: ShardedArray, op="sum", init=None):
+def reduce(a: ShardedArray, op="sum", init=None, out=None):
     """Fold every element with an associative operator, in global order; a numpy scalar.
 
     `op`: an operator (or plain callable) of two accumulators, or "sum", "min", "max"
@@ -131,6 +134,9 @@ def reduce(a: ShardedArray, op="sum", init=None):
     value. An empty array gives `init`; with no init, "sum" gives 0 and others ValueError.
     A record array folds its records: `op` takes and returns tuples (named ones when the
     fields have names), init is a tuple or None, the result a tuple of numpy scalars.
+    `out`: a sharded.DeviceScalar of a's group, which receives the result on every place
+    and is returned; nothing is waited for on the host. The fold accumulates in out's dtype
+    (narrower than a's too), bit for bit what reduce returns for that accumulator.
 
     >>> sharded.reduce(a, op=lambda x, y: max(abs(x), abs(y)), init=0.0)   # doctest: +SKIP
     >>> sharded.reduce(points, lambda p, q: (p.x + q.x, p.y + q.y))          # doctest: +SKIP
@@ -142,6 +148,8 @@ def reduce(a: ShardedArray, op="sum", init=None):
     if isinstance(init, tuple) and not values.is_record:
         raise TypeError("init: a tuple accumulator is built from each element by a map: use "
                         "sharded.transform_reduce(a, map_op, reduce_op, init)")
+    if out is not None:
+        return _reduce_into(a, op, init, out, values)
     acc_dtype = _accumulator(a.dtype, values, init)
     acc = values if acc_dtype is a.dtype else layout_of(acc_dtype)
     packed = acc.pack_init(init)
@@ -155,6 +163,36 @@ def reduce(a: ShardedArray, op="sum", init=None):
     _, libraries = kernel_libraries(op, "reduce", (("array", a.dtype),), acc_dtype, a.group.archs)
     valid, raw = _reduce_call(a, acc.itemsize, packed, libraries)
     return _result(valid, raw, acc, name, "reduce")
+
+
+def _reduce_into(a: ShardedArray, op, init, out, values: Layout):
+    """reduce(..., out=DeviceScalar): the fold in out's dtype, written to its every copy."""
+    from ..scalar import DeviceScalar
+
+    if not isinstance(out, DeviceScalar):
+        raise TypeError(f"out: expected a sharded.DeviceScalar, got {type(out).__name__}")
+    if out.group is not a.group:
+        raise ValueError("out: belongs to another PlaceGroup than a")
+    if values.is_record:
+        raise TypeError(f"out: a DeviceScalar holds one number, but a holds records {values.description}")
+    acc_dtype = out.dtype
+    acc = layout_of(acc_dtype)
+    packed = acc.pack_init(init)
+    if a.size == 0:
+        _collective.refuse_host_wait("a reduce of an empty array (its init is written from host memory)")
+    if a.size == 0 and not packed:
+        if op != "sum":
+            raise ValueError("reduce: the array is empty and no init was given, and the operator has no "
+                             "known identity; pass init=")
+        packed = acc.pack_init(acc_dtype.type(0))
+    if isinstance(op, str):
+        if acc_dtype == a.dtype:
+            _shim.reduce_builtin_into(_BUILTIN[op], a._impl, packed, out._impl)
+            return out
+        op = _PYTHON_OPS[op]
+    _, libraries = kernel_libraries(op, "reduce", (("array", a.dtype),), acc_dtype, a.group.archs)
+    _shim.reduce_into(libraries, a._impl, acc.itemsize, packed, out._impl)
+    return out
 
 
 def sum(a: ShardedArray):  # noqa: A001 - numpy's name

@@ -14,6 +14,7 @@ from ..array import ShardedArray, check_out
 from ..compiler import INDEX_MAP, VALUE_MAP, check_transform_counts, is_indexed_transform, kernel_libraries
 from ..op import Op, as_op
 from ..ops import Descriptor
+from ..scalar import DeviceScalar
 
 # keyed by the dtype itself: dtype.name is computed anew (in Python) at every read
 _PACK = {np.dtype(name): struct.Struct(layout) for name, layout in (
@@ -41,7 +42,10 @@ def transform(op, *args, out: ShardedArray | None = None, with_index: bool = Fal
     """out[i] = op(args[0][i], args[1][i], ...) for every element, on every place.
 
     Arrays (1 to 4, any supported dtypes, same group and shard sizes) are read elementwise;
-    scalars among `args` are broadcast runtime arguments (a new value never recompiles).
+    scalars among `args` are broadcast runtime arguments (a new value never recompiles). A
+    sharded.DeviceScalar of the arrays' group is such a scalar read on the device, each place
+    its own copy, so a value a reduction wrote there (`reduce(..., out=s)`) needs no host
+    round trip.
     The result has out's dtype when `out` is given (the value is cast), else the operator's
     return type. `out` may alias an input. Returns at once (stream-ordered).
 
@@ -73,6 +77,7 @@ def prepare(op, args, out: ShardedArray | None, with_index: bool = False, reques
     op = as_op(op)
     op.check_arity(len(args) + with_index, "transform (with the index)" if with_index else "transform")
     arrays, scalars, scalar_dtypes, kinds = [], [], [], []
+    on_device = []  # (scalar slot, argument position, DeviceScalar)
     records = False  # an array of records: the indexed module (is_indexed_transform)
     group = sizes = None  # array 0's; `matched` stays True while every array shares them
     matched = True
@@ -91,6 +96,11 @@ def prepare(op, args, out: ShardedArray | None, with_index: bool = False, reques
             scalars.append(value)
             scalar_dtypes.append(dtype)
             kinds.append(("scalar", dtype))
+        elif isinstance(value, DeviceScalar):  # its slot holds the copy's address, per place
+            on_device.append((len(scalars), position, value))
+            scalars.append(0)
+            scalar_dtypes.append(value.dtype)
+            kinds.append(("scalar", value.dtype))
         else:
             raise TypeError(
                 f"args[{position}]: expected a ShardedArray or a scalar, got {type(value).__name__}"
@@ -107,6 +117,9 @@ def prepare(op, args, out: ShardedArray | None, with_index: bool = False, reques
                 raise ValueError(
                     f"args: array {index} has shard sizes {array.shard_sizes}, array 0 has {first.shard_sizes}"
                 )
+    for _, position, value in on_device:
+        if value.group is not first.group:
+            raise ValueError(f"args[{position}]: a DeviceScalar of another PlaceGroup than the arrays'")
     if out is not None:
         check_out(out, first)
         out_request = out._dtype
@@ -115,19 +128,25 @@ def prepare(op, args, out: ShardedArray | None, with_index: bool = False, reques
     out_dtype, libraries = kernel_libraries(op, "transform", tuple(kinds), out_request, group.archs,
                                             INDEX_MAP if with_index else VALUE_MAP)
     packed = pack_scalars(scalars, scalar_dtypes) if scalars else b""
+    device = ([slot for slot, _, _ in on_device], [value for _, _, value in on_device])
     # is_indexed_transform's answer, from what the loop saw (its cached form hashes the kinds)
-    return arrays, packed, out_dtype, libraries, with_index or records or out_dtype.names is not None
+    return arrays, packed, out_dtype, libraries, with_index or records or out_dtype.names is not None, device
 
 
 def run(prepared, out: ShardedArray | None) -> ShardedArray:
     """Launches a transform `prepare` checked and compiled; allocates `out` when None."""
-    arrays, packed, out_dtype, libraries, indexed = prepared
+    arrays, packed, out_dtype, libraries, indexed, *device = prepared
     if out is None:
         out = ShardedArray._new_like(arrays[0], out_dtype)
     if out._group._distributed:  # every rank's checks passed, and it makes the same call
         begin(out.group, "transform", ("shard sizes", out.shard_sizes),
               ("dtypes", tuple(array.dtype.str for array in arrays) + (out.dtype.str,)))
-    _shim.transform(libraries, [array._impl for array in arrays], out._impl, packed, indexed)
+    if device and device[0][0]:
+        slots, values = device[0]
+        _shim.transform(libraries, [array._impl for array in arrays], out._impl, packed, indexed, slots,
+                        [value._impl for value in values])
+    else:
+        _shim.transform(libraries, [array._impl for array in arrays], out._impl, packed, indexed)
     return out
 
 

@@ -6,6 +6,7 @@
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/shared_ptr.h>
+#include <nanobind/stl/unique_ptr.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
@@ -16,6 +17,7 @@
 #include "csj/search.hpp"
 #include "csj/select.hpp"
 #include "csj/by_key.hpp"
+#include "csj/capture.hpp"
 #include "csj/segmented.hpp"
 #include "csj/sharded_array.hpp"
 #include "csj/sort.hpp"
@@ -156,12 +158,14 @@ NB_MODULE(_shim, m) {
   m.def(
       "transform",
       [](const std::vector<const csj::KernelLibrary*>& libraries, const csj::ArrayList& inputs,
-         csj::ShardedArray& out, const nb::bytes& scalars, bool indexed) {
+         csj::ShardedArray& out, const nb::bytes& scalars, bool indexed, const std::vector<int>& device_slots,
+         const csj::ArrayList& device_values) {
         std::string packed = to_string(scalars);
         nb::gil_scoped_release release;
-        csj::transform(libraries, inputs, out, packed, indexed);
+        csj::transform(libraries, inputs, out, packed, indexed, device_slots, device_values);
       },
-      "libraries"_a, "inputs"_a, "out"_a, "scalars"_a, "indexed"_a = false);
+      "libraries"_a, "inputs"_a, "out"_a, "scalars"_a, "indexed"_a = false, "device_slots"_a = std::vector<int>{},
+      "device_values"_a = csj::ArrayList{});
   m.def(
       "count",
       [](const csj::ShardedArray& in, const nb::bytes& value) {
@@ -293,6 +297,29 @@ NB_MODULE(_shim, m) {
         return result_tuple(result);
       },
       "op"_a, "a"_a, "init"_a);
+  nb::class_<csj::CapturedGraph>(m, "CapturedGraph")
+      .def("replay", &csj::CapturedGraph::replay, nb::call_guard<nb::gil_scoped_release>())
+      .def_prop_ro("nodes", &csj::CapturedGraph::nodes);
+  m.def("capture_begin", &csj::capture_begin, "group"_a, nb::call_guard<nb::gil_scoped_release>());
+  m.def("capture_end", &csj::capture_end, "group"_a, nb::call_guard<nb::gil_scoped_release>());
+  m.def("capture_abandon", &csj::capture_abandon, "group"_a, nb::call_guard<nb::gil_scoped_release>());
+  m.def(
+      "reduce_into",
+      [](const std::vector<const csj::KernelLibrary*>& libraries, const csj::ShardedArray& in, int acc_size,
+         const nb::bytes& init, csj::ShardedArray& out) {
+        std::string init_bytes = to_string(init);
+        nb::gil_scoped_release release;
+        csj::reduce_into(libraries, in, acc_size, init_bytes, out);
+      },
+      "libraries"_a, "a"_a, "acc_size"_a, "init"_a, "out"_a);
+  m.def(
+      "reduce_builtin_into",
+      [](csj::BuiltinReduction op, const csj::ShardedArray& in, const nb::bytes& init, csj::ShardedArray& out) {
+        std::string init_bytes = to_string(init);
+        nb::gil_scoped_release release;
+        csj::reduce_builtin_into(op, in, init_bytes, out);
+      },
+      "op"_a, "a"_a, "init"_a, "out"_a);
   // offsets: int64 positions in host memory, (address, count) as histogram_even's buffers
   m.def(
       "segmented_reduce",

@@ -1,5 +1,6 @@
 // Kernel parameter blocks shared by the device code and the host launch driver.
-// Plain C++ (no CUDA types) so both sides agree on the layout.
+// Plain C++ (no CUDA types) so both sides agree on the layout; the one device helper is
+// compiled for the device side only.
 #pragma once
 
 namespace csj::kernels {
@@ -17,9 +18,22 @@ constexpr int kMaxAccSize = 32;  // bytes: tuple accumulators of up to four 8-by
 // 4-byte words (Blob in transform.cuh). adopt() checks foreign buffers against it.
 constexpr int element_alignment(int size) { return size % 8 == 0 ? 8 : 4; }
 
+// A transform's runtime scalars, one slot each. Bit k of `on_device` set: slot k holds the
+// device address of the value (a DeviceScalar's copy on the launching place), which the
+// kernel reads there, so a value a reduction wrote on the device needs no host round trip.
 struct ScalarPack {
   alignas(8) unsigned char bytes[kMaxScalars * kScalarSlot];
+  unsigned int on_device;
 };
+
+#if defined(__CUDACC__)
+// Where an operator reads scalar `k`: its slot, or the device value the slot points to.
+__device__ __forceinline__ const void* scalar_address(const ScalarPack& scalars, int k) {
+  const unsigned char* slot = scalars.bytes + k * kScalarSlot;
+  if ((scalars.on_device >> k) & 1u) return *reinterpret_cast<const void* const*>(slot);
+  return slot;
+}
+#endif
 
 struct TransformParams {
   const void* inputs[kMaxInputs];

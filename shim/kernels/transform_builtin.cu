@@ -12,7 +12,7 @@ namespace {
 
 template <class T>
 __device__ __forceinline__ T scalar(const ScalarPack& scalars, int slot) {
-  return *reinterpret_cast<const T*>(scalars.bytes + slot * kScalarSlot);
+  return *static_cast<const T*>(scalar_address(scalars, slot));
 }
 
 template <class T>

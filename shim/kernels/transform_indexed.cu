@@ -43,7 +43,7 @@ __device__ __forceinline__ void call(const TransformParams& params, long long in
                                      cuda::std::integer_sequence<int, I...>,
                                      cuda::std::integer_sequence<int, S...>) {
   csj_transform_indexed_op(params.inputs[I]..., params.out,
-                           static_cast<const void*>(params.scalars.bytes + S * kScalarSlot)..., index);
+                           csj::kernels::scalar_address(params.scalars, S)..., index);
 }
 
 }  // namespace

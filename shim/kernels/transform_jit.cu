@@ -25,7 +25,7 @@ using csj::kernels::ScalarPack;
 #define CSJ_SCALAR_PARAMS                                                                    \
   const void*, const void*, const void*, const void*, const void*, const void*, const void*, \
       const void*
-#define CSJ_SCALAR(k) static_cast<const void*>(scalars.bytes + (k) * kScalarSlot)
+#define CSJ_SCALAR(k) csj::kernels::scalar_address(scalars, (k))
 #define CSJ_SCALAR_ARGS                                                                   \
   CSJ_SCALAR(0), CSJ_SCALAR(1), CSJ_SCALAR(2), CSJ_SCALAR(3), CSJ_SCALAR(4), CSJ_SCALAR(5), \
       CSJ_SCALAR(6), CSJ_SCALAR(7)

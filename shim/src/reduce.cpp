@@ -478,6 +478,82 @@ ReduceResult reduce_impl(const std::vector<KernelSet>& sets, const ShardedArray&
   return result;
 }
 
+// reduce_into: the fold in stream-ordered scratch (no leased slot: nothing is waited for, so
+// a slot could not be handed back safely), one place's kernel applying init, or first_pass's
+// per-place totals folded in place order with init first, as combine_places folds them; the
+// total then copied to every place's element of `out` on that place's stream.
+void reduce_into_impl(const std::vector<KernelSet>& sets, const ShardedArray& in, int acc_size,
+                      const std::string& init, ShardedArray& out, const std::string& map_value = {}) {
+  check_acc(acc_size, init);
+  const ArrayLeases leases({{&in, "a"}, {&out, "out"}});
+  const PlaceGroup& group = *in.group();
+  if (out.group() != in.group()) throw std::invalid_argument("out: belongs to another PlaceGroup");
+  for (std::size_t place = 0; place < out.num_shards(); ++place) {
+    if (out.shard_size(place) != 1) {
+      throw std::invalid_argument("out: expected one element on every place (a DeviceScalar's storage)");
+    }
+  }
+  if (static_cast<int>(out.itemsize()) != acc_size) {
+    throw std::invalid_argument("out: element size differs from the accumulator's");
+  }
+  const auto acc = static_cast<std::size_t>(acc_size);
+  const std::vector<std::size_t> places = non_empty_places(in);
+  if (places.empty()) {
+    if (init.empty()) throw std::invalid_argument("a: empty, and no init to write");
+    for (std::size_t place = 0; place < out.num_shards(); ++place) {
+      detail::DeviceGuard guard(group.device(place));
+      check(cudaMemcpyAsync(reinterpret_cast<void*>(out.shard_pointer(place)), init.data(), acc,
+                            cudaMemcpyHostToDevice, stream_of(group, place)),
+            "cudaMemcpyAsync (init)");
+    }
+    return;
+  }
+  std::vector<PassScratch> scratch(places.size());
+  std::vector<Chunking> cuts(places.size());
+  detail::StreamScratch staging;
+  const detail::SyncOnUnwind settle(group);  // on a throw, queued work drains before scratch goes
+  const void* total = nullptr;
+  int total_device = 0;
+  cudaStream_t total_stream = nullptr;
+  if (places.size() == 1) {
+    const std::size_t place = places[0];
+    total_device = group.device(place);
+    total_stream = stream_of(group, place);
+    detail::DeviceGuard guard(total_device);
+    cuts[0] = chunking(sets[place], false, in.shard_size(place), total_device, static_cast<int>(in.itemsize()),
+                       acc_size);
+    scratch[0] = allocate_pass(cuts[0].grid, acc_size, false, total_stream, pool_of(group, place));
+    reduce_shard(sets[place], in, place, cuts[0], scratch[0], init, map_value);
+    total = scratch[0].result;
+  } else {
+    first_pass(sets, in, places, acc_size, init, false, scratch, cuts, staging, map_value);
+    total_device = group.device(0);
+    total_stream = stream_of(group, 0);
+    total = staging.bytes() + 2 * places.size() * acc;
+  }
+  for (std::size_t place = 0; place < out.num_shards(); ++place) {
+    const int device = group.device(place);
+    const cudaStream_t stream = stream_of(group, place);
+    detail::DeviceGuard guard(device);
+    detail::wait_for(stream, total_stream, total_device);
+    check(cudaMemcpyPeerAsync(reinterpret_cast<void*>(out.shard_pointer(place)), device, total, total_device, acc,
+                              stream),
+          "cudaMemcpyPeerAsync (the result to every place)");
+  }
+  // Every place's stream has waited for the total, so the fold has read every place's scratch;
+  // the total's memory goes once every copy of it has been made.
+  for (std::size_t place = 0; place < out.num_shards(); ++place) {
+    const cudaStream_t stream = stream_of(group, place);
+    if (stream != total_stream) detail::wait_for(total_stream, stream, group.device(place));
+  }
+  for (std::size_t k = 0; k < places.size(); ++k) {
+    detail::DeviceGuard guard(group.device(places[k]));
+    scratch[k].memory.free();
+  }
+  detail::DeviceGuard guard(total_device);
+  staging.free();
+}
+
 void scan_impl(const std::vector<KernelSet>& sets, const ShardedArray& in, ShardedArray& out,
                int acc_size, const std::string& init, bool exclusive) {
   check_acc(acc_size, init);
@@ -736,6 +812,17 @@ ReduceResult reduce_builtin(BuiltinReduction op, const ShardedArray& in, const s
   in.check_scalar("a", "a built-in reduction");
   return reduce_impl(builtin_sets(op, in.dtype(), in.group()->size()), in,
                      static_cast<int>(in.itemsize()), init);
+}
+
+void reduce_into(const std::vector<const KernelLibrary*>& libraries, const ShardedArray& in, int acc_size,
+                 const std::string& init, ShardedArray& out) {
+  reduce_into_impl(linked_sets(libraries, *in.group(), false), in, acc_size, init, out);
+}
+
+void reduce_builtin_into(BuiltinReduction op, const ShardedArray& in, const std::string& init, ShardedArray& out) {
+  in.check_scalar("a", "a built-in reduction");
+  reduce_into_impl(builtin_sets(op, in.dtype(), in.group()->size()), in, static_cast<int>(in.itemsize()), init,
+                   out);
 }
 
 long long count(const ShardedArray& in, const std::string& value) {

@@ -4,6 +4,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <stdexcept>
 
@@ -22,8 +23,15 @@ using kernels::TransformParams;
 constexpr long long kTileElements =
     static_cast<long long>(kernels::kTransformBlock) * kernels::kTransformItems;
 
+// Scalars read on the device: slot `slots[k]` takes the address of place p's copy of
+// `values[k]` (a DeviceScalar's storage: one element on every place).
+struct DeviceScalars {
+  const std::vector<int>& slots;
+  const ArrayList& values;
+};
+
 TransformParams params_for(const ArrayList& inputs, const ShardedArray& out, std::size_t place,
-                           const std::string& scalars) {
+                           const std::string& scalars, const DeviceScalars& device) {
   TransformParams params{};
   for (std::size_t k = 0; k < inputs.size(); ++k) {
     params.inputs[k] = reinterpret_cast<const void*>(inputs[k]->shard_pointer(place));
@@ -32,38 +40,72 @@ TransformParams params_for(const ArrayList& inputs, const ShardedArray& out, std
   params.n = out.shard_size(place);
   params.index_base = out.index_base(place);
   std::memcpy(params.scalars.bytes, scalars.data(), scalars.size());
+  for (std::size_t k = 0; k < device.slots.size(); ++k) {
+    const auto address = static_cast<std::uintptr_t>(device.values[k]->shard_pointer(place));
+    std::memcpy(params.scalars.bytes + device.slots[k] * kernels::kScalarSlot, &address, sizeof(address));
+    params.scalars.on_device |= 1u << device.slots[k];
+  }
   return params;
 }
 
-void check_scalars(const std::string& scalars) {
-  if (scalars.size() > sizeof(kernels::ScalarPack) || scalars.size() % kernels::kScalarSlot) {
+void check_scalars(const std::string& scalars, const DeviceScalars& device, const ShardedArray& out) {
+  constexpr std::size_t kSlots = sizeof(kernels::ScalarPack{}.bytes);
+  if (scalars.size() > kSlots || scalars.size() % kernels::kScalarSlot) {
     throw std::invalid_argument("scalars: at most " + std::to_string(kernels::kMaxScalars) +
                                 " runtime scalars are supported, got " +
                                 std::to_string(scalars.size() / kernels::kScalarSlot));
   }
+  if (device.slots.size() != device.values.size()) {
+    throw std::invalid_argument("device_values: expected one per device slot");
+  }
+  for (std::size_t k = 0; k < device.slots.size(); ++k) {
+    const std::string what = "device_values[" + std::to_string(k) + "]";
+    const int slot = device.slots[k];
+    if (slot < 0 || static_cast<std::size_t>(slot) * kernels::kScalarSlot >= scalars.size()) {
+      throw std::invalid_argument("device_slots: " + std::to_string(slot) + " is not one of the scalars' slots");
+    }
+    if (!device.values[k]) throw std::invalid_argument(what + ": None");
+    const ShardedArray& value = *device.values[k];
+    if (value.group() != out.group()) throw std::invalid_argument(what + ": belongs to another PlaceGroup than out");
+    for (std::size_t place = 0; place < value.num_shards(); ++place) {
+      if (value.shard_size(place) != 1) {
+        throw std::invalid_argument(what + ": expected one element on every place (a DeviceScalar's storage)");
+      }
+    }
+    if (value.itemsize() > static_cast<std::size_t>(kernels::kScalarSlot)) {
+      throw std::invalid_argument(what + ": elements wider than a scalar slot");
+    }
+  }
 }
 
-// Leases on `out` and every input, named as in errors.
-ArrayLeases lease_all(const ArrayList& inputs, const ShardedArray& out) {
+// Leases on `out`, every input and every device scalar, named as in errors.
+ArrayLeases lease_all(const ArrayList& inputs, const ShardedArray& out, const ArrayList& device_values) {
   std::vector<ArrayLeases::Use> uses{{&out, "out"}};
   for (std::size_t k = 0; k < inputs.size(); ++k) {
     if (inputs[k]) uses.push_back({inputs[k].get(), "inputs[" + std::to_string(k) + "]"});
   }
+  for (std::size_t k = 0; k < device_values.size(); ++k) {
+    if (device_values[k]) uses.push_back({device_values[k].get(), "device_values[" + std::to_string(k) + "]"});
+  }
   return ArrayLeases(std::move(uses));
 }
+
+const std::vector<int> kNoSlots;
+const ArrayList kNoValues;
 
 // Runs `launch(params, grid, place, stream)` on every place with a non-empty shard.
 template <class Launch>
 void for_each_place(const ArrayList& inputs, ShardedArray& out, const std::string& scalars,
-                    Launch&& launch, bool allow_no_inputs = false) {
-  const ArrayLeases leases = lease_all(inputs, out);
+                    Launch&& launch, bool allow_no_inputs = false,
+                    const DeviceScalars& device = DeviceScalars{kNoSlots, kNoValues}) {
+  const ArrayLeases leases = lease_all(inputs, out, device.values);
   check_conformable(inputs, out, allow_no_inputs);
-  check_scalars(scalars);
+  check_scalars(scalars, device, out);
   const PlaceGroup& group = *out.group();
   for (std::size_t place = 0; place < group.size(); ++place) {
     const long long n = out.shard_size(place);
     if (n == 0) continue;
-    TransformParams params = params_for(inputs, out, place, scalars);
+    TransformParams params = params_for(inputs, out, place, scalars, device);
     const auto grid = static_cast<unsigned>((n + kTileElements - 1) / kTileElements);
     detail::DeviceGuard guard(group.device(place));
     launch(params, grid, place, group.stream(place));
@@ -195,7 +237,8 @@ void check_conformable(const ArrayList& inputs, const ShardedArray& out, bool al
 }
 
 void transform(const std::vector<const KernelLibrary*>& libraries, const ArrayList& inputs,
-               ShardedArray& out, const std::string& scalars, bool indexed) {
+               ShardedArray& out, const std::string& scalars, bool indexed, const std::vector<int>& device_slots,
+               const ArrayList& device_values) {
   if (libraries.size() != out.group()->size()) {
     throw std::invalid_argument("libraries: expected one per place (" +
                                 std::to_string(out.group()->size()) + "), got " +
@@ -226,7 +269,8 @@ void transform(const std::vector<const KernelLibrary*>& libraries, const ArrayLi
                    detail::launch(kernels[place], grid, kernels::kTransformBlock,
                                   reinterpret_cast<cudaStream_t>(stream), params,
                                   "launching transform");
-                 });
+                 },
+                 false, DeviceScalars{device_slots, device_values});
 }
 
 void adjacent_difference(const std::vector<const KernelLibrary*>& difference,

@@ -27,6 +27,14 @@ ReduceResult reduce(const std::vector<const KernelLibrary*>& libraries, const Sh
                     int acc_size, const std::string& init);
 ReduceResult reduce_builtin(BuiltinReduction op, const ShardedArray& in, const std::string& init);
 
+// The same fold (the same association: bit for bit reduce's answer), written to every place's
+// element of `out` (a DeviceScalar's storage: one element of acc_size bytes on each place of
+// in's group) instead of returned: queued on the places' streams, nothing waited for on the
+// host. An empty `in` writes init (which must then be given).
+void reduce_into(const std::vector<const KernelLibrary*>& libraries, const ShardedArray& in, int acc_size,
+                 const std::string& init, ShardedArray& out);
+void reduce_builtin_into(BuiltinReduction op, const ShardedArray& in, const std::string& init, ShardedArray& out);
+
 // Number of elements equal to `value` (the dtype's bytes); built in, no JIT.
 long long count(const ShardedArray& in, const std::string& value);
 

@@ -53,8 +53,11 @@ using ArrayList = std::vector<std::shared_ptr<ShardedArray>>;
 // transforms (csj_transform_indexed: records, index-aware operators), which receive each
 // array's global base and every element's global index; otherwise vectorised ones
 // (csj_transform, 4- and 8-byte scalars).
+// `device_slots` / `device_values`: scalars read on the device, slot device_slots[k] reading
+// each place's copy of device_values[k] (a DeviceScalar's storage: one element per place).
 void transform(const std::vector<const KernelLibrary*>& libraries, const ArrayList& inputs,
-               ShardedArray& out, const std::string& scalars, bool indexed = false);
+               ShardedArray& out, const std::string& scalars, bool indexed = false,
+               const std::vector<int>& device_slots = {}, const ArrayList& device_values = {});
 void transform_builtin(BuiltinOp op, const ArrayList& inputs, ShardedArray& out,
                        const std::string& scalars);
 
