@@ -159,9 +159,17 @@ void segmented_reduce(const std::vector<const KernelLibrary*>& libraries, const 
     if (count > INT_MAX) throw std::invalid_argument("offsets: more than 2^31 - 1 segments in one shard");
     const std::size_t piece_bytes = (static_cast<std::size_t>(count) * acc + 15) / 16 * 16;
     const std::size_t offset_bytes = static_cast<std::size_t>(count + 1) * sizeof(long long);
-    item.memory = detail::StreamScratch(piece_bytes + offset_bytes, stream, pool_of(group, place));
-    item.pieces = item.memory.bytes();
-    long long* local_offsets = reinterpret_cast<long long*>(item.memory.bytes() + piece_bytes);
+    // Pieces that all land in one result shard on this device are written there by the
+    // kernel (a shard without a head piece: one place, or aligned segments); the others
+    // wait in scratch for their peer copies.
+    const auto [first_target, first_index] = result_slot(out, item.first);
+    const bool direct = !item.head && group.device(first_target) == device &&
+                        first_index + count <= out.shard_size(first_target);
+    item.memory = detail::StreamScratch((direct ? 0 : piece_bytes) + offset_bytes, stream, pool_of(group, place));
+    item.pieces = direct ? reinterpret_cast<unsigned char*>(out.shard_pointer(first_target)) + first_index * acc
+                         : item.memory.bytes();
+    long long* local_offsets =
+        reinterpret_cast<long long*>(item.memory.bytes() + (direct ? 0 : piece_bytes));
     // The kernel reads positions as indices (against index_base): an array whose indices
     // start past 0 (a rank's part of a multi-process array) has its positions shifted.
     std::vector<std::int64_t> shifted;
@@ -195,7 +203,7 @@ void segmented_reduce(const std::vector<const KernelLibrary*>& libraries, const 
 
     // The segments that begin here go to their result places (a spanning one is finished
     // there by the fold below, after this copy).
-    long long s = item.first + (item.head ? 1 : 0);
+    long long s = direct ? item.last : item.first + (item.head ? 1 : 0);
     while (s < item.last) {
       const auto [target, index] = result_slot(out, s);
       const long long run = std::min<long long>(item.last - s, out.shard_size(target) - index);
