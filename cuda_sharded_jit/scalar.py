@@ -70,7 +70,7 @@ class DeviceScalar:
         return int(self.value)
 
     def __repr__(self) -> str:
-        if self._array._impl.is_freed():
+        if self._array._impl.is_freed:
             return f"DeviceScalar({self.dtype}, freed)"
         return f"DeviceScalar({self.value!r}, on {len(self.group)} place(s))"
 

@@ -109,6 +109,24 @@ class Event {
 // `producer_device` (events belong to the device of the stream they are recorded on).
 void wait_for(cudaStream_t waiter, cudaStream_t producer, int producer_device);
 
+// Copies `bytes` from one place's memory to another's on `stream`, in a way a stream capture
+// can record: a device-to-device copy on one device; across devices a peer copy, or while
+// `stream` is capturing (a graph takes no peer-copy call) a copy in the unified address space.
+inline void copy_between(void* dst, int dst_device, const void* src, int src_device, std::size_t bytes,
+                         cudaStream_t stream, const char* what) {
+  if (dst_device == src_device) {
+    check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream), what);
+    return;
+  }
+  cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+  check(cudaStreamIsCapturing(stream, &capturing), what);
+  if (capturing != cudaStreamCaptureStatusNone) {
+    check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream), what);
+  } else {
+    check(cudaMemcpyPeerAsync(dst, dst_device, src, src_device, bytes, stream), what);
+  }
+}
+
 // When its scope is left by an exception, waits for every place's stream of `group` before
 // the scratch declared *earlier* in the scope is freed: work already queued on one place may
 // still read or write another place's scratch (the cross-place fold, peer copies). Costs

@@ -536,9 +536,8 @@ void reduce_into_impl(const std::vector<KernelSet>& sets, const ShardedArray& in
     const cudaStream_t stream = stream_of(group, place);
     detail::DeviceGuard guard(device);
     detail::wait_for(stream, total_stream, total_device);
-    check(cudaMemcpyPeerAsync(reinterpret_cast<void*>(out.shard_pointer(place)), device, total, total_device, acc,
-                              stream),
-          "cudaMemcpyPeerAsync (the result to every place)");
+    detail::copy_between(reinterpret_cast<void*>(out.shard_pointer(place)), device, total, total_device, acc, stream,
+                         "copying the result to every place");
   }
   // Every place's stream has waited for the total, so the fold has read every place's scratch;
   // the total's memory goes once every copy of it has been made.
@@ -597,8 +596,7 @@ void scan_impl(const std::vector<KernelSet>& sets, const ShardedArray& in, Shard
         seed = prefix;  // read in place
       } else {
         seed = static_cast<unsigned char*>(scratch[k].result) + k::kMaxAccSize;  // spare slot after the total
-        check(cudaMemcpyPeerAsync(seed, device, prefix, home, acc_size, stream),
-              "cudaMemcpyPeerAsync (prefix)");
+        detail::copy_between(seed, device, prefix, home, acc_size, stream, "copying a shard's prefix");
       }
     }
     params.in = reinterpret_cast<const void*>(in.shard_pointer(place));

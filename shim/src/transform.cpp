@@ -352,8 +352,8 @@ void adjacent_difference(const std::vector<const KernelLibrary*>& difference,
         detail::StreamScratch slot(16, stream, reinterpret_cast<cudaMemPool_t>(group.memory_pool(place)));
         const auto* neighbour = reinterpret_cast<const unsigned char*>(in.shard_pointer(prior)) +
                                 (successor ? 0 : (in.shard_size(prior) - 1) * element);
-        check(cudaMemcpyPeerAsync(slot.get(), device, neighbour, prior_device, element, stream),
-              "cudaMemcpyPeerAsync (neighbour)");
+        detail::copy_between(slot.get(), device, neighbour, prior_device, element, stream,
+                             "copying a shard's neighbour");
         run(diff_kernel, data + edge * element, slot.get(), result + edge * out_element, 1);
       }
       // the prior shard's stream may reuse or overwrite its memory only after our read
