@@ -31,7 +31,6 @@ using Key = Word<CSJ_KEY_SIZE>::type;
 using Value = Word<CSJ_VALUE_SIZE>::type;
 constexpr int kItems = by_key_items(CSJ_KEY_SIZE, CSJ_VALUE_SIZE);
 constexpr int kTile = kByKeyBlock * kItems;
-constexpr int kChunkScanBlock = by_key_scan_block(CSJ_VALUE_SIZE);
 constexpr int kSweepBlocks = by_key_sweep_blocks(CSJ_KEY_SIZE, CSJ_VALUE_SIZE);
 
 // One element, or the fold of a range: whether it holds an element (kValid: else it is the
@@ -231,10 +230,10 @@ extern "C" __global__ void __launch_bounds__(kByKeyBlock)
   __shared__ Neighbours neighbours;
   __shared__ int last_head;
   const int t = static_cast<int>(threadIdx.x);
-  const long long chunk_start = static_cast<long long>(blockIdx.x) * kTile * kByKeyChunkTiles;
+  const long long chunk_start = static_cast<long long>(blockIdx.x) * kTile * p.chunk_tiles;
   const Value* values = static_cast<const Value*>(p.values);
   Tally chunk = {0, empty_pair<Pair>()};  // thread 0's copy is the chunk's
-  for (int tile = 0; tile < kByKeyChunkTiles; ++tile) {
+  for (int tile = 0; tile < p.chunk_tiles; ++tile) {
     const long long tile_start = chunk_start + static_cast<long long>(tile) * kTile;
     if (tile_start >= p.n) break;
     const int valid = static_cast<int>(min(p.n - tile_start, static_cast<long long>(kTile)));
@@ -271,27 +270,45 @@ extern "C" __global__ void __launch_bounds__(kByKeyBlock)
   if (t == 0) write_record(p.chunks[blockIdx.x], chunk);
 }
 
-// One block: the chunks' records replaced by their exclusive prefix (each thread folds a run
-// of consecutive chunks, the runs are scanned across the block), and the shard's total.
-extern "C" __global__ void __launch_bounds__(kChunkScanBlock)
-    csj_by_key_chunks(const __grid_constant__ ByKeyParams p) {
-  using Scan = cub::BlockScan<Tally, kChunkScanBlock>;
-  __shared__ typename Scan::TempStorage temp;
-  const long long count = p.num_chunks;
-  const long long per = (count + kChunkScanBlock - 1) / kChunkScanBlock;
+// Replaces `count` records by their exclusive prefix (each thread of the block folds `per`
+// consecutive ones, the runs are scanned across the block in thread order) and returns the
+// fold of all of them (valid in every thread).
+template <int kThreads, class Storage>
+__device__ __forceinline__ Tally scan_records(Storage& storage, ByKeyRecord* records, long long count,
+                                              long long per) {
   const long long first = min(static_cast<long long>(threadIdx.x) * per, count);
   const long long last = min(first + per, count);
   const Tally none = {0, empty_pair<Pair>()};
   Tally run = none;
-  for (long long c = first; c < last; ++c) run = Join()(run, read_record(p.chunks[c]));
-  Tally acc;
-  Scan(temp).ExclusiveScan(run, acc, none, Join());
+  for (long long c = first; c < last; ++c) run = Join()(run, read_record(records[c]));
+  Tally acc, all;
+  cub::BlockScan<Tally, kThreads>(storage).ExclusiveScan(run, acc, none, Join(), all);
   for (long long c = first; c < last; ++c) {
-    const Tally here = read_record(p.chunks[c]);
-    write_record(p.chunks[c], acc);
+    const Tally here = read_record(records[c]);
+    write_record(records[c], acc);
     acc = Join()(acc, here);
   }
-  if (threadIdx.x == kChunkScanBlock - 1) write_record(*p.total, acc);
+  return all;
+}
+
+// One block a group of kByKeyGroup chunks: their records replaced by their exclusive prefix
+// within the group, and the group's fold.
+extern "C" __global__ void __launch_bounds__(kByKeyGroupThreads)
+    csj_by_key_chunks(const __grid_constant__ ByKeyParams p) {
+  __shared__ typename cub::BlockScan<Tally, kByKeyGroupThreads>::TempStorage temp;
+  const long long first = static_cast<long long>(blockIdx.x) * kByKeyGroup;
+  const Tally group = scan_records<kByKeyGroupThreads>(temp, p.chunks + first, min(kByKeyGroup, p.num_chunks - first),
+                                                        kByKeyGroupRun);
+  if (threadIdx.x == 0) write_record(p.groups[blockIdx.x], group);
+}
+
+// One block: the groups' folds replaced by their exclusive prefix, and the shard's total.
+extern "C" __global__ void __launch_bounds__(kByKeyGroupThreads)
+    csj_by_key_groups(const __grid_constant__ ByKeyParams p) {
+  __shared__ typename cub::BlockScan<Tally, kByKeyGroupThreads>::TempStorage temp;
+  const long long per = (p.num_groups + kByKeyGroupThreads - 1) / kByKeyGroupThreads;
+  const Tally total = scan_records<kByKeyGroupThreads>(temp, p.groups, p.num_groups, per);
+  if (threadIdx.x == 0) write_record(*p.total, total);
 }
 
 // One thread: the fold of the earlier shards' totals, in place order.
@@ -321,15 +338,16 @@ __device__ __forceinline__ void sweep(const ByKeyParams& p) {
   __shared__ P start;
   const int t = static_cast<int>(threadIdx.x);
   const ByKeyRecord& record = p.chunks[blockIdx.x];
+  const ByKeyRecord& group = p.groups[blockIdx.x / kByKeyGroup];
   if (t == 0) {
     const Pair carry = p.carry != nullptr ? read_record(*p.carry).pair : empty_pair<Pair>();
-    start = without_key<P>(Segmented()(carry, read_record(record).pair));
+    start = without_key<P>(Segmented()(carry, Segmented()(read_record(group).pair, read_record(record).pair)));
   }
-  long long out_base = record.tails;  // run ends before the chunk, in this shard
+  long long out_base = group.tails + record.tails;  // run ends before the chunk, in this shard
   __syncthreads();
   RunningPrefix<P> prefix{start};
-  const long long chunk_start = static_cast<long long>(blockIdx.x) * kTile * kByKeyChunkTiles;
-  for (int tile = 0; tile < kByKeyChunkTiles; ++tile) {
+  const long long chunk_start = static_cast<long long>(blockIdx.x) * kTile * p.chunk_tiles;
+  for (int tile = 0; tile < p.chunk_tiles; ++tile) {
     const long long tile_start = chunk_start + static_cast<long long>(tile) * kTile;
     if (tile_start >= p.n) break;
     const int valid = static_cast<int>(min(p.n - tile_start, static_cast<long long>(kTile)));

@@ -71,7 +71,8 @@ std::vector<ByKeyPlace> reduce_places(const std::vector<const KernelLibrary*>& l
                                       const ByKeyEdges* edges) {
   const PlaceGroup& group = *keys.group();
   const std::size_t key_size = keys.itemsize();
-  const long long chunk = k::by_key_chunk(static_cast<int>(key_size), static_cast<int>(values.itemsize()));
+  const int chunk_tiles = k::kByKeyChunkTiles;
+  const long long chunk = k::by_key_chunk(static_cast<int>(key_size), static_cast<int>(values.itemsize()), chunk_tiles);
   std::vector<ByKeyPlace> places;
   const detail::SyncOnUnwind settle(group);  // after `places`: on a throw, queued copies finish first
   for (std::size_t p = 0; p < group.size(); ++p) {
@@ -101,17 +102,20 @@ std::vector<ByKeyPlace> reduce_places(const std::vector<const KernelLibrary*>& l
     params.values = reinterpret_cast<const void*>(values.shard_pointer(p));
     params.n = keys.shard_size(p);
     params.mode = mode;
+    params.chunk_tiles = chunk_tiles;
     params.num_chunks = (params.n + chunk - 1) / chunk;
+    params.num_groups = (params.num_chunks + k::kByKeyGroup - 1) / k::kByKeyGroup;
     std::memcpy(params.init, init.data(), init.size());
-    // chunks | total | carry | earlier totals | previous key | next key
-    const std::size_t records = static_cast<std::size_t>(params.num_chunks) + 2 + i;
+    // chunks | groups | total | carry | earlier totals | previous key | next key
+    const std::size_t records = static_cast<std::size_t>(params.num_chunks + params.num_groups) + 2 + i;
     item.scratch = detail::StreamScratch(records * kRecord + 16, item.stream,
                                          reinterpret_cast<cudaMemPool_t>(group.memory_pool(p)));
     auto* base = static_cast<k::ByKeyRecord*>(item.scratch.get());
     params.chunks = base;
-    params.total = base + params.num_chunks;
-    params.carry = i > 0 ? base + params.num_chunks + 1 : nullptr;
-    params.sources = base + params.num_chunks + 2;
+    params.groups = base + params.num_chunks;
+    params.total = params.groups + params.num_groups;
+    params.carry = i > 0 ? params.total + 1 : nullptr;
+    params.sources = params.total + 2;
     unsigned char* neighbour_keys = item.scratch.bytes() + records * kRecord;
     if (i > 0) {
       const ByKeyPlace& before = places[i - 1];
@@ -149,9 +153,11 @@ std::vector<ByKeyPlace> reduce_places(const std::vector<const KernelLibrary*>& l
     detail::launch(KernelHandle::linked(item.library->kernel("csj_by_key_reduce", item.device)),
                    static_cast<unsigned>(item.params.num_chunks), k::kByKeyBlock, item.stream, item.params,
                    "launching by-key reduce");
-    detail::launch(KernelHandle::linked(item.library->kernel("csj_by_key_chunks", item.device)), 1,
-                   k::by_key_scan_block(static_cast<int>(values.itemsize())), item.stream, item.params,
+    detail::launch(KernelHandle::linked(item.library->kernel("csj_by_key_chunks", item.device)),
+                   static_cast<unsigned>(item.params.num_groups), k::kByKeyGroupThreads, item.stream, item.params,
                    "launching by-key chunk scan");
+    detail::launch(KernelHandle::linked(item.library->kernel("csj_by_key_groups", item.device)), 1,
+                   k::kByKeyGroupThreads, item.stream, item.params, "launching by-key group scan");
   }
   std::string prior;  // across ranks: the earlier ranks' totals, folded in front of this rank's
   if (edges && edges->totals) {
@@ -184,7 +190,7 @@ std::vector<ByKeyPlace> reduce_places(const std::vector<const KernelLibrary*>& l
       detail::check(cudaMemcpyAsync(sources, prior.data(), prior.size(), cudaMemcpyHostToDevice, item.stream),
                     "cudaMemcpyAsync (the earlier ranks' totals)");
       item.params.sources = sources;
-      item.params.carry = static_cast<k::ByKeyRecord*>(item.scratch.get()) + item.params.num_chunks + 1;
+      item.params.carry = item.params.total + 1;
       sources += earlier;
     }
     for (std::size_t j = 0; j < i; ++j) {
