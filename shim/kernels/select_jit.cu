@@ -40,12 +40,18 @@ extern "C" __global__ void __launch_bounds__(kSelectBlock)
 }
 
 // At most 64 registers (4 blocks a multiprocessor): uncapped, the compiler took 99 and the
-// scatter, two blocks a multiprocessor, was bound by instruction issue.
-extern "C" __global__ void __launch_bounds__(kSelectBlock, 4)
-    csj_select_scatter(const __grid_constant__ SelectParams params) {
+// scatter, two blocks a multiprocessor, was bound by instruction issue. The load's staging
+// and the tile's slots share their shared memory.
+__device__ __forceinline__ void select_scatter(const SelectParams& params) {
   using Load = cub::BlockLoad<Element, kSelectBlock, kItems, cub::BLOCK_LOAD_WARP_TRANSPOSE>;
-  __shared__ typename Load::TempStorage load_storage;
-  __shared__ Element staged[kTile];  // the tile's elements by slot (select.cuh)
+  // the load's storage is done with before the first slot is written (scatter_tile's scan
+  // syncs the block in between)
+  __shared__ union {
+    typename Load::TempStorage load;
+    Element staged[kTile];  // the tile's elements by slot (select.cuh)
+  } shared;
+  auto& load_storage = shared.load;
+  auto& staged = shared.staged;
   const long long first = static_cast<long long>(blockIdx.x) * kTile;
   const long long left = params.n - first;
   const int valid = left < kTile ? static_cast<int>(left) : kTile;
@@ -67,4 +73,9 @@ extern "C" __global__ void __launch_bounds__(kSelectBlock, 4)
       [&](int slot, int cls, long long position) {
         static_cast<Element*>(params.out[cls])[position] = staged[slot];
       });
+}
+
+extern "C" __global__ void __launch_bounds__(kSelectBlock, 4)
+    csj_select_scatter(const __grid_constant__ SelectParams params) {
+  select_scatter(params);
 }
