@@ -260,10 +260,15 @@ void segmented_reduce(const std::vector<const KernelLibrary*>& libraries, const 
     detail::launch(kernel, 1, 32, stream, fold, "launching fold (segments spanning shards)");
   }
 
-  // Done when every place is: the pieces are read across places until then.
-  for (std::size_t place = 0; place < group.size(); ++place) {
-    detail::DeviceGuard guard(group.device(place));
-    check(cudaStreamSynchronize(stream_of(group, place)), "cudaStreamSynchronize");
+  // No host wait: every place's stream waits for every other's, so a result copied into a
+  // place's shard is there before that place's next work, and a place's pieces, which the
+  // folds read, are freed (on its stream) only after them.
+  if (group.size() < 2) return;
+  for (std::size_t waiter = 0; waiter < group.size(); ++waiter) {
+    detail::DeviceGuard guard(group.device(waiter));
+    for (std::size_t other = 0; other < group.size(); ++other) {
+      if (other != waiter) detail::wait_for(stream_of(group, waiter), stream_of(group, other), group.device(other));
+    }
   }
 }
 

@@ -88,16 +88,10 @@ class PinnedBuffer {
   detail::ContextStamp context_;
 };
 
-// Queues a copy of `bytes` between two places' memory: a device-to-device copy on one device,
-// a peer copy across two.
+// Queues a copy of `bytes` between two places' memory (copy_between, cuda_check.hpp).
 inline void copy_keys(void* dst, int dst_device, const void* src, int src_device, std::size_t bytes,
                       cudaStream_t stream) {
-  if (bytes == 0) return;
-  if (dst_device == src_device) {
-    check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream), "cudaMemcpyAsync (sort keys)");
-  } else {
-    check(cudaMemcpyPeerAsync(dst, dst_device, src, src_device, bytes, stream), "cudaMemcpyPeerAsync (sort keys)");
-  }
+  if (bytes != 0) copy_between(dst, dst_device, src, src_device, bytes, stream, "copying sort keys");
 }
 
 // Waits for `stream` of `device`, ignoring errors (for destructors and unwinding).
