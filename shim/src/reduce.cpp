@@ -523,6 +523,7 @@ void reduce_into_impl(const std::vector<KernelSet>& sets, const ShardedArray& in
     cuts[0] = chunking(sets[place], false, in.shard_size(place), total_device, static_cast<int>(in.itemsize()),
                        acc_size);
     scratch[0] = allocate_pass(cuts[0].grid, acc_size, false, total_stream, pool_of(group, place));
+    scratch[0].result = reinterpret_cast<void*>(out.shard_pointer(place));  // the fold writes its copy there
     reduce_shard(sets[place], in, place, cuts[0], scratch[0], init, map_value);
     total = scratch[0].result;
   } else {
@@ -532,6 +533,7 @@ void reduce_into_impl(const std::vector<KernelSet>& sets, const ShardedArray& in
     total = staging.bytes() + 2 * places.size() * acc;
   }
   for (std::size_t place = 0; place < out.num_shards(); ++place) {
+    if (reinterpret_cast<const void*>(out.shard_pointer(place)) == total) continue;  // written by the fold
     const int device = group.device(place);
     const cudaStream_t stream = stream_of(group, place);
     detail::DeviceGuard guard(device);
