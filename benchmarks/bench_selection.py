@@ -230,7 +230,7 @@ FAMILY = Family(
                               {"cuda.compute": _cccl}),
         "reduce_by_key": Spec(np.int32, N, "elements per second; runs of 64, user add",
                               {"torch": _torch, "copy": _copy},
-                              bytes_moved=dict.fromkeys(("ours", "copy"), _BYTES["reduce_by_key"])),
+                              bytes_moved=dict.fromkeys(("ours", "torch", "copy"), _BYTES["reduce_by_key"])),
         "scan_by_key": Spec(np.int32, N, "elements per second; runs of 64, user add", {"copy": _copy},
                             bytes_moved=dict.fromkeys(("ours", "copy"), _BYTES["scan_by_key"])),
         "resharded": Spec(np.float32, N, "elements per second; shards of 1/4 and 3/4 to an even split",
