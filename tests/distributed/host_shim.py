@@ -7,8 +7,8 @@ and its host copies, the built-in reductions' per-place partials and fold, the b
 scans with their carry, count, histogram_even, fill, sequence, the built-in add and negate,
 copy_lanes, the radix sorts (sort, sort_by_key: stable, over the rank's places as one
 sequence, NaNs last ascending and first descending, the exact reverse), top_k, searchsorted
-select, the scans by key, reduce_by_key, adjacent_difference, the flagged compaction,
-segmented_reduce, the comparator sort and search and the transform of numbers (whose
+select, the scans by key, reduce_by_key, adjacent_difference, the flagged compaction, the
+run heads, segmented_reduce, the comparator sort and search and the transform of numbers (whose
 compiled operators `select_libraries`, `compiled_libraries` and `transform_libraries` stand
 in for with the Python functions themselves). Its folds are sequential
 numpy folds, not the GPU's: results are checked against numpy, never bitwise against the
@@ -411,17 +411,27 @@ def adjacent_difference(difference, first, a, out, successor, halo=b""):
             result[i] = difference_op(values[i], values[i - 1])
 
 
-def select_flagged(flags, arrays):
-    kept = flags.typed() != 0
+def _compact(kept, like, arrays):
+    """Each array compacted to its elements where `kept`, on the places of `like` that held them."""
     ends = np.flatnonzero(kept)
     result = []
     for array in arrays:
-        elements = array.data.reshape(-1, array.itemsize)[kept].reshape(-1)
-        part = _from_parts(array.group, flags, np.zeros(ends.size, np.uint8), ends)  # the sizes
+        part = _from_parts(array.group, like, np.zeros(ends.size, np.uint8), ends)  # the sizes
         whole = ShardedArray(array.group, part.shard_sizes, array.dtype, array.itemsize)
-        whole.data[:] = elements
+        whole.data[:] = array.data.reshape(-1, array.itemsize)[kept].reshape(-1)
         result.append(whole)
     return result
+
+
+def select_flagged(flags, arrays):
+    return _compact(flags.typed() != 0, flags, arrays)
+
+
+def select_heads(libraries, keys, arrays):
+    """The one-process run heads (unique_by_key): each array compacted to the elements whose
+    key starts a run of `equal` keys, all places as one sequence."""
+    _, (_, equal) = libraries
+    return _compact(np.asarray(_heads(keys.typed(), equal), dtype=bool), keys, arrays)
 
 
 def visible_device_count():
@@ -501,7 +511,7 @@ def pinned_host_free(address):
 NAMES = ["PlaceGroup", "ShardedArray", "reduce_builtin_partials", "fold_builtin", "scan_builtin_carried",
          "count", "check_histogram_memory", "histogram_even", "transform_builtin", "copy_lanes",
          "visible_device_count", "sort", "sort_by_key", "top_k", "searchsorted", "select",
-         "scan_by_key", "reduce_by_key", "adjacent_difference", "select_flagged", "segmented_reduce",
+         "scan_by_key", "reduce_by_key", "adjacent_difference", "select_flagged", "select_heads", "segmented_reduce",
          "sort_compare", "search_compare", "transform", "pinned_host_alloc", "pinned_host_free"]
 
 
