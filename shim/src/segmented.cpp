@@ -155,6 +155,11 @@ void segmented_reduce(const std::vector<const KernelLibrary*>& libraries, const 
     const int device = group.device(place);
     const cudaStream_t stream = stream_of(group, place);
     detail::DeviceGuard guard(device);
+    // This place writes into other places' result shards (the kernel, or the copies below),
+    // which were allocated in their own streams' order: it waits for those streams first.
+    for (std::size_t other = 0; other < group.size(); ++other) {
+      if (other != place) detail::wait_for(stream, stream_of(group, other), group.device(other));
+    }
     const long long count = item.last - item.first;
     if (count > INT_MAX) throw std::invalid_argument("offsets: more than 2^31 - 1 segments in one shard");
     const std::size_t piece_bytes = (static_cast<std::size_t>(count) * acc + 15) / 16 * 16;
