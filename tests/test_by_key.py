@@ -155,6 +155,46 @@ def test_runs_longer_than_tiles_and_chunks(places):
 
 
 @gpu
+@pytest.mark.parametrize("value_dtype, first", [(np.int64, 8_388_609 + 5), (AFFINE, 4_198_401 + 5)])
+def test_more_chunks_than_one_group_holds(value_dtype, first):
+    """A shard of more than 1024 chunks (8192 elements a chunk for 4- and 8-byte values, 4096
+    for 16-byte records), so the chunk prefixes come from two levels: runs of 10 007 keys cross
+    chunk and group edges, and the sweep's start folds a group's prefix into a run."""
+    n = first + 3
+    keys = (np.arange(n, dtype=np.int64) // 10_007).astype(np.int32)
+    heads = np.r_[True, keys[1:] != keys[:-1]]
+    starts = np.flatnonzero(heads)
+    places = sharded.PlaceGroup.by_devices([0, 0])
+    sizes = [first, n - first]
+    k = sharded.ShardedArray.from_numpy(places, keys, sizes=sizes)
+    if value_dtype is AFFINE:
+        host = _affine_values(n, seed=31)
+        v = sharded.ShardedArray.from_numpy(places, host, sizes=sizes)
+        _, reduced = sharded.reduce_by_key(k, v, _then)
+        # a run of maps x -> a_i x + b_i (a_i = +-1) composes to A x + B with A the product of
+        # its a's and B = sum_i b_i * (product of the a's after i) = A * sum_i b_i * P_i, P_i
+        # the product of its a's up to i (each +-1, its own inverse)
+        signs = np.cumprod(host["a"])
+        before = np.r_[1, signs][starts][np.cumsum(heads) - 1]  # the product before each run
+        within = signs * before
+        a_total = np.multiply.reduceat(host["a"], starts)
+        b_total = a_total * np.add.reduceat(host["b"] * within, starts)
+        np.testing.assert_array_equal(reduced.to_numpy()["a"], a_total)
+        np.testing.assert_array_equal(reduced.to_numpy()["b"], b_total)
+        return
+    values = np.random.default_rng(30).integers(-1000, 1000, n).astype(np.int64)
+    v = sharded.ShardedArray.from_numpy(places, values, sizes=sizes)
+    totals = np.cumsum(values)
+    before = np.r_[0, totals][starts][np.cumsum(heads) - 1]  # the sum before each run's head
+    np.testing.assert_array_equal(sharded.inclusive_scan_by_key(k, v, "sum").to_numpy(), totals - before)
+    np.testing.assert_array_equal(sharded.exclusive_scan_by_key(k, v, lambda x, y: x + y, np.int64(7)).to_numpy(),
+                                  totals - values - before + 7)
+    unique_keys, reduced = sharded.reduce_by_key(k, v, "sum")
+    np.testing.assert_array_equal(unique_keys.to_numpy(), keys[heads])
+    np.testing.assert_array_equal(reduced.to_numpy(), np.add.reduceat(values, starts))
+
+
+@gpu
 def test_scan_by_key_into_its_own_keys(places):
     keys = np.repeat(np.arange(300, dtype=np.int64), np.random.default_rng(15).integers(1, 900, 300))
     k = sharded.ShardedArray.from_numpy(places, keys, sizes=uneven(places, keys.size))

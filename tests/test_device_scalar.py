@@ -41,6 +41,23 @@ def test_reduce_into_matches_the_eager_reduce_bit_for_bit(places, dtype):
 
 
 @gpu
+@pytest.mark.parametrize("sizes", [[0, 50_001, 0], [0, 0, 50_001]])
+def test_reduce_into_when_one_place_other_than_the_first_holds_the_elements(sizes):
+    """The fold on the one non-empty place writes its own copy; every other place's copy,
+    place 0's included, is copied from it, and a transform reading s sees it on every place."""
+    places = sharded.PlaceGroup.by_devices([0, 0, 0])
+    host = sample(np.float64, sum(sizes), seed=9)
+    a = sharded.ShardedArray.from_numpy(places, host, sizes=sizes)
+    s = sharded.DeviceScalar(places, np.float64, value=-1.0)
+    sharded.reduce(a, lambda x, y: x + y, 0.0, out=s)
+    eager = sharded.reduce(a, lambda x, y: x + y, 0.0)
+    assert _copies(s).tobytes() == np.full(3, eager).tobytes()
+    np.testing.assert_allclose(eager, host.sum(), rtol=1e-12)
+    ones = sharded.ShardedArray.from_numpy(places, np.ones(9), sizes=[3, 3, 3])
+    np.testing.assert_array_equal(sharded.transform(lambda x, c: x * c, ones, s).to_numpy(), np.full(9, eager))
+
+
+@gpu
 def test_reduce_into_accumulates_in_the_scalar_s_dtype(places):
     host = sample(np.float32, 100_003, seed=5)
     a = sharded.ShardedArray.from_numpy(places, host)

@@ -44,8 +44,9 @@ extern "C" __global__ void __launch_bounds__(kSelectBlock)
 // and the tile's slots share their shared memory.
 __device__ __forceinline__ void select_scatter(const SelectParams& params) {
   using Load = cub::BlockLoad<Element, kSelectBlock, kItems, cub::BLOCK_LOAD_WARP_TRANSPOSE>;
-  // the load's storage is done with before the first slot is written (scatter_tile's scan
-  // syncs the block in between)
+  // the load's storage is done with before the first slot is written: scatter_tile's block
+  // scan (raking, more than one warp) syncs the block in between
+  static_assert(kSelectBlock > 32, "the block scan's barrier frees the load's storage");
   __shared__ union {
     typename Load::TempStorage load;
     Element staged[kTile];  // the tile's elements by slot (select.cuh)
