@@ -44,13 +44,7 @@ struct ByKeyPlace {
 void check_arguments(const std::vector<const KernelLibrary*>& libraries, const ShardedArray& keys,
                      const ShardedArray& values) {
   const PlaceGroup& group = *keys.group();
-  if (libraries.size() != group.size()) {
-    throw std::invalid_argument("libraries: expected one per place (" + std::to_string(group.size()) + "), got " +
-                                std::to_string(libraries.size()));
-  }
-  for (const KernelLibrary* library : libraries) {
-    if (!library) throw std::invalid_argument("libraries: None");
-  }
+  detail::check_libraries(libraries, group.size());
   if (keys.is_record() || (keys.itemsize() != 4 && keys.itemsize() != 8)) {
     throw std::invalid_argument("keys: expected numbers of 4 or 8 bytes");
   }

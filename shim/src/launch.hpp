@@ -5,6 +5,11 @@
 #include <cuda.h>
 #include <cuda_runtime.h>
 
+#include <cstddef>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
 #include "cuda_check.hpp"
 #include "driver_api.hpp"
 
@@ -31,6 +36,19 @@ void launch(const KernelHandle& kernel, unsigned grid, unsigned block, cudaStrea
           what);
   } else {
     check(cudaLaunchKernel(kernel.function, dim3(grid), dim3(block), args, shared_bytes, stream), what);
+  }
+}
+
+// Throws std::invalid_argument (naming `libraries`) unless it holds one library, not null,
+// for each of `places` places.
+template <class Library>
+void check_libraries(const std::vector<const Library*>& libraries, std::size_t places) {
+  if (libraries.size() != places) {
+    throw std::invalid_argument("libraries: expected one per place (" + std::to_string(places) + "), got " +
+                                std::to_string(libraries.size()));
+  }
+  for (const Library* library : libraries) {
+    if (!library) throw std::invalid_argument("libraries: None");
   }
 }
 

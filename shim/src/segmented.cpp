@@ -50,13 +50,7 @@ void check_arguments(const std::vector<const KernelLibrary*>& libraries, const S
                      const std::int64_t* offsets, std::size_t num_offsets, const ShardedArray& out,
                      int acc_size, const std::string& init) {
   const PlaceGroup& group = *in.group();
-  if (libraries.size() != group.size()) {
-    throw std::invalid_argument("libraries: expected one per place (" + std::to_string(group.size()) +
-                                "), got " + std::to_string(libraries.size()));
-  }
-  for (const KernelLibrary* library : libraries) {
-    if (!library) throw std::invalid_argument("libraries: None");
-  }
+  detail::check_libraries(libraries, group.size());
   if (acc_size != 4 && acc_size != 8 && acc_size != 12 && acc_size != 16 && acc_size != 24 && acc_size != 32) {
     throw std::invalid_argument("acc_size: expected 4, 8, 12, 16, 24 or 32, got " + std::to_string(acc_size));
   }

@@ -237,13 +237,7 @@ ArrayList select_heads(const std::vector<const KernelLibrary*>& libraries, const
                        const ArrayList& arrays) {
   const ArrayLeases leases = lease_payloads(keys, "keys", arrays);
   const PlaceGroup& group = *keys.group();
-  if (libraries.size() != group.size()) {
-    throw std::invalid_argument("libraries: expected one per place (" + std::to_string(group.size()) + "), got " +
-                                std::to_string(libraries.size()));
-  }
-  for (const KernelLibrary* library : libraries) {
-    if (!library) throw std::invalid_argument("libraries: None");
-  }
+  detail::check_libraries(libraries, group.size());
   const std::size_t key_size = keys.itemsize();
   if (keys.is_record() || (key_size != 4 && key_size != 8)) {
     throw std::invalid_argument("keys: expected numbers of 4 or 8 bytes");
