@@ -446,19 +446,6 @@ extern "C" __global__ void __launch_bounds__(kSelectBlock)
 
 extern "C" __global__ void __launch_bounds__(kSelectBlock)
     csj_by_key_heads_scatter(const __grid_constant__ SelectParams p) {
-  __shared__ int staged[kSelectBlock * kSelectPayloadItems];  // tile-local index by slot
   const Key* keys = static_cast<const Key*>(p.in);
-  const long long tile_first = static_cast<long long>(blockIdx.x) * kSelectBlock * kSelectPayloadItems;
-  const int first = static_cast<int>(threadIdx.x) * kSelectPayloadItems;
-  int classes[kSelectPayloadItems];
-#pragma unroll
-  for (int item = 0; item < kSelectPayloadItems; ++item) {
-    const long long local = tile_first + first + item;
-    classes[item] = local < p.n ? head_class(p, keys, local) : -1;
-  }
-  scatter_tile<kSelectPayloadItems>(
-      p, classes, [&](int item, int slot) { staged[slot] = first + item; },
-      [&](int slot, int cls, long long position) {
-        if (cls == 0) copy_payloads(p, tile_first + staged[slot], position);
-      });
+  scatter_payloads(p, [&](long long local) { return head_class(p, keys, local); });
 }

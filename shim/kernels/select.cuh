@@ -108,4 +108,26 @@ __device__ __forceinline__ void copy_payloads(const SelectParams& p, long long l
   }
 }
 
+// csj_select_scatter for the payload-moving selections (the flagged compaction, the run
+// heads): `class_of(local)` gives each element's class as in count_tile; class 0's elements
+// are staged by their tile-local index (each payload has its own element size), then every
+// payload is copied from those indices to consecutive output positions.
+template <class ClassOf>
+__device__ __forceinline__ void scatter_payloads(const SelectParams& p, ClassOf class_of) {
+  __shared__ int staged[kSelectBlock * kSelectPayloadItems];  // tile-local index by slot
+  const long long tile_first = static_cast<long long>(blockIdx.x) * kSelectBlock * kSelectPayloadItems;
+  const int first = static_cast<int>(threadIdx.x) * kSelectPayloadItems;
+  int classes[kSelectPayloadItems];
+#pragma unroll
+  for (int item = 0; item < kSelectPayloadItems; ++item) {
+    const long long local = tile_first + first + item;
+    classes[item] = local < p.n ? class_of(local) : -1;
+  }
+  scatter_tile<kSelectPayloadItems>(
+      p, classes, [&](int item, int slot) { staged[slot] = first + item; },
+      [&](int slot, int cls, long long position) {
+        if (cls == 0) copy_payloads(p, tile_first + staged[slot], position);
+      });
+}
+
 }  // namespace csj::kernels

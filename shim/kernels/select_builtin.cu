@@ -14,12 +14,10 @@
 namespace csj::kernels {
 namespace {
 
-constexpr int kFlagItems = kSelectPayloadItems;
-
 template <class Flag>
 __global__ void __launch_bounds__(kSelectBlock) select_flags_count(const __grid_constant__ SelectParams params) {
   const Flag* flags = static_cast<const Flag*>(params.in);
-  count_tile<kFlagItems>(params, [&](long long local) { return flags[local] != 0 ? 0 : 1; });
+  count_tile<kSelectPayloadItems>(params, [&](long long local) { return flags[local] != 0 ? 0 : 1; });
 }
 
 struct AddCounts {
@@ -31,25 +29,10 @@ struct AddCounts {
   }
 };
 
-// Class 0's elements are staged by their shard index (each payload has its own element
-// size), then every payload is copied from those indices to consecutive output positions.
 template <class Flag>
 __global__ void __launch_bounds__(kSelectBlock) select_flags_scatter(const __grid_constant__ SelectParams params) {
-  __shared__ int staged[kSelectBlock * kFlagItems];  // tile-local index by slot
   const Flag* flags = static_cast<const Flag*>(params.in);
-  const long long tile_first = static_cast<long long>(blockIdx.x) * kSelectBlock * kFlagItems;
-  const int first = static_cast<int>(threadIdx.x) * kFlagItems;
-  int classes[kFlagItems];
-#pragma unroll
-  for (int item = 0; item < kFlagItems; ++item) {
-    const long long local = tile_first + first + item;
-    classes[item] = local < params.n ? (flags[local] != 0 ? 0 : 1) : -1;
-  }
-  scatter_tile<kFlagItems>(
-      params, classes, [&](int item, int slot) { staged[slot] = first + item; },
-      [&](int slot, int cls, long long position) {
-        if (cls == 0) copy_payloads(params, tile_first + staged[slot], position);
-      });
+  scatter_payloads(params, [&](long long local) { return flags[local] != 0 ? 0 : 1; });
 }
 
 }  // namespace
