@@ -33,14 +33,10 @@ struct KernelSet {
 
 std::vector<KernelSet> linked_sets(const std::vector<const KernelLibrary*>& libraries,
                                    const PlaceGroup& group, bool with_scan) {
-  if (libraries.size() != group.size()) {
-    throw std::invalid_argument("libraries: expected one per place (" + std::to_string(group.size()) +
-                                "), got " + std::to_string(libraries.size()));
-  }
+  detail::check_libraries(libraries, group.size());
   std::vector<KernelSet> sets;
   for (std::size_t place = 0; place < libraries.size(); ++place) {
     const KernelLibrary* library = libraries[place];
-    if (!library) throw std::invalid_argument("libraries: None");
     const int device = group.device(place);
     KernelSet set;
     set.reduce = KernelHandle::linked(library->kernel("csj_reduce", device));

@@ -130,13 +130,7 @@ ArrayList select(const std::vector<const KernelLibrary*>& libraries, const Shard
   if (outputs < 1 || outputs > k::kSelectClasses) {
     throw std::invalid_argument("outputs: expected 1 to 3, got " + std::to_string(outputs));
   }
-  if (libraries.size() != group.size()) {
-    throw std::invalid_argument("libraries: expected one per place (" + std::to_string(group.size()) + "), got " +
-                                std::to_string(libraries.size()));
-  }
-  for (const KernelLibrary* library : libraries) {
-    if (!library) throw std::invalid_argument("libraries: None");
-  }
+  detail::check_libraries(libraries, group.size());
   const std::size_t item = in.itemsize();
   if (item < 4 || item > kMaxRecordSize || item % 4 != 0) {
     throw std::invalid_argument("a: cannot select elements of " + std::to_string(item) + " bytes");
@@ -266,8 +260,8 @@ ArrayList select_heads(const std::vector<const KernelLibrary*>& libraries, const
       detail::wait_for(place.stream, prior.stream, prior.device);
       const auto* last = static_cast<const unsigned char*>(prior.params.in) +
                          static_cast<std::size_t>(prior.params.n - 1) * key_size;
-      detail::check(cudaMemcpyPeerAsync(place.before.get(), place.device, last, prior.device, key_size, place.stream),
-                    "cudaMemcpyPeerAsync (the key before the shard)");
+      detail::copy_between(place.before.get(), place.device, last, prior.device, key_size, place.stream,
+                           "copying the key before the shard");
       place.params.before = place.before.get();
     }
     previous = static_cast<long long>(p);

@@ -19,6 +19,7 @@
 #include <string>
 
 #include "cuda_check.hpp"
+#include "launch.hpp"
 #include "merge_sort.hpp"
 #include "sort_compare_order.hpp"
 #include "sort_steps.hpp"
@@ -40,14 +41,7 @@ void check_arguments(const std::vector<const KernelLibrary*>& libraries, const S
   if (in.dtype() != out.dtype() || in.itemsize() != out.itemsize()) {
     throw std::invalid_argument("out: dtype differs from a's");
   }
-  const std::size_t count = in.group()->size();
-  if (libraries.size() != count) {
-    throw std::invalid_argument("libraries: expected one per place (" + std::to_string(count) + "), got " +
-                                std::to_string(libraries.size()));
-  }
-  for (const KernelLibrary* library : libraries) {
-    if (!library) throw std::invalid_argument("libraries: None");
-  }
+  detail::check_libraries(libraries, in.group()->size());
 }
 
 // Lays out a place's memory for a sort over several places (current device: the place's;

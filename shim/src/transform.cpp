@@ -239,11 +239,7 @@ void check_conformable(const ArrayList& inputs, const ShardedArray& out, bool al
 void transform(const std::vector<const KernelLibrary*>& libraries, const ArrayList& inputs,
                ShardedArray& out, const std::string& scalars, bool indexed, const std::vector<int>& device_slots,
                const ArrayList& device_values) {
-  if (libraries.size() != out.group()->size()) {
-    throw std::invalid_argument("libraries: expected one per place (" +
-                                std::to_string(out.group()->size()) + "), got " +
-                                std::to_string(libraries.size()));
-  }
+  detail::check_libraries(libraries, out.group()->size());
   if (!indexed) {  // the vectorised modules move 4- and 8-byte words
     for (std::size_t k = 0; k < inputs.size(); ++k) {
       if (inputs[k] && inputs[k]->is_record()) {
@@ -254,7 +250,6 @@ void transform(const std::vector<const KernelLibrary*>& libraries, const ArrayLi
   }
   std::vector<detail::KernelHandle> kernels;
   for (std::size_t place = 0; place < libraries.size(); ++place) {
-    if (!libraries[place]) throw std::invalid_argument("libraries: None");
     kernels.push_back(detail::KernelHandle::linked(libraries[place]->kernel(
         indexed ? "csj_transform_indexed" : "csj_transform", out.group()->device(place))));
   }
