@@ -65,7 +65,7 @@ def collective(name: str):
         @functools.wraps(function)
         def call(*args, **kwargs):
             if capturing:
-                session = capturing.get(threading.get_ident())
+                session = capture_session()
                 if session is not None:
                     session.see(args, kwargs)
             group = None if _array_type is None else _distributed_group(args, kwargs)

@@ -87,6 +87,13 @@ bool per_warp(long long elements, long long pieces, std::size_t itemsize) {
   return elements < pieces * k::kReduceWarps * 32 * lane_items / 2;
 }
 
+// `place`'s stream waits for the work queued so far on every other place's.
+void wait_for_others(const PlaceGroup& group, std::size_t place) {
+  for (std::size_t other = 0; other < group.size(); ++other) {
+    if (other != place) detail::wait_for(stream_of(group, place), stream_of(group, other), group.device(other));
+  }
+}
+
 // The result place holding segment `s`, and its index there.
 std::pair<std::size_t, long long> result_slot(const ShardedArray& out, long long s) {
   const std::vector<std::int64_t>& offsets = out.shard_offsets();
@@ -151,9 +158,7 @@ void segmented_reduce(const std::vector<const KernelLibrary*>& libraries, const 
     detail::DeviceGuard guard(device);
     // This place writes into other places' result shards (the kernel, or the copies below),
     // which were allocated in their own streams' order: it waits for those streams first.
-    for (std::size_t other = 0; other < group.size(); ++other) {
-      if (other != place) detail::wait_for(stream, stream_of(group, other), group.device(other));
-    }
+    wait_for_others(group, place);
     const long long count = item.last - item.first;
     if (count > INT_MAX) throw std::invalid_argument("offsets: more than 2^31 - 1 segments in one shard");
     const std::size_t piece_bytes = (static_cast<std::size_t>(count) * acc + 15) / 16 * 16;
@@ -265,9 +270,7 @@ void segmented_reduce(const std::vector<const KernelLibrary*>& libraries, const 
   if (group.size() < 2) return;
   for (std::size_t waiter = 0; waiter < group.size(); ++waiter) {
     detail::DeviceGuard guard(group.device(waiter));
-    for (std::size_t other = 0; other < group.size(); ++other) {
-      if (other != waiter) detail::wait_for(stream_of(group, waiter), stream_of(group, other), group.device(other));
-    }
+    wait_for_others(group, waiter);
   }
 }
 
