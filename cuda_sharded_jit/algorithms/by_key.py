@@ -9,10 +9,11 @@ operator, folding (head, value) pairs under the segmented combine
 
     combine((h1, v1), (h2, v2)) = (h1 | h2, v2 if h2 else op(v1, v2))
 
-which is associative (not commutative) for an associative op. Each shard is read twice
-(once for its chunks' folds, reading only the values of each tile's last run, once to
-write), with a fixed association, so results are deterministic; reduce_by_key writes each
-run's first key and fold where the run ends.
+which is associative (not commutative) for an associative op. In one process each shard is
+read once: tiles joined by a decoupled look-back whose fold is a fixed left fold over tiles,
+then runs crossing shards fixed up from the earlier shards' totals; across ranks each shard
+is read twice (its chunks' folds, then a sweep). Every association is fixed, so results are
+deterministic; reduce_by_key writes each run's first key and fold where the run ends.
 
 unique_by_key (and unique, after a sort) compacts the run heads with the selection engine,
 each element's class coming from the by-key module's equality of the key and its

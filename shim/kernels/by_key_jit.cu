@@ -427,6 +427,351 @@ extern "C" __global__ void __launch_bounds__(kByKeyBlock, kSweepBlocks)
   sweep<kByKeyReduce>(p);
 }
 
+// ---- the single pass ----------------------------------------------------------------------
+// One kernel per mode reads each tile once: tiles are taken in order from a counter (so every
+// predecessor of a running tile has started and will publish: no deadlock), folded and
+// scanned locally, and joined to what came before them by a decoupled look-back whose fold
+// is a fixed left fold over tiles. A tile publishes its own fold (the aggregate) at once,
+// then its inclusive fold once it has its exclusive one; a tile's exclusive fold is found
+// from the nearest earlier inclusive one, j, folded left with the aggregates of j + 1 ..
+// t - 1. Every inclusive fold is thereby agg(0) . agg(1) . ... . agg(t) associated from the
+// left, whichever j a tile happened to find, so the results are the same bits run after run
+// (CUB's look-back combines a window of aggregates as a tree whose shape depends on timing).
+// Under the segmented combine a tile with a run head resets the fold, so a scan's head tile
+// publishes its aggregate as its inclusive fold at once and its successors stop there; for
+// reduce_by_key the record also counts the run ends before a tile (its output position),
+// which every tile needs, so there a head tile still waits for its predecessors.
+
+namespace {
+
+// What a tile publishes: the scans' pairs alone, reduce_by_key's with the count of run ends.
+template <bool kReduce>
+struct TileRecordOf {
+  using type = PairOf<false>;
+};
+template <>
+struct TileRecordOf<true> {
+  using type = Tally;
+};
+
+__device__ __forceinline__ PairOf<false> join(const PairOf<false>& a, const PairOf<false>& b) {
+  return Segmented()(a, b);
+}
+__device__ __forceinline__ Tally join(const Tally& a, const Tally& b) { return Join()(a, b); }
+__device__ __forceinline__ void make_empty(PairOf<false>& record) { record = empty_pair<PairOf<false>>(); }
+__device__ __forceinline__ void make_empty(Tally& record) { record = {0, empty_pair<Pair>()}; }
+
+// A tile record as the shard's total (ByKeyRecord: the scans' have no key and count no ends).
+__device__ __forceinline__ Tally as_tally(const Tally& record) { return record; }
+__device__ __forceinline__ Tally as_tally(const PairOf<false>& record) {
+  Tally tally = {0, empty_pair<Pair>()};
+  tally.pair.flags = record.flags;
+  memset(&tally.pair.key, 0, sizeof(Key));
+  tally.pair.value = record.value;
+  return tally;
+}
+
+// Records move as words through L2 (st.cg / ld.cg): another block wrote them, and a line a
+// block read before its neighbour's record was there must not be served from L1.
+template <class R>
+struct RecordWords {
+  using Word = std::conditional_t<alignof(R) >= 8, unsigned long long, unsigned int>;
+  static_assert(sizeof(R) % sizeof(Word) == 0 && alignof(R) >= 4, "tile records are whole words");
+  static_assert(sizeof(R) <= kByKeyTileRecord, "a tile record fits the host's allocation");
+  static constexpr int kWords = sizeof(R) / sizeof(Word);
+  static __device__ __forceinline__ void store(R* slot, const R& record) {
+    Word words[kWords];
+    memcpy(words, &record, sizeof(R));
+    auto* out = reinterpret_cast<Word*>(slot);
+#pragma unroll
+    for (int w = 0; w < kWords; ++w) __stcg(out + w, words[w]);
+  }
+  static __device__ __forceinline__ R load(const R* slot) {
+    Word words[kWords];
+    const auto* in = reinterpret_cast<const Word*>(slot);
+#pragma unroll
+    for (int w = 0; w < kWords; ++w) words[w] = __ldcg(in + w);
+    R record;
+    memcpy(&record, words, sizeof(R));
+    return record;
+  }
+};
+
+// The block scan's prefix callback (called by warp 0 with the tile's aggregate pair): publishes
+// the tile's record, looks back and returns the exclusive pair; for reduce_by_key, the run ends
+// before the tile go to `*tails_before` (shared memory, read after the scan).
+template <bool kReduce>
+struct LookBack {
+  using R = typename TileRecordOf<kReduce>::type;
+  using P = PairOf<kReduce>;
+  const ByKeyParams& p;
+  long long tile;
+  int tile_ends;
+  long long* tails_before;
+  R* stage;  // 32 records in shared memory
+
+  __device__ __forceinline__ R* aggregates() const { return static_cast<R*>(p.tile_records); }
+  __device__ __forceinline__ R* inclusives() const { return static_cast<R*>(p.tile_records) + p.num_tiles; }
+
+  __device__ __forceinline__ static void publish(R* slot, int* flag, const R& record, int state) {
+    RecordWords<R>::store(slot, record);
+    __threadfence();  // the record before the flag that says it is there
+    atomicExch(flag, state);
+  }
+
+  __device__ __forceinline__ P operator()(const P& tile_fold) {
+    const int lane = static_cast<int>(threadIdx.x) & 31;
+    R mine;
+    if constexpr (kReduce) {
+      mine = {tile_ends, tile_fold};
+    } else {
+      mine = tile_fold;
+    }
+    // A scan's tile with a head, or the first tile, has its inclusive fold already.
+    bool complete = tile == 0;
+    if constexpr (!kReduce) complete = complete || (tile_fold.flags & kHead);
+    if (lane == 0) {
+      if (complete) {
+        publish(inclusives() + tile, p.tile_flags + tile, mine, kByKeyTileInclusive);
+      } else {
+        publish(aggregates() + tile, p.tile_flags + tile, mine, kByKeyTileAggregate);
+      }
+    }
+    // The nearest earlier tile with an inclusive fold (-1: none, the shard's start), a
+    // window of 32 tiles at a time, each lane one tile.
+    long long nearest = -1;
+    for (long long top = tile - 1; top >= 0; top -= 32) {
+      const long long at = top - lane;
+      int state = kByKeyTileInclusive;  // before the shard: the empty fold
+      if (at >= 0) {
+        const volatile int* flag = p.tile_flags + at;
+        do {
+          state = *flag;
+        } while (state == kByKeyTileNone);
+      }
+      const unsigned done = __ballot_sync(0xffffffffu, state == kByKeyTileInclusive);
+      if (done) {
+        nearest = top - (__ffs(done) - 1);
+        break;
+      }
+    }
+    __threadfence();  // the flags before the records they announce
+    // A left fold, in tile order, so that the association never depends on where the look-back
+    // stopped: the records of up to 32 tiles at a time are loaded together (one trip to L2) and
+    // staged in shared memory, then folded by lane 0.
+    R exclusive;
+    make_empty(exclusive);
+    if (lane == 0 && nearest >= 0) exclusive = RecordWords<R>::load(inclusives() + nearest);
+    for (long long low = nearest + 1; low < tile; low += 32) {
+      if (low + lane < tile) stage[lane] = RecordWords<R>::load(aggregates() + low + lane);
+      __syncwarp();
+      if (lane == 0) {
+        const int count = static_cast<int>(min(tile - low, 32LL));
+        for (int l = 0; l < count; ++l) exclusive = join(exclusive, stage[l]);
+      }
+      __syncwarp();
+    }
+    if (lane == 0) {
+      const R inclusive = complete ? mine : join(exclusive, mine);
+      if (!complete) publish(inclusives() + tile, p.tile_flags + tile, inclusive, kByKeyTileInclusive);
+      // the shard's total, which the carries of the shards after it fold
+      if (tile == p.num_tiles - 1 && p.total != nullptr) write_record(*p.total, as_tally(inclusive));
+    }
+    if constexpr (kReduce) {
+      if (lane == 0) *tails_before = exclusive.tails;
+      return exclusive.pair;  // lane 0's is the one the scan uses
+    } else {
+      return exclusive;
+    }
+  }
+};
+
+template <int kMode>
+__device__ __forceinline__ void one_pass(const ByKeyParams& p) {
+  constexpr bool kReduce = kMode == kByKeyReduce;
+  constexpr bool kExclusive = kMode == kByKeyExclusive;
+  using P = PairOf<kReduce>;
+  using ScanPairs = cub::BlockScan<P, kByKeyBlock>;
+  __shared__ union {
+    typename LoadKeys::TempStorage load_keys;
+    typename LoadValues::TempStorage load_values;
+    typename StoreValues::TempStorage store;
+    typename ScanPairs::TempStorage scan;
+    typename ScanInts::TempStorage scan_ints;
+  } temp;
+  __shared__ Neighbours neighbours;
+  __shared__ long long tile_shared;
+  __shared__ long long tails_before;
+  __shared__ typename TileRecordOf<kReduce>::type stage[32];
+  const int t = static_cast<int>(threadIdx.x);
+  if (t == 0) tile_shared = static_cast<long long>(atomicAdd(p.tile_counter, 1ULL));
+  __syncthreads();
+  const long long tile = tile_shared;
+  const long long tile_start = tile * kTile;
+  const int valid = static_cast<int>(min(p.n - tile_start, static_cast<long long>(kTile)));
+  Key keys[kItems];
+  load_keys(p, temp.load_keys, tile_start, valid, keys);
+  int heads[kItems + 1];
+  run_heads(p, keys, tile_start, neighbours, heads);  // syncs: the key load's storage is free
+  Value values[kItems];
+  const Value* in = static_cast<const Value*>(p.values) + tile_start;
+  if (valid == kTile) {
+    LoadValues(temp.load_values).Load(in, values);
+  } else {
+    LoadValues(temp.load_values).Load(in, values, valid);
+  }
+  P pairs[kItems];
+#pragma unroll
+  for (int j = 0; j < kItems; ++j) {
+    pairs[j] = t * kItems + j < valid ? element_pair<P>(p, kExclusive, heads[j], keys[j], values[j]) : empty_pair<P>();
+  }
+  __syncthreads();
+  int rank = 0, tile_ends = 0;
+  if constexpr (kReduce) {
+    int ends = 0;
+#pragma unroll
+    for (int j = 0; j < kItems; ++j) ends += t * kItems + j < valid ? heads[j + 1] : 0;
+    ScanInts(temp.scan_ints).ExclusiveSum(ends, rank, tile_ends);
+    __syncthreads();
+  }
+  LookBack<kReduce> prefix{p, tile, tile_ends, &tails_before, stage};
+  if constexpr (kExclusive) {
+    ScanPairs(temp.scan).ExclusiveScan(pairs, pairs, Segmented(), prefix);
+  } else {
+    ScanPairs(temp.scan).InclusiveScan(pairs, pairs, Segmented(), prefix);
+  }
+  __syncthreads();
+  if constexpr (kReduce) {
+    const long long out_base = tails_before;
+    if (t == 0 && tile == p.num_tiles - 1) *p.run_count = out_base + tile_ends;
+    Key* out_keys = static_cast<Key*>(p.out_keys);
+    Value* out_values = static_cast<Value*>(p.out_values);
+#pragma unroll
+    for (int j = 0; j < kItems; ++j) {
+      if (t * kItems + j < valid && heads[j + 1]) {
+        out_keys[out_base + rank] = pairs[j].key;
+        out_values[out_base + rank] = pairs[j].value;
+        ++rank;
+      }
+    }
+  } else {
+    if constexpr (kExclusive) {
+      const Value init = *reinterpret_cast<const Value*>(p.init);
+#pragma unroll
+      for (int j = 0; j < kItems; ++j) values[j] = heads[j] ? init : pairs[j].value;
+    } else {
+#pragma unroll
+      for (int j = 0; j < kItems; ++j) values[j] = pairs[j].value;
+    }
+    Value* out = static_cast<Value*>(p.out_values) + tile_start;
+    if (valid == kTile) {
+      StoreValues(temp.store).Store(out, values);
+    } else {
+      StoreValues(temp.store).Store(out, values, valid);
+    }
+  }
+}
+
+// After a shard's single pass, which began with no carry: what runs into it from the shards
+// before (*p.carry, their totals folded in place order) applied to the elements of its first
+// run, out = op(carry, out), for the scans; the association stays fixed (the carry, then the
+// shard's own left-to-right fold). Tile t holds some of the first run only when no tile before
+// it has a head (the inclusive record of tile t - 1 says), so the blocks stop at the first
+// tile with one.
+struct Earliest {
+  __device__ __forceinline__ int operator()(int a, int b) const { return a < b ? a : b; }
+};
+
+template <bool kExclusive>
+__device__ __forceinline__ void fix_first_run(const ByKeyParams& p) {
+  using R = PairOf<false>;
+  using ReduceInts = cub::BlockReduce<int, kByKeyBlock>;
+  __shared__ union {
+    typename LoadKeys::TempStorage load;
+    typename ReduceInts::TempStorage reduce;
+  } temp;
+  __shared__ Neighbours neighbours;
+  __shared__ int first_head;
+  const Pair carry = read_record(*p.carry).pair;
+  if (!(carry.flags & kValid)) return;
+  const R* inclusives = static_cast<const R*>(p.tile_records) + p.num_tiles;
+  const int t = static_cast<int>(threadIdx.x);
+  Value* out = static_cast<Value*>(p.out_values);
+  for (long long tile = blockIdx.x; tile < p.num_tiles; tile += gridDim.x) {
+    if (tile > 0 && (inclusives[tile - 1].flags & kHead)) return;
+    const long long tile_start = tile * kTile;
+    const int valid = static_cast<int>(min(p.n - tile_start, static_cast<long long>(kTile)));
+    Key keys[kItems];
+    load_keys(p, temp.load, tile_start, valid, keys);
+    int heads[kItems + 1];
+    run_heads(p, keys, tile_start, neighbours, heads);  // syncs: the load's storage is free
+    int mine = kTile;
+#pragma unroll
+    for (int j = kItems - 1; j >= 0; --j) {
+      if (t * kItems + j < valid && heads[j]) mine = t * kItems + j;
+    }
+    const int first = ReduceInts(temp.reduce).Reduce(mine, Earliest());
+    if (t == 0) first_head = first;
+    __syncthreads();
+    const int end = min(first_head, valid);
+    for (int local = t; local < end; local += kByKeyBlock) {  // block-striped: coalesced
+      const long long at = tile_start + local;
+      if (kExclusive && at == 0) {
+        out[at] = carry.value;  // the pass had nothing before it
+      } else {
+        Value fixed;
+        csj_op(&carry.value, &out[at], &fixed);
+        out[at] = fixed;
+      }
+    }
+    __syncthreads();
+  }
+}
+
+}  // namespace
+
+extern "C" __global__ void __launch_bounds__(kByKeyBlock)
+    csj_by_key_one_pass_fix_inclusive(const __grid_constant__ ByKeyParams p) {
+  fix_first_run<false>(p);
+}
+
+extern "C" __global__ void __launch_bounds__(kByKeyBlock)
+    csj_by_key_one_pass_fix_exclusive(const __grid_constant__ ByKeyParams p) {
+  fix_first_run<true>(p);
+}
+
+// reduce_by_key's counterpart, one thread: the run that comes in from the shards before and
+// ends here is the shard's first output; it takes the carry's first key and op(carry, its fold
+// here). (A shard where no run ends has no output; its total already passed the run on.)
+extern "C" __global__ void csj_by_key_one_pass_fix_reduce(const __grid_constant__ ByKeyParams p) {
+  if (threadIdx.x != 0 || blockIdx.x != 0 || *p.run_count == 0 || p.prev_key == nullptr) return;
+  const Pair carry = read_record(*p.carry).pair;
+  if (!(carry.flags & kValid) || !same_run(*static_cast<const Key*>(p.prev_key), *static_cast<const Key*>(p.keys))) {
+    return;
+  }
+  Key* out_keys = static_cast<Key*>(p.out_keys);
+  Value* out_values = static_cast<Value*>(p.out_values);
+  out_keys[0] = carry.key;
+  Value fixed;
+  csj_op(&carry.value, &out_values[0], &fixed);
+  out_values[0] = fixed;
+}
+
+extern "C" __global__ void __launch_bounds__(kByKeyBlock, kSweepBlocks)
+    csj_by_key_one_pass_inclusive(const __grid_constant__ ByKeyParams p) {
+  one_pass<kByKeyInclusive>(p);
+}
+
+extern "C" __global__ void __launch_bounds__(kByKeyBlock, kSweepBlocks)
+    csj_by_key_one_pass_exclusive(const __grid_constant__ ByKeyParams p) {
+  one_pass<kByKeyExclusive>(p);
+}
+
+extern "C" __global__ void __launch_bounds__(kByKeyBlock, kSweepBlocks)
+    csj_by_key_one_pass_reduce(const __grid_constant__ ByKeyParams p) {
+  one_pass<kByKeyReduce>(p);
+}
+
 // The run heads as a selection: class 0 where an element starts a run of equal keys (the
 // shard's first element unless the key before it, SelectParams::before, shares its run),
 // class 1 elsewhere; the payloads (the keys, the values) are compacted to their heads. One

@@ -4,8 +4,26 @@
 //
 // The scans by key and reduce_by_key run on (head, value) pairs under the segmented
 // combine, (h1, v1) . (h2, v2) = (h1 | h2, h2 ? v2 : op(v1, v2)), which is associative (not
-// commutative) whatever op is, as long as op is associative. A shard takes two passes over
-// chunks of kByKeyChunkTiles tiles, one block a chunk:
+// commutative) whatever op is, as long as op is associative.
+//
+// In one process a shard takes a single pass, one kernel per mode:
+//   csj_by_key_one_pass_inclusive, _exclusive, _reduce
+//                       tiles taken in order from a counter (every predecessor of a running
+//                       tile has started, so the look-back cannot deadlock); each tile's keys
+//                       and values read once, its pairs scanned by a block scan, joined to the
+//                       tiles before it by a decoupled look-back whose fold is a fixed left
+//                       fold over tiles (by_key_jit.cu says why that keeps the bits fixed).
+//                       A tile's record: the fold of its pairs and, for reduce_by_key, its
+//                       count of run ends (its outputs' position). Writes the scan or, at every
+//                       run's end, its first key and fold; the last tile writes the shard's
+//                       total and run count.
+//   csj_by_key_carry    as below, over the single passes' totals;
+//   csj_by_key_one_pass_fix_inclusive, _exclusive, _reduce
+//                       on shards after the first: the carry applied to the shard's first run
+//                       (each of its elements; reduce_by_key: its first output), which the
+//                       pass, started with no carry, left without it.
+// Across ranks (and where a device lacks the room for reduce_by_key's outputs at the shard's
+// size) a shard takes two passes over chunks of kByKeyChunkTiles tiles, one block a chunk:
 //   csj_by_key_reduce   each chunk's record: the fold of its pairs (only the values of its
 //                       last run are read) and its count of run ends (tails);
 //   csj_by_key_chunks   one block a group of kByKeyGroup chunks: the chunks' records replaced
@@ -16,10 +34,10 @@
 //   csj_by_key_carry    one thread, on shards after the first non-empty one: the fold of the
 //                       earlier shards' totals in place order (what runs into this shard);
 //   csj_by_key_sweep_inclusive, _exclusive, _reduce
-//                       each chunk scanned again from its prefix, writing the scan or, at
-//                       every run's end, its first key and fold (one kernel per mode).
-// Every fold has a fixed association for a given shard layout, so the results are the same
-// bits run after run, floats included.
+//                       each chunk scanned again from its prefix, writing the scan or, at every
+//                       run's end, its first key and fold (one kernel per mode).
+// Every fold has a fixed association for a given shard layout and engine, so the results are
+// the same bits run after run, floats included (the two engines associate differently).
 #pragma once
 
 namespace csj::kernels {
@@ -33,7 +51,8 @@ constexpr int by_key_items(int key_size, int value_size) {
   const int widest = key_size > value_size ? key_size : value_size;
   return widest <= 8 ? 8 : widest <= 16 ? 4 : 2;
 }
-// Blocks of the sweeps a multiprocessor must hold (their launch bounds): 4 (64 registers) for
+// Blocks of the sweeps and single passes a multiprocessor must hold (their launch bounds): 4
+// (64 registers) for
 // 4-byte keys and values, which the sweeps are latency-bound on. They spill (sm_90: 16 bytes
 // a thread for the exclusive scan, 24 for the inclusive, 112 for reduce_by_key's), which costs
 // less than the occupancy gained: on an H200 reduce_by_key took 2.75 against 3.6 ms uncapped
@@ -86,6 +105,18 @@ struct ByKeyParams {
   void* out_values;            // modes 0, 1: the scan (n values); mode 2: one per run end
   void* out_keys;              // mode 2: each run's first key
   alignas(16) unsigned char init[kByKeyMaxValue];  // mode 1: the value every run starts from
+  // The single pass (csj_by_key_one_pass_*): tiles of the shard in the order a counter hands
+  // them out, each publishing its fold in `tile_records` under `tile_flags`.
+  long long num_tiles;
+  unsigned long long* tile_counter;  // zeroed before the launch
+  int* tile_flags;                   // num_tiles, zeroed before the launch (kByKeyTile*)
+  void* tile_records;                // 2 * num_tiles of at most kByKeyTileRecord bytes each
+  long long* run_count;              // mode 2: the shard's run ends, written by its last tile
 };
+
+// A tile's state in the single pass: nothing yet, its own fold published (the aggregate),
+// or its fold with everything before it (the inclusive).
+enum ByKeyTileState { kByKeyTileNone = 0, kByKeyTileAggregate = 1, kByKeyTileInclusive = 2 };
+constexpr int kByKeyTileRecord = 64;  // bytes a tile record may take (a count and a pair)
 
 }  // namespace csj::kernels

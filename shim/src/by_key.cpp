@@ -1,21 +1,25 @@
 // Scans by key and reduce_by_key across places (csj/by_key.hpp), on the by-key engine
 // (kernels/by_key_params.hpp says what each kernel does).
 //
-// Every non-empty shard is reduced to chunk records and a total on its own place; the only
-// cross-place steps are small copies: each shard's neighbouring keys (the last key of the
-// shard before, the first of the shard after, so runs crossing shards are seen) and, for
-// every shard after the first, the earlier shards' totals, which its carry kernel folds in
-// place order. reduce_by_key then reads each place's count of run ends to size its outputs;
-// the scans need no host read. Across ranks (ByKeyEdges) the neighbouring keys come from the
-// nearest ranks holding any, and the carries fold the earlier ranks' totals first: the first
-// pass's totals go to the host once, for the caller to exchange. Before returning, every
-// place's stream waits for the others (events, no host wait), so the scratch and the arrays
-// they read across places stay until the copies are done.
+// In one process every non-empty shard takes the single pass on its own place (the section
+// "the single pass" below); across ranks, and where reduce_by_key's outputs at the shard's size
+// do not fit, the two passes: every non-empty shard is reduced to chunk records and a total
+// on its own place, then swept again. Either way the only cross-place steps are small copies:
+// each shard's neighbouring keys (the last key of the shard before, the first of the shard
+// after, so runs crossing shards are seen) and, for every shard after the first, the earlier
+// shards' totals, which its carry kernel folds in place order. reduce_by_key then reads each
+// place's count of run ends to size its outputs; the scans need no host read. Across ranks
+// (ByKeyEdges) the neighbouring keys come from the nearest ranks holding any, and the carries
+// fold the earlier ranks' totals first: the first pass's totals go to the host once, for the
+// caller to exchange. Before returning, every place's stream waits for the others (events, no
+// host wait), so the scratch and the arrays they read across places stay until the copies are
+// done.
 #include "csj/by_key.hpp"
 
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <stdexcept>
 
@@ -58,17 +62,11 @@ void check_arguments(const std::vector<const KernelLibrary*>& libraries, const S
   }
 }
 
-// The first half on every non-empty place: the neighbouring keys copied in, the chunk
-// records and the shard's total; then each later place's carry.
-std::vector<ByKeyPlace> reduce_places(const std::vector<const KernelLibrary*>& libraries, const ShardedArray& keys,
-                                      const ShardedArray& values, int mode, const std::string& init,
-                                      const ByKeyEdges* edges) {
+// The non-empty places, in place order, with their devices, streams and libraries.
+std::vector<ByKeyPlace> non_empty_places(const std::vector<const KernelLibrary*>& libraries,
+                                         const ShardedArray& keys) {
   const PlaceGroup& group = *keys.group();
-  const std::size_t key_size = keys.itemsize();
-  const int chunk_tiles = k::kByKeyChunkTiles;
-  const long long chunk = k::by_key_chunk(static_cast<int>(key_size), static_cast<int>(values.itemsize()), chunk_tiles);
   std::vector<ByKeyPlace> places;
-  const detail::SyncOnUnwind settle(group);  // after `places`: on a throw, queued copies finish first
   for (std::size_t p = 0; p < group.size(); ++p) {
     if (keys.shard_size(p) == 0) continue;
     ByKeyPlace item;
@@ -78,6 +76,87 @@ std::vector<ByKeyPlace> reduce_places(const std::vector<const KernelLibrary*>& l
     item.library = libraries[p];
     places.push_back(std::move(item));
   }
+  return places;
+}
+
+// Queues the copies of place i's neighbouring keys into `neighbour_keys` (16 bytes of its
+// scratch: the key before, the key after) and points its params at them: the last key of the
+// non-empty shard before and the first of the one after, or across ranks the edges' keys.
+void copy_neighbour_keys(std::vector<ByKeyPlace>& places, std::size_t i, const ShardedArray& keys,
+                         const ByKeyEdges* edges, unsigned char* neighbour_keys) {
+  ByKeyPlace& item = places[i];
+  k::ByKeyParams& params = item.params;
+  const std::size_t key_size = keys.itemsize();
+  if (i > 0) {
+    const ByKeyPlace& before = places[i - 1];
+    detail::wait_for(item.stream, before.stream, before.device);
+    const std::uintptr_t last = keys.shard_pointer(before.place) +
+                                static_cast<std::uintptr_t>(keys.shard_size(before.place) - 1) * key_size;
+    detail::copy_between(neighbour_keys, item.device, reinterpret_cast<const void*>(last), before.device, key_size,
+                         item.stream, "copying the key before the shard");
+    params.prev_key = neighbour_keys;
+  } else if (edges && !edges->prev_key.empty()) {  // an earlier rank's last key
+    detail::check(cudaMemcpyAsync(neighbour_keys, edges->prev_key.data(), key_size, cudaMemcpyHostToDevice,
+                                  item.stream),
+                  "cudaMemcpyAsync (the key before this rank's part)");
+    params.prev_key = neighbour_keys;
+  }
+  if (i + 1 < places.size()) {
+    const ByKeyPlace& after = places[i + 1];
+    detail::wait_for(item.stream, after.stream, after.device);
+    detail::copy_between(neighbour_keys + 8, item.device, reinterpret_cast<const void*>(keys.shard_pointer(after.place)),
+                         after.device, key_size, item.stream, "copying the key after the shard");
+    params.next_key = neighbour_keys + 8;
+  } else if (edges && !edges->next_key.empty()) {  // a later rank's first key
+    detail::check(cudaMemcpyAsync(neighbour_keys + 8, edges->next_key.data(), key_size, cudaMemcpyHostToDevice,
+                                  item.stream),
+                  "cudaMemcpyAsync (the key after this rank's part)");
+    params.next_key = neighbour_keys + 8;
+  }
+}
+
+// Queues, on every place after the first, the copies of the earlier places' totals (each
+// params.total) into params.sources, behind `earlier` records already there, and the carry
+// kernel that folds them into params.carry in place order.
+void queue_carries(std::vector<ByKeyPlace>& places, std::size_t earlier) {
+  for (std::size_t i = earlier ? 0 : 1; i < places.size(); ++i) {
+    ByKeyPlace& item = places[i];
+    DeviceGuard guard(item.device);
+    auto* sources = const_cast<k::ByKeyRecord*>(item.params.sources) + earlier;
+    for (std::size_t j = 0; j < i; ++j) {
+      const ByKeyPlace& before = places[j];
+      detail::wait_for(item.stream, before.stream, before.device);
+      detail::copy_between(sources + j, item.device, before.params.total, before.device, sizeof(k::ByKeyRecord),
+                           item.stream, "copying an earlier shard's total");
+    }
+    item.params.count = static_cast<int>(earlier + i);
+    detail::launch(KernelHandle::linked(item.library->kernel("csj_by_key_carry", item.device)), 1, 32, item.stream,
+                   item.params, "launching by-key carry");
+  }
+}
+
+// Makes every place's stream wait for the others' (events, no host wait): what one place's
+// copies read of another's scratch or arrays stays until they are done.
+void wait_for_each_other(const std::vector<ByKeyPlace>& places) {
+  if (places.size() < 2) return;
+  for (const ByKeyPlace& waiter : places) {
+    for (const ByKeyPlace& other : places) {
+      if (&other != &waiter) detail::wait_for(waiter.stream, other.stream, other.device);
+    }
+  }
+}
+
+// The first half on every non-empty place: the neighbouring keys copied in, the chunk
+// records and the shard's total; then each later place's carry.
+std::vector<ByKeyPlace> reduce_places(const std::vector<const KernelLibrary*>& libraries, const ShardedArray& keys,
+                                      const ShardedArray& values, int mode, const std::string& init,
+                                      const ByKeyEdges* edges) {
+  const PlaceGroup& group = *keys.group();
+  const std::size_t key_size = keys.itemsize();
+  const int chunk_tiles = k::kByKeyChunkTiles;
+  const long long chunk = k::by_key_chunk(static_cast<int>(key_size), static_cast<int>(values.itemsize()), chunk_tiles);
+  std::vector<ByKeyPlace> places = non_empty_places(libraries, keys);
+  const detail::SyncOnUnwind settle(group);  // after `places`: on a throw, queued copies finish first
   constexpr std::size_t kRecord = sizeof(k::ByKeyRecord);
   if (edges) {
     for (const std::string* key : {&edges->prev_key, &edges->next_key}) {
@@ -110,36 +189,7 @@ std::vector<ByKeyPlace> reduce_places(const std::vector<const KernelLibrary*>& l
     params.total = params.groups + params.num_groups;
     params.carry = i > 0 ? params.total + 1 : nullptr;
     params.sources = params.total + 2;
-    unsigned char* neighbour_keys = item.scratch.bytes() + records * kRecord;
-    if (i > 0) {
-      const ByKeyPlace& before = places[i - 1];
-      detail::wait_for(item.stream, before.stream, before.device);
-      const std::uintptr_t last = keys.shard_pointer(before.place) +
-                                  static_cast<std::uintptr_t>(keys.shard_size(before.place) - 1) * key_size;
-      detail::check(cudaMemcpyPeerAsync(neighbour_keys, item.device, reinterpret_cast<const void*>(last),
-                                        before.device, key_size, item.stream),
-                    "cudaMemcpyPeerAsync (the key before the shard)");
-      params.prev_key = neighbour_keys;
-    } else if (edges && !edges->prev_key.empty()) {  // an earlier rank's last key
-      detail::check(cudaMemcpyAsync(neighbour_keys, edges->prev_key.data(), key_size, cudaMemcpyHostToDevice,
-                                    item.stream),
-                    "cudaMemcpyAsync (the key before this rank's part)");
-      params.prev_key = neighbour_keys;
-    }
-    if (i + 1 < places.size()) {
-      const ByKeyPlace& after = places[i + 1];
-      detail::wait_for(item.stream, after.stream, after.device);
-      detail::check(cudaMemcpyPeerAsync(neighbour_keys + 8, item.device,
-                                        reinterpret_cast<const void*>(keys.shard_pointer(after.place)), after.device,
-                                        key_size, item.stream),
-                    "cudaMemcpyPeerAsync (the key after the shard)");
-      params.next_key = neighbour_keys + 8;
-    } else if (edges && !edges->next_key.empty()) {  // a later rank's first key
-      detail::check(cudaMemcpyAsync(neighbour_keys + 8, edges->next_key.data(), key_size, cudaMemcpyHostToDevice,
-                                    item.stream),
-                    "cudaMemcpyAsync (the key after this rank's part)");
-      params.next_key = neighbour_keys + 8;
-    }
+    copy_neighbour_keys(places, i, keys, edges, item.scratch.bytes() + records * kRecord);
   }
   // launched once every neighbour copy is queued, so no place's pass waits for another's
   for (ByKeyPlace& item : places) {
@@ -173,31 +223,19 @@ std::vector<ByKeyPlace> reduce_places(const std::vector<const KernelLibrary*>& l
     }
   }
   const std::size_t earlier = prior.size() / kRecord;
-  for (std::size_t i = earlier ? 0 : 1; i < places.size(); ++i) {
-    ByKeyPlace& item = places[i];
-    DeviceGuard guard(item.device);
-    auto* sources = const_cast<k::ByKeyRecord*>(item.params.sources);
-    if (earlier) {  // the earlier ranks' totals first, then this rank's shards before this one
+  if (earlier) {  // the earlier ranks' totals first, then this rank's shards before each
+    for (std::size_t i = 0; i < places.size(); ++i) {
+      ByKeyPlace& item = places[i];
+      DeviceGuard guard(item.device);
       item.sources = detail::StreamScratch((earlier + i) * kRecord, item.stream,
                                            reinterpret_cast<cudaMemPool_t>(group.memory_pool(item.place)));
-      sources = static_cast<k::ByKeyRecord*>(item.sources.get());
-      detail::check(cudaMemcpyAsync(sources, prior.data(), prior.size(), cudaMemcpyHostToDevice, item.stream),
+      detail::check(cudaMemcpyAsync(item.sources.get(), prior.data(), prior.size(), cudaMemcpyHostToDevice, item.stream),
                     "cudaMemcpyAsync (the earlier ranks' totals)");
-      item.params.sources = sources;
+      item.params.sources = static_cast<k::ByKeyRecord*>(item.sources.get());
       item.params.carry = item.params.total + 1;
-      sources += earlier;
     }
-    for (std::size_t j = 0; j < i; ++j) {
-      const ByKeyPlace& earlier = places[j];
-      detail::wait_for(item.stream, earlier.stream, earlier.device);
-      detail::check(cudaMemcpyPeerAsync(sources + j, item.device, earlier.params.total, earlier.device, kRecord,
-                                        item.stream),
-                    "cudaMemcpyPeerAsync (an earlier shard's total)");
-    }
-    item.params.count = static_cast<int>(earlier + i);
-    detail::launch(KernelHandle::linked(item.library->kernel("csj_by_key_carry", item.device)), 1, 32,
-                   item.stream, item.params, "launching by-key carry");
   }
+  queue_carries(places, earlier);
   return places;
 }
 
@@ -211,11 +249,138 @@ void sweep(std::vector<ByKeyPlace>& places) {
                    static_cast<unsigned>(item.params.num_chunks), k::kByKeyBlock, item.stream, item.params,
                    "launching by-key sweep");
   }
-  if (places.size() < 2) return;
-  for (ByKeyPlace& waiter : places) {  // see the file's opening comment
-    for (const ByKeyPlace& other : places) {
-      if (&other != &waiter) detail::wait_for(waiter.stream, other.stream, other.device);
+  wait_for_each_other(places);  // see the file's opening comment
+}
+
+// ---- the single pass ------------------------------------------------------------------------
+// In one process every non-empty shard takes the single pass on its own place (each tile read
+// once, joined to the tiles before it by a look-back in the kernel), with no carry in; the
+// neighbouring keys say which runs cross its edges. Then each later shard's carry (the earlier
+// shards' totals folded in place order, as in the two passes) is applied to its first run by a
+// fix-up kernel: for the scans, to the elements of that run (all of them only where a run
+// spans the shard); for reduce_by_key, to its first output. reduce_by_key's outputs, whose
+// size only the pass finds, are written to scratch of the shard's size, then copied to arrays
+// of their size. Across ranks, or where a device has no room for that scratch, the two passes.
+
+// CSJ_X_BY_KEY=two_pass forces the two passes (a temporary switch for A/B runs; see
+// docs/performance.md).
+bool two_pass_forced() {
+  const char* text = std::getenv("CSJ_X_BY_KEY");
+  return text != nullptr && std::strcmp(text, "two_pass") == 0;
+}
+
+constexpr std::size_t round_up(std::size_t bytes) { return (bytes + 255) / 256 * 256; }
+
+// A place's single-pass scratch: tile counter and run count | tile flags | tile records
+// (aggregates, inclusives) | total, carry, earlier totals | neighbouring keys | reduce_by_key's
+// keys and values at the shard's size.
+struct OnePassLayout {
+  long long num_tiles = 0;
+  std::size_t zeroed = 0;   // the counter, the run count and the flags: cleared before the launch
+  std::size_t records = 0;  // where the tile records start
+  std::size_t totals = 0;   // where the total, the carry and the earlier totals start
+  std::size_t neighbours = 0;
+  std::size_t keys = 0;     // reduce_by_key: where its keys and values go
+  std::size_t values = 0;
+  std::size_t total = 0;
+};
+
+OnePassLayout one_pass_layout(const ShardedArray& keys, const ShardedArray& values, std::size_t place,
+                              std::size_t index, bool reduce) {
+  const long long n = keys.shard_size(place);
+  const long long tile = k::by_key_chunk(static_cast<int>(keys.itemsize()), static_cast<int>(values.itemsize()), 1);
+  OnePassLayout layout;
+  layout.num_tiles = (n + tile - 1) / tile;
+  layout.zeroed = 16 + static_cast<std::size_t>(layout.num_tiles) * sizeof(int);
+  layout.records = round_up(layout.zeroed);
+  layout.totals = layout.records + round_up(2 * static_cast<std::size_t>(layout.num_tiles) * k::kByKeyTileRecord);
+  layout.neighbours = layout.totals + (2 + index) * sizeof(k::ByKeyRecord);
+  layout.keys = round_up(layout.neighbours + 16);
+  layout.values = layout.keys + (reduce ? round_up(static_cast<std::size_t>(n) * keys.itemsize()) : 0);
+  layout.total = layout.values + (reduce ? static_cast<std::size_t>(n) * values.itemsize() : 0);
+  return layout;
+}
+
+// Whether every device has room for its places' scratch (reduce_by_key's holds outputs at the
+// shard's size; the scans' is a few bytes a tile and is not checked).
+bool fits(const ShardedArray& keys, const std::vector<ByKeyPlace>& places, const std::vector<OnePassLayout>& layouts) {
+  const PlaceGroup& group = *keys.group();
+  for (int device : group.unique_devices()) {
+    std::uint64_t need = 0;
+    std::size_t first = places.size();
+    for (std::size_t i = 0; i < places.size(); ++i) {
+      if (places[i].device != device) continue;
+      need += layouts[i].total;
+      if (first == places.size()) first = i;
     }
+    if (first == places.size()) continue;
+    DeviceGuard guard(device);
+    if (need > detail::available_memory(reinterpret_cast<cudaMemPool_t>(group.memory_pool(places[first].place)))) {
+      return false;
+    }
+  }
+  return true;
+}
+
+// Queues the single pass on every place of `places`, then the carries and fix-ups of the
+// shards after the first. `out`: the scans' output (reduce_by_key's go to the scratch).
+void one_pass(std::vector<ByKeyPlace>& places, const std::vector<OnePassLayout>& layouts, const ShardedArray& keys,
+              const ShardedArray& values, const ShardedArray* out, int mode, const std::string& init) {
+  const PlaceGroup& group = *keys.group();
+  for (std::size_t i = 0; i < places.size(); ++i) {
+    ByKeyPlace& item = places[i];
+    const OnePassLayout& layout = layouts[i];
+    DeviceGuard guard(item.device);
+    k::ByKeyParams& params = item.params;
+    params.keys = reinterpret_cast<const void*>(keys.shard_pointer(item.place));
+    params.values = reinterpret_cast<const void*>(values.shard_pointer(item.place));
+    params.n = keys.shard_size(item.place);
+    params.mode = mode;
+    std::memcpy(params.init, init.data(), init.size());
+    params.num_tiles = layout.num_tiles;
+    item.scratch = detail::StreamScratch(layout.total, item.stream,
+                                         reinterpret_cast<cudaMemPool_t>(group.memory_pool(item.place)));
+    unsigned char* base = item.scratch.bytes();
+    params.tile_counter = reinterpret_cast<unsigned long long*>(base);
+    params.run_count = reinterpret_cast<long long*>(base + 8);
+    params.tile_flags = reinterpret_cast<int*>(base + 16);
+    params.tile_records = base + layout.records;
+    auto* totals = reinterpret_cast<k::ByKeyRecord*>(base + layout.totals);
+    params.total = places.size() > 1 ? totals : nullptr;  // only the carries read it
+    params.carry = i > 0 ? totals + 1 : nullptr;
+    params.sources = totals + 2;
+    if (mode == k::kByKeyReduce) {
+      params.out_keys = base + layout.keys;
+      params.out_values = base + layout.values;
+    } else {
+      params.out_values = reinterpret_cast<void*>(out->shard_pointer(item.place));
+    }
+    copy_neighbour_keys(places, i, keys, nullptr, base + layout.neighbours);
+    detail::check(cudaMemsetAsync(base, 0, layout.zeroed, item.stream), "cudaMemsetAsync (the by-key tile flags)");
+  }
+  // launched once every neighbour copy is queued, so no place's pass waits for another's
+  for (ByKeyPlace& item : places) {
+    DeviceGuard guard(item.device);
+    const char* name = item.params.mode == k::kByKeyInclusive   ? "csj_by_key_one_pass_inclusive"
+                       : item.params.mode == k::kByKeyExclusive ? "csj_by_key_one_pass_exclusive"
+                                                                : "csj_by_key_one_pass_reduce";
+    detail::launch(KernelHandle::linked(item.library->kernel(name, item.device)),
+                   static_cast<unsigned>(item.params.num_tiles), k::kByKeyBlock, item.stream, item.params,
+                   "launching the by-key single pass");
+  }
+  if (places.size() < 2) return;
+  queue_carries(places, 0);
+  for (std::size_t i = 1; i < places.size(); ++i) {
+    ByKeyPlace& item = places[i];
+    DeviceGuard guard(item.device);
+    const bool reduce = item.params.mode == k::kByKeyReduce;
+    const char* name = item.params.mode == k::kByKeyInclusive   ? "csj_by_key_one_pass_fix_inclusive"
+                       : item.params.mode == k::kByKeyExclusive ? "csj_by_key_one_pass_fix_exclusive"
+                                                                : "csj_by_key_one_pass_fix_reduce";
+    // the scans' blocks stop at the first tile with a head, so a grid of a few waves costs little
+    const unsigned grid = reduce ? 1 : static_cast<unsigned>(std::min<long long>(item.params.num_tiles, 1024));
+    detail::launch(KernelHandle::linked(item.library->kernel(name, item.device)), grid,
+                   reduce ? 32 : k::kByKeyBlock, item.stream, item.params, "launching the by-key fix-up");
   }
 }
 
@@ -237,10 +402,21 @@ void scan_by_key(const std::vector<const KernelLibrary*>& libraries, const Shard
     throw std::invalid_argument("init: expected " + std::to_string(values.itemsize()) + " bytes");
   }
   const ArrayLeases leases({{&keys, "keys"}, {&values, "values"}, {&out, "out"}});
+  const int mode = exclusive ? k::kByKeyExclusive : k::kByKeyInclusive;
+  if (edges == nullptr && !two_pass_forced()) {
+    std::vector<ByKeyPlace> places = non_empty_places(libraries, keys);
+    const detail::SyncOnUnwind settle(*keys.group());  // after `places`: queued work drains first
+    std::vector<OnePassLayout> layouts;
+    for (std::size_t i = 0; i < places.size(); ++i) {
+      layouts.push_back(one_pass_layout(keys, values, places[i].place, i, false));
+    }
+    one_pass(places, layouts, keys, values, &out, mode, exclusive ? init : std::string());
+    wait_for_each_other(places);  // see the file's opening comment
+    return;
+  }
   std::vector<ByKeyPlace> places;
   const detail::SyncOnUnwind settle(*keys.group());  // after `places`: queued work drains first
-  places = reduce_places(libraries, keys, values, exclusive ? k::kByKeyExclusive : k::kByKeyInclusive,
-                         exclusive ? init : std::string(), edges);
+  places = reduce_places(libraries, keys, values, mode, exclusive ? init : std::string(), edges);
   for (ByKeyPlace& item : places) item.params.out_values = reinterpret_cast<void*>(out.shard_pointer(item.place));
   sweep(places);
 }
@@ -251,6 +427,50 @@ ArrayList reduce_by_key(const std::vector<const KernelLibrary*>& libraries, cons
   const ArrayLeases leases({{&keys, "keys"}, {&values, "values"}});
   const PlaceGroup& group = *keys.group();
   detail::PinnedBuffer pinned(group.size() * sizeof(long long));
+  if (edges == nullptr && !two_pass_forced()) {
+    std::vector<ByKeyPlace> places = non_empty_places(libraries, keys);
+    std::vector<OnePassLayout> layouts;
+    for (std::size_t i = 0; i < places.size(); ++i) {
+      layouts.push_back(one_pass_layout(keys, values, places[i].place, i, true));
+    }
+    // the outputs at the shard's size, then copies the size of the result: where a device has
+    // no room for that, the two passes, which size the outputs before writing them
+    if (fits(keys, places, layouts)) {
+      const detail::SyncOnUnwind settle(group);  // after `places` and `pinned`: queued work drains first
+      one_pass(places, layouts, keys, values, nullptr, k::kByKeyReduce, std::string());
+      auto* runs = reinterpret_cast<long long*>(pinned.data);
+      for (std::size_t i = 0; i < places.size(); ++i) {
+        DeviceGuard guard(places[i].device);
+        detail::check(cudaMemcpyAsync(runs + i, places[i].params.run_count, sizeof(long long), cudaMemcpyDeviceToHost,
+                                      places[i].stream),
+                      "reading the count of runs");
+      }
+      std::vector<std::int64_t> sizes(group.size(), 0);
+      for (std::size_t i = 0; i < places.size(); ++i) {
+        DeviceGuard guard(places[i].device);
+        detail::check(cudaStreamSynchronize(places[i].stream), "synchronising the count of runs");
+        sizes[places[i].place] = runs[i];
+      }
+      ArrayList result{ShardedArray::allocate(keys.group(), sizes, keys.dtype(), 0),
+                       ShardedArray::allocate(values.group(), sizes, values.dtype(),
+                                              values.is_record() ? values.itemsize() : 0)};
+      for (std::size_t i = 0; i < places.size(); ++i) {
+        const ByKeyPlace& item = places[i];
+        DeviceGuard guard(item.device);
+        const auto count = static_cast<std::size_t>(runs[i]);
+        detail::check(cudaMemcpyAsync(reinterpret_cast<void*>(result[0]->shard_pointer(item.place)),
+                                      item.params.out_keys, count * keys.itemsize(), cudaMemcpyDeviceToDevice,
+                                      item.stream),
+                      "cudaMemcpyAsync (reduce_by_key's keys)");
+        detail::check(cudaMemcpyAsync(reinterpret_cast<void*>(result[1]->shard_pointer(item.place)),
+                                      item.params.out_values, count * values.itemsize(), cudaMemcpyDeviceToDevice,
+                                      item.stream),
+                      "cudaMemcpyAsync (reduce_by_key's values)");
+      }
+      wait_for_each_other(places);  // see the file's opening comment
+      return result;
+    }
+  }
   std::vector<ByKeyPlace> places;
   const detail::SyncOnUnwind settle(group);  // after `places` and `pinned`: queued work drains first
   places = reduce_places(libraries, keys, values, k::kByKeyReduce, std::string(), edges);

@@ -8,6 +8,7 @@
 #include <cuda_runtime.h>
 
 #include <cstddef>
+#include <cstdint>
 #include <new>
 #include <stdexcept>
 #include <string>
@@ -59,6 +60,11 @@ struct ContextStamp {
 
 // `bytes` from `pool`, stream-ordered on `stream` (std::bad_alloc when the device is full).
 void* allocate_async(std::size_t bytes, cudaStream_t stream, cudaMemPool_t pool);
+
+// Bytes the current device can still give `pool`: the driver's free memory and what the pool
+// keeps cached beyond its allocations (it serves from that before it asks the driver for
+// more, so a second large call is not refused what the first left in the pool).
+std::uint64_t available_memory(cudaMemPool_t pool);
 
 // Stream-ordered scratch memory that frees itself (cudaFreeAsync on the stream it was
 // allocated on) when its owner goes out of scope, so a throw between allocation and the last
