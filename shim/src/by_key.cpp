@@ -301,6 +301,10 @@ OnePassLayout one_pass_layout(const ShardedArray& keys, const ShardedArray& valu
   return layout;
 }
 
+// Below this much scratch on a device the question (cudaMemGetInfo, a few microseconds) costs
+// more than it tells: the single pass is taken, and a failing allocation is a MemoryError.
+constexpr std::uint64_t kCheckedScratch = std::uint64_t{64} << 20;
+
 // Whether every device has room for its places' scratch (reduce_by_key's holds outputs at the
 // shard's size; the scans' is a few bytes a tile and is not checked).
 bool fits(const ShardedArray& keys, const std::vector<ByKeyPlace>& places, const std::vector<OnePassLayout>& layouts) {
@@ -313,7 +317,7 @@ bool fits(const ShardedArray& keys, const std::vector<ByKeyPlace>& places, const
       need += layouts[i].total;
       if (first == places.size()) first = i;
     }
-    if (first == places.size()) continue;
+    if (first == places.size() || need < kCheckedScratch) continue;
     DeviceGuard guard(device);
     if (need > detail::available_memory(reinterpret_cast<cudaMemPool_t>(group.memory_pool(places[first].place)))) {
       return false;
