@@ -1,7 +1,8 @@
 """The by-key family (inclusive/exclusive_scan_by_key, reduce_by_key, unique_by_key, unique)
 against sequential Python and numpy answers: runs spanning two and three shards, empty
-shards, 1 to 4 places, records as values, a non-commutative operator, a custom `equal`; and,
-without a GPU, the argument errors on stand-in arrays (nothing compiles or runs first)."""
+shards, 1 to 4 places, records as values, a non-commutative operator, a custom `equal`, each on
+both by-key engines (the `by_key_engine` fixture); and, without a GPU, the argument errors on
+stand-in arrays (nothing compiles or runs first)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,19 @@ gpu = pytest.mark.gpu
 
 AFFINE = np.dtype([("a", np.int64), ("b", np.int64)], align=True)
 Affine = collections.namedtuple("Affine", "a b")
+
+
+@pytest.fixture(autouse=True, params=["one_pass", "two_pass"])
+def by_key_engine(request, monkeypatch):
+    """Every GPU case on both engines: the single pass (the default in one process) and the two
+    passes (which ranks take), forced by the A/B switch CSJ_X_BY_KEY, read at every call."""
+    if request.param == "two_pass":
+        if request.node.get_closest_marker("gpu") is None:
+            pytest.skip("the engine is chosen on a GPU only")
+        monkeypatch.setenv("CSJ_X_BY_KEY", "two_pass")
+    else:
+        monkeypatch.delenv("CSJ_X_BY_KEY", raising=False)
+    return request.param
 
 
 def _then(p, q):
