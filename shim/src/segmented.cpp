@@ -24,6 +24,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <climits>
 #include <cstdlib>
 #include <cstring>
@@ -129,8 +130,9 @@ unsigned grid_for(long long pieces, bool warp) {
 // for. Buffers are reused across calls through a SpareList; each carries an event recorded
 // after the copy that reads it and is handed out again only once that event has completed,
 // so a call never overwrites positions that an earlier call's copy has still to read (the
-// host may run many calls ahead of the device). A buffer whose context a device reset
-// destroyed is dropped, never reused.
+// host may run many calls ahead of the device: past kMaxBuffers buffers made, a call waits
+// for a busy one rather than pinning more). A buffer whose context a device reset destroyed
+// is dropped, never reused.
 class PositionsStaging {
  public:
   // A buffer of at least `bytes` for the current device.
@@ -138,20 +140,32 @@ class PositionsStaging {
     check(cudaGetDevice(&device_), "cudaGetDevice");
     const detail::ContextStamp context = detail::ContextStamp::current();
     const int device = device_;
-    if (auto spare = Spares::take([&](const Spare& s) {
-          return s.device == device && s.context.id == context.id && s.capacity >= bytes &&
-                 cudaEventQuery(s.done) == cudaSuccess;
-        })) {
+    const auto fits = [&](const Spare& s) {
+      return s.device == device && s.context.id == context.id && s.capacity >= bytes;
+    };
+    if (auto spare = Spares::take([&](const Spare& s) { return fits(s) && cudaEventQuery(s.done) == cudaSuccess; })) {
       spare_ = *spare;
       return;
     }
+    if (made().load() >= kMaxBuffers) {
+      if (auto spare = Spares::take(fits)) {
+        spare_ = *spare;
+        const cudaError_t waited = cudaEventSynchronize(spare_.done);
+        if (waited != cudaSuccess) {
+          Spares::give(spare_);
+          check(waited, "cudaEventSynchronize (offsets)");
+        }
+        return;
+      }
+    }
+    ++made();
     spare_.device = device;
     spare_.context = context;
     check(cudaEventCreateWithFlags(&spare_.done, cudaEventDisableTiming), "cudaEventCreateWithFlags (offsets)");
-    const cudaError_t made = cudaMallocHost(reinterpret_cast<void**>(&spare_.data), bytes);
-    if (made != cudaSuccess) {
+    const cudaError_t allocated = cudaMallocHost(reinterpret_cast<void**>(&spare_.data), bytes);
+    if (allocated != cudaSuccess) {
       cudaEventDestroy(spare_.done);
-      check(made, "cudaMallocHost (offsets)");
+      check(allocated, "cudaMallocHost (offsets)");
     }
     spare_.capacity = bytes;
   }
@@ -181,6 +195,11 @@ class PositionsStaging {
     detail::ContextStamp context;
   };
   using Spares = detail::SpareList<Spare>;
+  static constexpr int kMaxBuffers = 16;
+  static std::atomic<int>& made() {
+    static std::atomic<int> count{0};
+    return count;
+  }
   Spare spare_;
   int device_ = -1;
 };
