@@ -4,7 +4,9 @@ the peers that have the same call on one GPU and the device copy of the same byt
   select            2^28 float32, half kept (x < 0.5): cuda.compute select; the copy of the
                     bytes read and written (n read, n / 2 written)
   segmented_reduce  2^28 float32 in 2^16 equal segments, user add: cuda.compute
-                    segmented_reduce; ours' reduce of the same array (variant "reduce")
+                    segmented_reduce; ours' reduce of the same array (variant "reduce").
+                    Ours takes the offsets as cuda.compute does, on the device (an int64
+                    ShardedArray); variant "host offsets" passes the same numpy array
   unique_by_key     2^28 sorted int32 keys (runs of ~16) + int32 values: cuda.compute
                     unique_by_key
   reduce_by_key     2^28 int32 keys in runs of 64 + int32 values, user add: torch
@@ -111,8 +113,8 @@ def _ours(data) -> Impl:
     algorithm, arrays = data.context["algorithm"], data.arrays
     if algorithm == "select":
         return Impl(lambda: _keep(arrays, kept=sharded.select(arrays["x"], _half)))
-    if algorithm == "segmented_reduce":
-        offsets = np.arange(0, N + 1, SEGMENT, dtype=np.int64)
+    if algorithm == "segmented_reduce":  # the offsets on the device, made once, as the peer's
+        offsets = sharded.ShardedArray.from_numpy(arrays["x"].group, _segment_offsets())
         return Impl(lambda: _keep(arrays, sums=sharded.segmented_reduce(arrays["x"], offsets, _add,
                                                                          np.float32(0))))
     if algorithm == "unique_by_key":
@@ -131,6 +133,20 @@ def _ours(data) -> Impl:
     if algorithm == "resharded":
         return Impl(lambda: _keep(arrays, moved=arrays["x"].resharded()))
     raise ValueError(algorithm)
+
+
+def _segment_offsets() -> np.ndarray:
+    return np.arange(0, N + 1, SEGMENT, dtype=np.int64)
+
+
+def _ours_host_offsets(data) -> Impl:
+    """segmented_reduce with the same offsets as a numpy array (the host route)."""
+    import cuda_sharded_jit as sharded
+
+    if data.context["algorithm"] != "segmented_reduce":
+        raise NotApplicable
+    arrays, offsets = data.arrays, _segment_offsets()
+    return Impl(lambda: _keep(arrays, sums=sharded.segmented_reduce(arrays["x"], offsets, _add, np.float32(0))))
 
 
 def _ours_reduce(data) -> Impl:
@@ -225,7 +241,8 @@ FAMILY = Family(
         "segmented_reduce": Spec(np.float32, N, "elements per second; 2^16 equal segments, user add",
                                  {"cuda.compute": _cccl},
                                  bytes_moved=dict.fromkeys(("ours", "cuda.compute"), _BYTES["segmented_reduce"]),
-                                 extra=(("reduce", "reduce of the same array", _ours_reduce),)),
+                                 extra=(("reduce", "reduce of the same array", _ours_reduce),
+                                        ("host offsets", "host offsets", _ours_host_offsets))),
         "unique_by_key": Spec(np.int32, N, "elements per second; sorted keys in runs of ~16 + int32 values",
                               {"cuda.compute": _cccl}),
         "reduce_by_key": Spec(np.int32, N, "elements per second; runs of 64, user add",

@@ -272,7 +272,7 @@ _generation = 0  # clear_cache's count: an operator's memo of its last libraries
 _ENTRY_POINTS = {
     "transform": ["csj_transform"],
     "transform_indexed": ["csj_transform_indexed"],
-    "reduce": ["csj_reduce", "csj_fold", "csj_segmented_reduce"],
+    "reduce": ["csj_reduce", "csj_fold", "csj_segmented_reduce", "csj_segmented_fold"],
     "scan": ["csj_reduce", "csj_fold", "csj_scan"],
     "merge_sort": ["csj_merge_sort_block", "csj_merge_partition", "csj_merge", "csj_merge_search"],
     "select": ["csj_select_count", "csj_select_scatter"],

@@ -19,11 +19,20 @@ from ..compiler import kernel_libraries
 from .reduce import _PYTHON_OPS, _accumulator, _init_request, _map_operator, _operator, _refuse_tuples
 
 
-def _positions(offsets, a: ShardedArray) -> np.ndarray:
-    """offsets as validated int64 positions on the host; TypeError or ValueError naming it."""
+def _positions(offsets, a: ShardedArray):
+    """offsets as the shim takes them, TypeError or ValueError naming it: an int64
+    ShardedArray on a's group stays on the device (the shim checks its positions there,
+    before anything runs); numpy positions come back as checked int64 on the host, as do a
+    ShardedArray's on a from_mpi group (whose route cuts pieces on the host)."""
     if isinstance(offsets, ShardedArray):
         if offsets.dtype != np.dtype(np.int64):
             raise TypeError(f"offsets: a ShardedArray of offsets must hold int64, not {offsets.dtype}")
+        if offsets.group is not a.group:
+            raise ValueError("offsets: belongs to another PlaceGroup than a")
+        if offsets.size == 0:
+            raise ValueError("offsets: expected S + 1 positions (at least one), got none")
+        if not a.group._distributed:
+            return offsets
         host = offsets.to_numpy(root=None)  # on every rank of a from_mpi group
     elif isinstance(offsets, np.ndarray):
         if offsets.dtype == np.bool_ or not np.issubdtype(offsets.dtype, np.integer):
@@ -40,16 +49,8 @@ def _positions(offsets, a: ShardedArray) -> np.ndarray:
         raise ValueError(f"offsets: positions must lie in [0, len(a)] = [0, {a.size}]; "
                          f"offsets[{int(np.argmax(host > a.size))}] is {int(host[np.argmax(host > a.size)])}")
     positions = np.ascontiguousarray(host, dtype=np.int64)
-    # one pass when they are good: non-decreasing positions lie in range when both ends do
-    falling = positions[1:] < positions[:-1]
-    if falling.any():
-        at = int(np.argmax(falling)) + 1
-        raise ValueError(f"offsets: positions must be non-decreasing; offsets[{at}] = {int(positions[at])} "
-                         f"comes after offsets[{at - 1}] = {int(positions[at - 1])}")
-    if positions[0] < 0 or positions[-1] > a.size:
-        at = 0 if positions[0] < 0 else len(positions) - 1
-        raise ValueError(f"offsets: positions must lie in [0, len(a)] = [0, {a.size}]; "
-                         f"offsets[{at}] is {int(positions[at])}")
+    # the one check of host positions: one pass in the shim, which the route then trusts
+    _shim.check_segment_offsets(positions.ctypes.data, len(positions), a.size)
     return positions
 
 
@@ -60,7 +61,10 @@ def segmented_reduce(a: ShardedArray, offsets, op, init, *, map_op=None,
     element order: result[s] = init op a[offsets[s]] op ... op a[offsets[s + 1] - 1].
 
     `offsets`: S + 1 non-decreasing global positions in [0, len(a)], a numpy integer array or
-    an int64 ShardedArray. Segments may be empty (they give init) and may span shards. `op`:
+    an int64 ShardedArray on a's group. A ShardedArray's positions stay on the device: a
+    kernel checks them (one short wait for its verdict, so bad positions raise ValueError
+    before anything else runs) and the folds read them there; numpy positions are checked on
+    the host and copied to the places from pinned memory. Segments may be empty (they give init) and may span shards. `op`:
     an operator of two accumulators, or "sum", "min", "max". The accumulator is a's dtype (or
     init's when init is a wider numpy value); with `map_op`, each element is mapped first
     (`map_op(x)`, or `map_op(x, global_index)` with `with_index`), and a map returning a tuple
@@ -117,7 +121,11 @@ def segmented_reduce(a: ShardedArray, offsets, op, init, *, map_op=None,
         from ..distributed import _algorithms
 
         return _algorithms.segmented_reduce(a, positions, libraries, acc_dtype, packed)
-    out = ShardedArray.allocate(a.group, len(positions) - 1, acc_dtype)
-    _shim.segmented_reduce(libraries, a._impl, positions.ctypes.data, len(positions), out._impl, acc.itemsize,
-                           packed)
+    out = ShardedArray.allocate(a.group, len(positions) - 1 if isinstance(positions, np.ndarray)
+                                else positions.size - 1, acc_dtype)
+    if isinstance(positions, ShardedArray):
+        _shim.segmented_reduce_device(libraries, a._impl, positions._impl, out._impl, acc.itemsize, packed)
+    else:
+        _shim.segmented_reduce(libraries, a._impl, positions.ctypes.data, len(positions), out._impl, acc.itemsize,
+                               packed)
     return out

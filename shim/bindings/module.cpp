@@ -333,6 +333,21 @@ NB_MODULE(_shim, m) {
       },
       "libraries"_a, "a"_a, "offsets"_a, "num_offsets"_a, "out"_a, "acc_size"_a, "init"_a);
   m.def(
+      "segmented_reduce_device",
+      [](const std::vector<const csj::KernelLibrary*>& libraries, const csj::ShardedArray& in,
+         const csj::ShardedArray& offsets, csj::ShardedArray& out, int acc_size, const nb::bytes& init) {
+        std::string init_bytes = to_string(init);
+        nb::gil_scoped_release release;
+        csj::segmented_reduce(libraries, in, offsets, out, acc_size, init_bytes);
+      },
+      "libraries"_a, "a"_a, "offsets"_a, "out"_a, "acc_size"_a, "init"_a);
+  m.def(
+      "check_segment_offsets",
+      [](std::uintptr_t offsets, std::size_t count, std::int64_t size) {
+        csj::check_segment_offsets(reinterpret_cast<const std::int64_t*>(offsets), count, size);
+      },
+      "offsets"_a, "count"_a, "size"_a);
+  m.def(
       "scan",
       [](const std::vector<const csj::KernelLibrary*>& libraries, const csj::ShardedArray& in,
          csj::ShardedArray& out, int acc_size, const nb::bytes& init, bool exclusive) {

@@ -41,6 +41,10 @@ struct BuiltinReduceKernels {
 };
 BuiltinReduceKernels builtin_reduce_kernels(BuiltinReduction op, int dtype);
 
+// segmented_reduce's check of device positions; launch with cudaLaunchKernel, grid-stride,
+// kPositionsCheckBlock threads, and one PositionsCheckParams (params.hpp) argument.
+const void* builtin_positions_check_kernel();
+
 // count: elements equal to ReduceParams::map_value (the dtype's bytes), as int64, with the
 // int64 fold for the cross-place combine.
 BuiltinReduceKernels builtin_count_kernels(int dtype);

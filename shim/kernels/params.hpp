@@ -96,6 +96,9 @@ struct FoldParams {
 // positions) clamped to the shard, folded in element order by one block (or, per_warp, one
 // warp) into pieces[k]: init op fold, init for an empty piece, and the bare fold for piece 0
 // when `head` (the tail of a segment that began on an earlier shard; init went in there).
+// With `bare` (positions read on the device by several places, every segment a piece of
+// each place): a non-empty piece stores its bare fold and an empty one stores nothing; the
+// places' pieces are then combined by SegmentedFoldParams's kernel.
 struct SegmentedParams {
   const void* in;
   long long n;
@@ -105,9 +108,41 @@ struct SegmentedParams {
   void* pieces;              // count accumulators
   int per_warp;
   int head;
+  int bare;
   alignas(8) unsigned char init[kMaxAccSize];
   alignas(8) unsigned char map_value[8];  // as ReduceParams::map_value
 };
+
+// The cross-place step of a segmented reduce from device positions, on one result place:
+// out[i] = init op piece_0 op piece_1 ..., in place order, over the places whose shard
+// [shard_begin[q], shard_end[q]) meets segment first + i (the others left no piece: their
+// slot was never written). pieces[q] points at place q's piece of segment `first` (its own
+// memory through peer access, or a staging copy), null for a place that holds no elements.
+struct SegmentedFoldParams {
+  const long long* offsets;  // the S + 1 global positions, on this place's device
+  long long first;           // the segment of out[0]
+  long long count;           // result slots on this place
+  void* out;
+  const void* pieces[kMaxFoldValues];
+  long long shard_begin[kMaxFoldValues];
+  long long shard_end[kMaxFoldValues];
+  int places;
+  alignas(8) unsigned char init[kMaxAccSize];
+};
+constexpr int kSegmentedFoldBlock = 256;
+
+// Checks S + 1 positions for a segmented reduce from device memory: `first_bad` (set to all
+// ones before the launch) ends as the least code of a violation: k for offsets[k] <
+// offsets[k - 1] (1 <= k <= S), S + 1 for offsets[0] < 0, S + 2 for offsets[S] > size, so
+// a fall is reported before the ends, and the first fall before the later ones (the order
+// of the host check's messages). Non-decreasing positions lie in range when both ends do.
+struct PositionsCheckParams {
+  const long long* offsets;
+  long long count;  // S + 1
+  long long size;   // len(a)
+  unsigned long long* first_bad;
+};
+constexpr int kPositionsCheckBlock = 256;
 
 constexpr int kScanBlock = 256;
 // Items per thread: records over 16 bytes take 4 so that a tile's exchange and store fit the

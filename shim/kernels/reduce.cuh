@@ -101,7 +101,11 @@ struct Reduction {
   };
 
   // Maps that declare `kUsesValue` also read the launch's runtime value (count's target).
-  __device__ __forceinline__ static Acc map(const ReduceParams& p, const In& value, long long index) {
+  // The range folds below take any parameter block with the reduce's `in`, `index_base` and
+  // `map_value` (ReduceParams, SegmentedParams), so the segmented kernel reads its own
+  // grid-constant block rather than copying it into a ReduceParams first.
+  template <class Params>
+  __device__ __forceinline__ static Acc map(const Params& p, const In& value, long long index) {
     Acc out;
     if constexpr (UsesValue<Map>::value) {
       Map()(&value, index, &out, p.map_value);
@@ -114,7 +118,8 @@ struct Reduction {
   // Fold of [begin, end) by one warp, in order; valid in lane 0 when the range is non-empty.
   // Loads are warp-striped 16-byte vectors (coalesced); each vector's elements are folded by
   // its lane, then the 32 lanes' folds in lane order, so the association is fixed.
-  __device__ __forceinline__ static Acc warp_range(const ReduceParams& p, long long begin, long long end) {
+  template <class Params>
+  __device__ __forceinline__ static Acc warp_range(const Params& p, long long begin, long long end) {
     const int lane = threadIdx.x & 31;
     const In* data = static_cast<const In*>(p.in);
     const bool aligned = aligned16(data + begin);
@@ -170,7 +175,8 @@ struct Reduction {
   }
 
   // Fold of one warp's part of a block tile, in element order; valid in lane 0.
-  __device__ __forceinline__ static Acc fold_part(const ReduceParams& p, TempStorage& temp, long long tile,
+  template <class Params>
+  __device__ __forceinline__ static Acc fold_part(const Params& p, TempStorage& temp, long long tile,
                                                   int warp, int lane, const uint4 (&vectors)[kVectors]) {
     if constexpr (kLaneRuns) {
       uint4* stage = temp.stage + warp * kStageVectors;
@@ -220,7 +226,10 @@ struct Reduction {
 
   // The fold of [block_begin, block_end), valid in thread 0. Whole block tiles first (when
   // the data is 16-byte aligned), then the rest cut into one contiguous part per warp.
-  __device__ __forceinline__ static Acc block_range(const ReduceParams& p, TempStorage& temp, long long block_begin,
+  // Called once per block: the last window's parts are not written again, so no barrier
+  // follows its fold (a segment of one block tile pays one barrier, not two).
+  template <class Params>
+  __device__ __forceinline__ static Acc block_range(const Params& p, TempStorage& temp, long long block_begin,
                                                     long long block_end) {
     const int warp = threadIdx.x / 32;
     const int lane = threadIdx.x & 31;
@@ -249,7 +258,6 @@ struct Reduction {
       if (slot > 0) {
         __syncthreads();
         if (warp == 0) fold_window(temp, slot * kReduceWarps, lane, acc, have);
-        __syncthreads();
       }
     }
     if (tile < block_end) {
@@ -366,7 +374,8 @@ struct Reduction {
 
 // One accumulator per segment piece of a shard (SegmentedParams): a block folds its piece
 // with Reduction::block_range (block tiles of 16-byte vectors, the reduce's association), or
-// for short pieces each warp folds one with Reduction::warp_range.
+// for short pieces each warp folds one with Reduction::warp_range. An empty piece costs its
+// block (or warp) two loads of positions: it stores init (or, `bare`, nothing) and leaves.
 template <class Map, class Op, int InSize, int AccSize>
 struct SegmentedReduction {
   using R = Reduction<Map, Op, InSize, AccSize>;
@@ -378,38 +387,57 @@ struct SegmentedReduction {
     end = min(max(s.offsets[piece + 1] - s.index_base, 0LL), s.n);
   }
 
-  __device__ __forceinline__ static Acc finish(const SegmentedParams& s, long long piece, bool non_empty,
-                                               const Acc& folded) {
-    const Acc init = *reinterpret_cast<const Acc*>(s.init);
-    if (!non_empty) return init;
-    if (s.head && piece == 0) return folded;
-    return Combine<Op, Acc>()(init, folded);
+  __device__ __forceinline__ static Acc finish(const SegmentedParams& s, long long piece, const Acc& folded) {
+    if (s.bare || (s.head && piece == 0)) return folded;
+    return Combine<Op, Acc>()(*reinterpret_cast<const Acc*>(s.init), folded);
   }
 
   __device__ static void run(const SegmentedParams& s) {
     __shared__ typename R::TempStorage temp;
-    ReduceParams p{};
-    p.in = s.in;
-    p.n = s.n;
-    p.index_base = s.index_base;
-#pragma unroll
-    for (int i = 0; i < 8; ++i) p.map_value[i] = s.map_value[i];
     Acc* pieces = static_cast<Acc*>(s.pieces);
     long long begin, end;
     if (s.per_warp) {
       const long long piece = static_cast<long long>(blockIdx.x) * kReduceWarps + threadIdx.x / 32;
       if (piece >= s.count) return;  // the whole warp leaves together
       bounds(s, piece, begin, end);
-      const Acc folded = R::warp_range(p, begin, end);
-      if ((threadIdx.x & 31) == 0) pieces[piece] = finish(s, piece, end > begin, folded);
+      const bool lead = (threadIdx.x & 31) == 0;
+      if (end <= begin) {  // uniform across the warp
+        if (lead && !s.bare) pieces[piece] = *reinterpret_cast<const Acc*>(s.init);
+        return;
+      }
+      const Acc folded = R::warp_range(s, begin, end);
+      if (lead) pieces[piece] = finish(s, piece, folded);
     } else {
       const long long piece = blockIdx.x;
       bounds(s, piece, begin, end);
-      const Acc folded = R::block_range(p, temp, begin, end);
-      if (threadIdx.x == 0) pieces[piece] = finish(s, piece, end > begin, folded);
+      if (end <= begin) {  // uniform across the block: no barrier is left waiting
+        if (threadIdx.x == 0 && !s.bare) pieces[piece] = *reinterpret_cast<const Acc*>(s.init);
+        return;
+      }
+      const Acc folded = R::block_range(s, temp, begin, end);
+      if (threadIdx.x == 0) pieces[piece] = finish(s, piece, folded);
     }
   }
 };
+
+// The cross-place step of a segmented reduce from device positions (SegmentedFoldParams):
+// one thread per result slot folds init and the places' pieces of its segment in place
+// order, the association of the host route's csj_fold over a spanning segment's pieces.
+template <class Op, int AccSize>
+__device__ void segmented_fold(const SegmentedFoldParams& p) {
+  using Acc = typename Word<AccSize>::type;
+  const long long slot = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (slot >= p.count) return;
+  const long long lo = p.offsets[p.first + slot];
+  const long long hi = p.offsets[p.first + slot + 1];
+  Acc acc = *reinterpret_cast<const Acc*>(p.init);
+  for (int place = 0; place < p.places; ++place) {
+    // the same test as SegmentedReduction::bounds' (end > begin) on that place
+    if (!p.pieces[place] || max(lo, p.shard_begin[place]) >= min(hi, p.shard_end[place])) continue;
+    acc = Combine<Op, Acc>()(acc, load_cg(static_cast<const Acc*>(p.pieces[place]) + slot));
+  }
+  static_cast<Acc*>(p.out)[slot] = acc;
+}
 
 template <class Op, int AccSize>
 __device__ void fold(const FoldParams& p) {

@@ -92,6 +92,11 @@ extern "C" __global__ void csj_fold(const __grid_constant__ FoldParams params) {
   fold<LinkedOp, CSJ_ACC_SIZE>(params);
 }
 
+extern "C" __global__ void __launch_bounds__(kSegmentedFoldBlock)
+    csj_segmented_fold(const __grid_constant__ SegmentedFoldParams params) {
+  segmented_fold<LinkedOp, CSJ_ACC_SIZE>(params);
+}
+
 #ifdef CSJ_WITH_SCAN
 extern "C" __global__ void __launch_bounds__(kScanBlock)
     csj_scan(const __grid_constant__ ScanParams params) {

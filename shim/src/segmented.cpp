@@ -1,24 +1,42 @@
-// Segmented reduce across places. Each place folds the segment pieces its shard holds, one
-// block (or, for short pieces, one warp) per piece, with the reduce's in-kernel combine and
-// association (csj_segmented_reduce, reduce.cuh): the segments that begin in its shard
-// (init first) and, before them, the tail of a segment that began on an earlier shard (its
-// "head" piece, no init). The pieces go to their places in the result (evenly split over
-// the group) with peer copies; a segment spanning shards is then finished on its result
-// place by csj_fold over its pieces in place order, so the answer is deterministic.
+// Segmented reduce across places, from positions on the host or on the device.
+//
+// Host positions (numpy; checked by check_segment_offsets first): each place folds the
+// segment pieces its shard holds, one block (or, for short pieces, one warp) per piece, with
+// the reduce's in-kernel combine and association (csj_segmented_reduce, reduce.cuh): the
+// segments that begin in its shard (init first) and, before them, the tail of a segment that
+// began on an earlier shard (its "head" piece, no init). Its slice of the positions reaches
+// the device from pinned staging (PositionsStaging). The pieces go to their places in the
+// result (evenly split over the group) with peer copies; a segment spanning shards is then
+// finished on its result place by csj_fold over its pieces in place order, so the answer is
+// deterministic.
+//
+// Device positions (an int64 ShardedArray): nothing about the positions is known on the
+// host, so no place can be told which segments it holds. A check kernel reads them once
+// (one small wait for its verdict, so bad positions raise before anything runs). On one
+// place the kernel reads them where they are, a block (or warp) a segment, and writes the
+// result. On several, each place gets a copy of every position and folds every segment's
+// piece of its shard (the blocks of segments that miss it leave at once) into S slots of its
+// own, bare; then each result place folds, for its slots, init and the pieces of the places
+// whose shard meets the segment, in place order (csj_segmented_fold): the host route's
+// association (the same bits whenever both routes pick the same block or warp shape).
 #include "csj/segmented.hpp"
 
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <climits>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <stdexcept>
 #include <utility>
 
+#include "../kernels/builtin_kernels.hpp"
 #include "../kernels/params.hpp"
 #include "cuda_check.hpp"
 #include "launch.hpp"
+#include "sort_common.hpp"  // SpareList, PinnedBuffer
 
 namespace csj {
 namespace {
@@ -46,9 +64,10 @@ struct PlaceWork {
   unsigned char* pieces = nullptr;
 };
 
-void check_arguments(const std::vector<const KernelLibrary*>& libraries, const ShardedArray& in,
-                     const std::int64_t* offsets, std::size_t num_offsets, const ShardedArray& out,
-                     int acc_size, const std::string& init) {
+// The checks both routes share (the positions' own come before: check_segment_offsets on
+// the host, the check kernel on the device).
+void check_common(const std::vector<const KernelLibrary*>& libraries, const ShardedArray& in, long long segments,
+                  const ShardedArray& out, int acc_size, const std::string& init) {
   const PlaceGroup& group = *in.group();
   detail::check_libraries(libraries, group.size());
   if (acc_size != 4 && acc_size != 8 && acc_size != 12 && acc_size != 16 && acc_size != 24 && acc_size != 32) {
@@ -57,35 +76,133 @@ void check_arguments(const std::vector<const KernelLibrary*>& libraries, const S
   if (init.size() != static_cast<std::size_t>(acc_size)) {
     throw std::invalid_argument("init: expected " + std::to_string(acc_size) + " bytes");
   }
-  if (num_offsets < 1 || (num_offsets > 1 && !offsets)) {
-    throw std::invalid_argument("offsets: expected S + 1 positions, at least one");
-  }
-  // non-decreasing positions lie in [0, len(a)] when both ends do
-  for (std::size_t s = 1; s < num_offsets; ++s) {
-    if (offsets[s] < offsets[s - 1]) {
-      throw std::invalid_argument("offsets: positions must be non-decreasing; offsets[" + std::to_string(s) +
-                                  "] is " + std::to_string(offsets[s]));
-    }
-  }
-  if (offsets[0] < 0 || offsets[num_offsets - 1] > in.size()) {
-    throw std::invalid_argument("offsets: positions must lie in [0, len(a)]");
-  }
   if (out.group() != in.group()) throw std::invalid_argument("out: belongs to another PlaceGroup");
-  if (out.size() != static_cast<std::int64_t>(num_offsets - 1)) {
-    throw std::invalid_argument("out: expected one element per segment");
-  }
+  if (out.size() != segments) throw std::invalid_argument("out: expected one element per segment");
   if (static_cast<int>(out.itemsize()) != acc_size) {
     throw std::invalid_argument("out: element size differs from the accumulator's");
   }
 }
 
+std::string position_at(std::size_t k) { return "offsets[" + std::to_string(k) + "]"; }
+
+[[noreturn]] void throw_falling(std::size_t at, std::int64_t value, std::int64_t before) {
+  throw std::invalid_argument("offsets: positions must be non-decreasing; " + position_at(at) + " = " +
+                              std::to_string(value) + " comes after " + position_at(at - 1) + " = " +
+                              std::to_string(before));
+}
+
+[[noreturn]] void throw_outside(std::size_t at, std::int64_t value, std::int64_t size) {
+  throw std::invalid_argument("offsets: positions must lie in [0, len(a)] = [0, " + std::to_string(size) + "]; " +
+                              position_at(at) + " is " + std::to_string(value));
+}
+
 // Average piece length below which a warp, not a block, folds each piece: under half a
 // block tile (8 warps x 32 lanes x 64 bytes) most of a block's warps would sit idle; from
 // there on (4096 float32 a segment: one block tile) a block streams it with 16-byte loads.
+// CSJ_X_SEGMENTED (temporary, for A/B runs; docs/performance.md): "block" or "warp" forces
+// that shape whatever the pieces' length; unset (or anything else) chooses by it.
+enum class Shape { by_length, block, warp };
+Shape forced_shape() {
+  static const Shape shape = [] {
+    const char* text = std::getenv("CSJ_X_SEGMENTED");
+    if (text && std::strcmp(text, "block") == 0) return Shape::block;
+    if (text && std::strcmp(text, "warp") == 0) return Shape::warp;
+    return Shape::by_length;
+  }();
+  return shape;
+}
+
 bool per_warp(long long elements, long long pieces, std::size_t itemsize) {
+  if (forced_shape() != Shape::by_length) return forced_shape() == Shape::warp;
   const long long lane_items = k::reduce_lane_items(itemsize <= 8 ? static_cast<int>(itemsize) : 4);
   return elements < pieces * k::kReduceWarps * 32 * lane_items / 2;
 }
+
+// Blocks for `pieces` pieces, a block (or, per warp, a warp) each.
+unsigned grid_for(long long pieces, bool warp) {
+  const long long blocks = warp ? (pieces + k::kReduceWarps - 1) / k::kReduceWarps : pieces;
+  if (blocks > INT_MAX) throw std::invalid_argument("offsets: more than 2^31 - 1 segments in one shard");
+  return static_cast<unsigned>(blocks);
+}
+
+// Pinned host memory that one place's host positions reach its device from: an
+// asynchronous copy, where pageable memory costs the driver a staged copy the host waits
+// for. Buffers are reused across calls through a SpareList; each carries an event recorded
+// after the copy that reads it and is handed out again only once that event has completed,
+// so a call never overwrites positions that an earlier call's copy has still to read (the
+// host may run many calls ahead of the device: past kMaxBuffers buffers made, a call waits
+// for a busy one rather than pinning more). A buffer whose context a device reset destroyed
+// is dropped, never reused.
+class PositionsStaging {
+ public:
+  // A buffer of at least `bytes` for the current device.
+  explicit PositionsStaging(std::size_t bytes) {
+    check(cudaGetDevice(&device_), "cudaGetDevice");
+    const detail::ContextStamp context = detail::ContextStamp::current();
+    const int device = device_;
+    const auto fits = [&](const Spare& s) {
+      return s.device == device && s.context.id == context.id && s.capacity >= bytes;
+    };
+    if (auto spare = Spares::take([&](const Spare& s) { return fits(s) && cudaEventQuery(s.done) == cudaSuccess; })) {
+      spare_ = *spare;
+      return;
+    }
+    if (made().load() >= kMaxBuffers) {
+      if (auto spare = Spares::take(fits)) {
+        spare_ = *spare;
+        const cudaError_t waited = cudaEventSynchronize(spare_.done);
+        if (waited != cudaSuccess) {
+          Spares::give(spare_);
+          check(waited, "cudaEventSynchronize (offsets)");
+        }
+        return;
+      }
+    }
+    ++made();
+    spare_.device = device;
+    spare_.context = context;
+    check(cudaEventCreateWithFlags(&spare_.done, cudaEventDisableTiming), "cudaEventCreateWithFlags (offsets)");
+    const cudaError_t allocated = cudaMallocHost(reinterpret_cast<void**>(&spare_.data), bytes);
+    if (allocated != cudaSuccess) {
+      cudaEventDestroy(spare_.done);
+      check(allocated, "cudaMallocHost (offsets)");
+    }
+    spare_.capacity = bytes;
+  }
+  ~PositionsStaging() { Spares::give(spare_); }
+  PositionsStaging(const PositionsStaging&) = delete;
+  PositionsStaging& operator=(const PositionsStaging&) = delete;
+
+  std::int64_t* data() const { return reinterpret_cast<std::int64_t*>(spare_.data); }
+
+  // Queues the copy of the first `bytes` to `target` (the current device's memory) on
+  // `stream`; the buffer stays busy until it is done.
+  void copy_to(void* target, std::size_t bytes, cudaStream_t stream) {
+    check(cudaMemcpyAsync(target, spare_.data, bytes, cudaMemcpyHostToDevice, stream), "cudaMemcpyAsync (offsets)");
+    const cudaError_t recorded = cudaEventRecord(spare_.done, stream);
+    if (recorded != cudaSuccess) {  // no event to guard the copy: it must be over before the buffer goes back
+      cudaStreamSynchronize(stream);
+      check(recorded, "cudaEventRecord (offsets)");
+    }
+  }
+
+ private:
+  struct Spare {
+    unsigned char* data = nullptr;
+    std::size_t capacity = 0;
+    int device = -1;
+    cudaEvent_t done = nullptr;
+    detail::ContextStamp context;
+  };
+  using Spares = detail::SpareList<Spare>;
+  static constexpr int kMaxBuffers = 16;
+  static std::atomic<int>& made() {
+    static std::atomic<int> count{0};
+    return count;
+  }
+  Spare spare_;
+  int device_ = -1;
+};
 
 // `place`'s stream waits for the work queued so far on every other place's.
 void wait_for_others(const PlaceGroup& group, std::size_t place) {
@@ -103,12 +220,93 @@ std::pair<std::size_t, long long> result_slot(const ShardedArray& out, long long
   return {place, s - out.shard_offset(place)};
 }
 
+// Every result slot set to init (an empty array: every segment is empty).
+void fill_with_init(const PlaceGroup& group, const ShardedArray& out, const std::string& init) {
+  const std::size_t acc = init.size();
+  std::string values;
+  values.reserve(static_cast<std::size_t>(out.size()) * acc);
+  for (long long s = 0; s < out.size(); ++s) values += init;
+  for (std::size_t place = 0; place < out.num_shards(); ++place) {
+    if (out.shard_size(place) == 0) continue;
+    detail::DeviceGuard guard(group.device(place));
+    check(cudaMemcpyAsync(reinterpret_cast<void*>(out.shard_pointer(place)),
+                          values.data() + out.shard_offset(place) * acc, out.shard_size(place) * acc,
+                          cudaMemcpyHostToDevice, stream_of(group, place)),
+          "cudaMemcpyAsync (init)");
+  }
+}
+
+// The device route's check of the S + 1 positions at `positions` (memory of `place`'s
+// device): a kernel on that place's stream, then a wait for its verdict (the one host wait
+// of the route), so that bad positions raise before any fold is queued.
+void check_device_positions(const PlaceGroup& group, std::size_t place, const long long* positions,
+                            long long count, long long size) {
+  const int device = group.device(place);
+  const cudaStream_t stream = stream_of(group, place);
+  detail::DeviceGuard guard(device);
+  detail::StreamScratch word(sizeof(unsigned long long), stream, pool_of(group, place));
+  check(cudaMemsetAsync(word.get(), 0xff, sizeof(unsigned long long), stream), "cudaMemsetAsync (offsets check)");
+  k::PositionsCheckParams params{};
+  params.offsets = positions;
+  params.count = count;
+  params.size = size;
+  params.first_bad = static_cast<unsigned long long*>(word.get());
+  const long long wanted = (count + k::kPositionsCheckBlock - 1) / k::kPositionsCheckBlock;
+  const unsigned grid = static_cast<unsigned>(std::min<long long>(wanted, 8LL * detail::multiprocessors(device)));
+  detail::launch(detail::KernelHandle::builtin(k::builtin_positions_check_kernel()), grid, k::kPositionsCheckBlock,
+                 stream, params, "launching the offsets check");
+  detail::PinnedBuffer verdict(sizeof(unsigned long long));
+  check(cudaMemcpyAsync(verdict.data, word.get(), sizeof(unsigned long long), cudaMemcpyDeviceToHost, stream),
+        "cudaMemcpyAsync (offsets check)");
+  check(cudaStreamSynchronize(stream), "cudaStreamSynchronize (offsets check)");
+  unsigned long long code = 0;
+  std::memcpy(&code, verdict.data, sizeof(code));
+  if (code == ~0ULL) return;
+  // Bad positions (an error path, so plain synchronous reads of the ones the message quotes).
+  const auto read = [&](long long k) {
+    long long value = 0;
+    check(cudaMemcpy(&value, positions + k, sizeof(value), cudaMemcpyDeviceToHost), "cudaMemcpy (offsets check)");
+    return static_cast<std::int64_t>(value);
+  };
+  const auto at = static_cast<long long>(code);
+  if (at < count) throw_falling(static_cast<std::size_t>(at), read(at), read(at - 1));
+  const long long end = at == count ? 0 : count - 1;
+  throw_outside(static_cast<std::size_t>(end), read(end), size);
+}
+
 }  // namespace
+
+void check_segment_offsets(const std::int64_t* offsets, std::size_t count, std::int64_t size) {
+  if (count < 1 || !offsets) throw std::invalid_argument("offsets: expected S + 1 positions (at least one), got none");
+  // Blocks of a branch-free pass (which the compiler vectorises); the first block with a fall
+  // is searched again for where it is.
+  constexpr std::size_t kBlock = 4096;
+  for (std::size_t begin = 1; begin < count; begin += kBlock) {
+    const std::size_t end = std::min(count, begin + kBlock);
+    bool falls = false;
+    for (std::size_t s = begin; s < end; ++s) falls |= offsets[s] < offsets[s - 1];
+    if (!falls) continue;
+    for (std::size_t s = begin; s < end; ++s) {
+      if (offsets[s] < offsets[s - 1]) throw_falling(s, offsets[s], offsets[s - 1]);
+    }
+  }
+  // non-decreasing positions lie in [0, len(a)] when both ends do
+  if (offsets[0] < 0) throw_outside(0, offsets[0], size);
+  if (offsets[count - 1] > size) throw_outside(count - 1, offsets[count - 1], size);
+}
 
 void segmented_reduce(const std::vector<const KernelLibrary*>& libraries, const ShardedArray& in,
                       const std::int64_t* offsets, std::size_t num_offsets, ShardedArray& out,
                       int acc_size, const std::string& init) {
-  check_arguments(libraries, in, offsets, num_offsets, out, acc_size, init);
+  if (num_offsets < 1 || !offsets) {
+    throw std::invalid_argument("offsets: expected S + 1 positions, at least one");
+  }
+  // The positions were checked by the caller (check_segment_offsets): this is the O(1) part
+  // of that check, which keeps every search below inside the array whatever it was given.
+  if (offsets[0] < 0 || offsets[num_offsets - 1] > in.size() || offsets[num_offsets - 1] < offsets[0]) {
+    throw std::invalid_argument("offsets: positions must lie in [0, len(a)]");
+  }
+  check_common(libraries, in, static_cast<long long>(num_offsets) - 1, out, acc_size, init);
   const ArrayLeases leases({{&in, "a"}, {&out, "out"}});
   const PlaceGroup& group = *in.group();
   const long long segments = static_cast<long long>(num_offsets) - 1;
@@ -138,18 +336,7 @@ void segmented_reduce(const std::vector<const KernelLibrary*>& libraries, const 
 
   std::vector<detail::StreamScratch> staging;  // pieces copied for places without peer access
   const detail::SyncOnUnwind settle(group);    // declared after the scratch: queued work drains first
-  if (work.empty()) {  // len(a) == 0: every segment is empty
-    std::string values;
-    for (long long s = 0; s < segments; ++s) values += init;
-    for (std::size_t place = 0; place < out.num_shards(); ++place) {
-      if (out.shard_size(place) == 0) continue;
-      detail::DeviceGuard guard(group.device(place));
-      check(cudaMemcpyAsync(reinterpret_cast<void*>(out.shard_pointer(place)),
-                            values.data() + out.shard_offset(place) * acc, out.shard_size(place) * acc,
-                            cudaMemcpyHostToDevice, stream_of(group, place)),
-            "cudaMemcpyAsync (init)");
-    }
-  }
+  if (work.empty()) fill_with_init(group, out, init);  // len(a) == 0: every segment is empty
 
   for (PlaceWork& item : work) {
     const std::size_t place = item.place;
@@ -160,7 +347,8 @@ void segmented_reduce(const std::vector<const KernelLibrary*>& libraries, const 
     // which were allocated in their own streams' order: it waits for those streams first.
     wait_for_others(group, place);
     const long long count = item.last - item.first;
-    if (count > INT_MAX) throw std::invalid_argument("offsets: more than 2^31 - 1 segments in one shard");
+    const bool warp = per_warp(in.shard_size(place), count, in.itemsize());
+    const unsigned grid = grid_for(count, warp);
     const std::size_t piece_bytes = (static_cast<std::size_t>(count) * acc + 15) / 16 * 16;
     const std::size_t offset_bytes = static_cast<std::size_t>(count + 1) * sizeof(long long);
     // Pieces that all land in one result shard on this device are written there by the
@@ -175,16 +363,16 @@ void segmented_reduce(const std::vector<const KernelLibrary*>& libraries, const 
     long long* local_offsets =
         reinterpret_cast<long long*>(item.memory.bytes() + (direct ? 0 : piece_bytes));
     // The kernel reads positions as indices (against index_base): an array whose indices
-    // start past 0 (a rank's part of a multi-process array) has its positions shifted.
-    std::vector<std::int64_t> shifted;
+    // start past 0 (a rank's part of a multi-process array) has its positions shifted on
+    // their way into the staging buffer.
+    PositionsStaging staged(offset_bytes);
     const std::int64_t* positions = offsets + item.first;
     if (in.index_origin() != 0) {
-      shifted.assign(positions, positions + count + 1);
-      for (std::int64_t& position : shifted) position += in.index_origin();
-      positions = shifted.data();
+      for (long long j = 0; j <= count; ++j) staged.data()[j] = positions[j] + in.index_origin();
+    } else {
+      std::memcpy(staged.data(), positions, offset_bytes);
     }
-    check(cudaMemcpyAsync(local_offsets, positions, offset_bytes, cudaMemcpyHostToDevice, stream),
-          "cudaMemcpyAsync (offsets)");
+    staged.copy_to(local_offsets, offset_bytes, stream);
 
     k::SegmentedParams params{};
     params.in = reinterpret_cast<const void*>(in.shard_pointer(place));
@@ -193,15 +381,13 @@ void segmented_reduce(const std::vector<const KernelLibrary*>& libraries, const 
     params.offsets = local_offsets;
     params.count = count;
     params.pieces = item.pieces;
-    params.per_warp = per_warp(params.n, count, in.itemsize()) ? 1 : 0;
+    params.per_warp = warp ? 1 : 0;
     params.head = item.head ? 1 : 0;
     std::memcpy(params.init, init.data(), acc);
     if (in.is_record()) {  // records are reached from the shard's global base (reduce_jit.cu)
       const std::uintptr_t base = in.global_base(place);
       std::memcpy(params.map_value, &base, sizeof(base));
     }
-    const unsigned grid = params.per_warp ? static_cast<unsigned>((count + k::kReduceWarps - 1) / k::kReduceWarps)
-                                          : static_cast<unsigned>(count);
     const KernelHandle kernel = KernelHandle::linked(libraries[place]->kernel("csj_segmented_reduce", device));
     detail::launch(kernel, grid, k::kReduceBlock, stream, params, "launching segmented_reduce");
 
@@ -269,6 +455,155 @@ void segmented_reduce(const std::vector<const KernelLibrary*>& libraries, const 
   // folds read, are freed (on its stream) only after them.
   if (group.size() < 2) return;
   for (std::size_t waiter = 0; waiter < group.size(); ++waiter) {
+    detail::DeviceGuard guard(group.device(waiter));
+    wait_for_others(group, waiter);
+  }
+}
+
+
+void segmented_reduce(const std::vector<const KernelLibrary*>& libraries, const ShardedArray& in,
+                      const ShardedArray& offsets, ShardedArray& out, int acc_size, const std::string& init) {
+  if (offsets.group() != in.group()) throw std::invalid_argument("offsets: belongs to another PlaceGroup than a");
+  if (offsets.dtype() != DType::int64) throw std::invalid_argument("offsets: expected an int64 ShardedArray");
+  if (offsets.size() < 1) throw std::invalid_argument("offsets: expected S + 1 positions (at least one), got none");
+  // A rank's part of a multi-process array (index_origin > 0) takes the host route: its
+  // pieces are cut and carried between ranks from host positions.
+  if (in.index_origin() != 0 || offsets.index_origin() != 0) {
+    throw std::invalid_argument("offsets: positions on the device need a single-process group");
+  }
+  const long long segments = offsets.size() - 1;
+  check_common(libraries, in, segments, out, acc_size, init);
+  const PlaceGroup& group = *in.group();
+  const std::size_t places = group.size();
+  if (places > static_cast<std::size_t>(k::kMaxFoldValues)) {
+    throw std::invalid_argument("a: positions on the device take at most " + std::to_string(k::kMaxFoldValues) +
+                                " places");
+  }
+  const ArrayLeases leases({{&in, "a"}, {&offsets, "offsets"}, {&out, "out"}});
+  const std::size_t acc = static_cast<std::size_t>(acc_size);
+
+  std::vector<detail::StreamScratch> gathered(places);  // each place's copy of the positions
+  std::vector<detail::StreamScratch> pieces(places);    // several places: each one's S slots
+  std::vector<detail::StreamScratch> staging;           // pieces copied for places without peer access
+  const detail::SyncOnUnwind settle(group);             // declared after the scratch: queued work drains first
+
+  // Every place reads what other places' streams wrote or allocated (the positions, the
+  // result shards): it waits for those streams first.
+  if (places > 1) {
+    for (std::size_t place = 0; place < places; ++place) {
+      detail::DeviceGuard guard(group.device(place));
+      wait_for_others(group, place);
+    }
+  }
+  // The positions where `place` reads them: in place when one shard on its device holds them
+  // all (always so on one place), else a copy of every shard in its own memory.
+  std::size_t holder = places;
+  for (std::size_t place = 0; place < offsets.num_shards(); ++place) {
+    if (offsets.shard_size(place) == offsets.size()) holder = place;
+  }
+  std::vector<const long long*> positions(places, nullptr);
+  const auto positions_on = [&](std::size_t place) {
+    if (positions[place]) return positions[place];
+    const int device = group.device(place);
+    if (holder < places && group.device(holder) == device) {
+      return positions[place] = reinterpret_cast<const long long*>(offsets.shard_pointer(holder));
+    }
+    const cudaStream_t stream = stream_of(group, place);
+    detail::DeviceGuard guard(device);
+    gathered[place] = detail::StreamScratch(static_cast<std::size_t>(offsets.size()) * sizeof(long long), stream,
+                                            pool_of(group, place));
+    for (std::size_t shard = 0; shard < offsets.num_shards(); ++shard) {
+      if (offsets.shard_size(shard) == 0) continue;
+      detail::copy_between(gathered[place].bytes() + offsets.shard_offset(shard) * sizeof(long long), device,
+                           reinterpret_cast<const void*>(offsets.shard_pointer(shard)), group.device(shard),
+                           static_cast<std::size_t>(offsets.shard_size(shard)) * sizeof(long long), stream,
+                           "copying segment offsets");
+    }
+    return positions[place] = reinterpret_cast<const long long*>(gathered[place].bytes());
+  };
+
+  std::vector<std::size_t> holding;  // the places with elements
+  for (std::size_t place = 0; place < in.num_shards(); ++place) {
+    if (in.shard_size(place) > 0) holding.push_back(place);
+  }
+  const std::size_t checker = holding.empty() ? 0 : holding.front();
+  check_device_positions(group, checker, positions_on(checker), offsets.size(), in.size());
+  if (segments == 0) return;
+  if (holding.empty()) {  // len(a) == 0: every segment is empty
+    fill_with_init(group, out, init);
+  }
+
+  // The shape follows the average segment, len(a) / S: known without reading a position.
+  const bool warp = per_warp(in.size(), segments, in.itemsize());
+  const unsigned grid = grid_for(segments, warp);
+  const bool alone = places == 1;  // the kernel writes the result itself
+  for (const std::size_t place : holding) {
+    const int device = group.device(place);
+    const cudaStream_t stream = stream_of(group, place);
+    detail::DeviceGuard guard(device);
+    k::SegmentedParams params{};
+    params.in = reinterpret_cast<const void*>(in.shard_pointer(place));
+    params.n = in.shard_size(place);
+    params.index_base = in.index_base(place);
+    params.offsets = positions_on(place);
+    params.count = segments;
+    if (alone) {
+      params.pieces = reinterpret_cast<void*>(out.shard_pointer(place));
+    } else {
+      pieces[place] = detail::StreamScratch(static_cast<std::size_t>(segments) * acc, stream, pool_of(group, place));
+      params.pieces = pieces[place].get();
+      params.bare = 1;
+    }
+    params.per_warp = warp ? 1 : 0;
+    std::memcpy(params.init, init.data(), acc);
+    if (in.is_record()) {  // records are reached from the shard's global base (reduce_jit.cu)
+      const std::uintptr_t base = in.global_base(place);
+      std::memcpy(params.map_value, &base, sizeof(base));
+    }
+    const KernelHandle kernel = KernelHandle::linked(libraries[place]->kernel("csj_segmented_reduce", device));
+    detail::launch(kernel, grid, k::kReduceBlock, stream, params, "launching segmented_reduce");
+  }
+  if (alone) return;
+
+  // Each result place folds its slots from every place's pieces, in place order.
+  for (std::size_t target = 0; target < places; ++target) {
+    const long long count = out.shard_size(target);
+    if (count == 0 || holding.empty()) continue;
+    const long long first = out.shard_offset(target);
+    const int device = group.device(target);
+    const cudaStream_t stream = stream_of(group, target);
+    detail::DeviceGuard guard(device);
+    k::SegmentedFoldParams fold{};
+    fold.offsets = positions_on(target);
+    fold.first = first;
+    fold.count = count;
+    fold.out = reinterpret_cast<void*>(out.shard_pointer(target));
+    fold.places = static_cast<int>(places);
+    std::memcpy(fold.init, init.data(), acc);
+    for (const std::size_t place : holding) {
+      const int source = group.device(place);
+      detail::wait_for(stream, stream_of(group, place), source);
+      const unsigned char* slots = pieces[place].bytes() + static_cast<std::size_t>(first) * acc;
+      if (group.can_access_peer(device, source)) {
+        fold.pieces[place] = slots;
+      } else {
+        staging.emplace_back(static_cast<std::size_t>(count) * acc, stream, pool_of(group, target));
+        detail::copy_between(staging.back().bytes(), device, slots, source, static_cast<std::size_t>(count) * acc,
+                             stream, "copying segment pieces");
+        fold.pieces[place] = staging.back().bytes();
+      }
+      fold.shard_begin[place] = in.index_base(place);
+      fold.shard_end[place] = in.index_base(place) + in.shard_size(place);
+    }
+    const unsigned blocks = static_cast<unsigned>((count + k::kSegmentedFoldBlock - 1) / k::kSegmentedFoldBlock);
+    const KernelHandle kernel = KernelHandle::linked(libraries[target]->kernel("csj_segmented_fold", device));
+    detail::launch(kernel, blocks, k::kSegmentedFoldBlock, stream, fold, "launching segmented_reduce's fold");
+  }
+
+  // No host wait: as on the host route, every place's stream waits for every other's, so
+  // each place's pieces (and positions), which the folds read, are freed on its stream only
+  // after those folds, and the result is complete before any place's next work.
+  for (std::size_t waiter = 0; waiter < places; ++waiter) {
     detail::DeviceGuard guard(group.device(waiter));
     wait_for_others(group, waiter);
   }
