@@ -79,6 +79,15 @@ void* allocate_async(std::size_t bytes, cudaStream_t stream, cudaMemPool_t pool)
   return pointer;
 }
 
+std::uint64_t available_memory(cudaMemPool_t pool) {
+  std::size_t free = 0, total = 0;
+  check(cudaMemGetInfo(&free, &total), "cudaMemGetInfo");
+  std::uint64_t reserved = 0, used = 0;
+  check(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReservedMemCurrent, &reserved), "cudaMemPoolGetAttribute");
+  check(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemCurrent, &used), "cudaMemPoolGetAttribute");
+  return free + (reserved > used ? reserved - used : 0);
+}
+
 StreamScratch::StreamScratch(std::size_t bytes, cudaStream_t stream, cudaMemPool_t pool)
     : pointer_(allocate_async(bytes, stream, pool)), stream_(stream) {}
 

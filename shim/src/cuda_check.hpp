@@ -8,6 +8,7 @@
 #include <cuda_runtime.h>
 
 #include <cstddef>
+#include <cstdint>
 #include <new>
 #include <stdexcept>
 #include <string>
@@ -59,6 +60,12 @@ struct ContextStamp {
 
 // `bytes` from `pool`, stream-ordered on `stream` (std::bad_alloc when the device is full).
 void* allocate_async(std::size_t bytes, cudaStream_t stream, cudaMemPool_t pool);
+
+// What an allocation from `pool` (its device current) can get now: the device's free memory
+// plus what the pool keeps cached beyond its allocations. The pool serves from its cache
+// before it asks the driver for more, so that counts as free too, or a second large call
+// would be refused the memory the first one left in the pool.
+std::uint64_t available_memory(cudaMemPool_t pool);
 
 // Stream-ordered scratch memory that frees itself (cudaFreeAsync on the stream it was
 // allocated on) when its owner goes out of scope, so a throw between allocation and the last

@@ -53,17 +53,8 @@ void check_memory(const ShardedArray& in, int num_bins, const ScratchLayout& lay
     const std::uint64_t need = per_place * places;
     if (places == 0 || need < kCheckedScratch) continue;
     detail::DeviceGuard guard(device);
-    std::size_t free = 0, total = 0;
-    check(cudaMemGetInfo(&free, &total), "cudaMemGetInfo");
-    // The pool serves from what it keeps cached before it asks the driver for more: that
-    // counts as free too, or a second large histogram would be refused the memory the
-    // first one left in the pool.
-    const auto pool = reinterpret_cast<cudaMemPool_t>(group.memory_pool(first));
-    std::uint64_t reserved = 0, used = 0;
-    check(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReservedMemCurrent, &reserved),
-          "cudaMemPoolGetAttribute");
-    check(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemCurrent, &used), "cudaMemPoolGetAttribute");
-    const std::uint64_t available = free + (reserved > used ? reserved - used : 0);
+    const std::uint64_t available =
+        detail::available_memory(reinterpret_cast<cudaMemPool_t>(group.memory_pool(first)));
     if (need <= available) continue;
     const std::string name = "device " + std::to_string(device);
     throw OutOfMemory("num_bins: " + std::to_string(num_bins) + " bins need " +
