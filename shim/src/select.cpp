@@ -138,10 +138,6 @@ std::vector<SelectPlace> places_of(const ShardedArray& in) {
   return places;
 }
 
-}  // namespace
-
-namespace {
-
 // The single pass's tile indices are ints, and CUB sizes its tile states in int bytes: shards
 // of more tiles than this (2^38 elements of 4 bytes) take the two passes.
 constexpr long long kMaxSinglePassTiles = 1LL << 26;
