@@ -323,6 +323,25 @@ def untouched(shim_untouched, monkeypatch):
     return shim_untouched
 
 
+@pytest.mark.parametrize("single_pass", [True, False])
+def test_engine_switch_reaches_the_shim(monkeypatch, single_pass):
+    """select._SINGLE_PASS (the tests' and A/B runs' way to the two passes) is what the shim
+    is told, for every member of the family."""
+    calls = []
+    monkeypatch.setattr(select_module, "kernel_libraries", lambda *args: (None, ["library"] * 3))
+    monkeypatch.setattr(_shim, "select", lambda libraries, a, outputs, one_pass: calls.append((outputs, one_pass))
+                        or [])
+    monkeypatch.setattr(select_module, "_SINGLE_PASS", single_pass)
+    a = stand_in_array(stand_in_group())
+    for call in (lambda: sharded.select(a, lambda x: x > 0), lambda: sharded.partition(a, lambda x: x > 0),
+                 lambda: sharded.three_way_partition(a, lambda x: x > 0, lambda x: x > 1)):
+        try:
+            call()
+        except (IndexError, ValueError):  # the stand-in shim returns no arrays to unpack
+            pass
+    assert calls == [(1, single_pass), (2, single_pass), (3, single_pass)]
+
+
 def test_select_rejects_bad_arguments(untouched):
     group = stand_in_group()
     a = stand_in_array(group)
