@@ -273,14 +273,12 @@ _ENTRY_POINTS = {
     "transform": ["csj_transform"],
     "transform_indexed": ["csj_transform_indexed"],
     "reduce": ["csj_reduce", "csj_fold", "csj_segmented_reduce", "csj_segmented_fold"],
-    "scan": ["csj_reduce", "csj_fold", "csj_scan", "csj_scan_step", "csj_scan_chunks"],
+    "scan": ["csj_reduce", "csj_fold", "csj_scan"],
     "merge_sort": ["csj_merge_sort_block", "csj_merge_partition", "csj_merge", "csj_merge_search"],
     "select": ["csj_select_single", "csj_select_single3", "csj_select_count", "csj_select_scatter"],
     "by_key": ["csj_by_key_reduce", "csj_by_key_chunks", "csj_by_key_groups", "csj_by_key_carry", "csj_by_key_sweep_inclusive",
                "csj_by_key_sweep_exclusive", "csj_by_key_sweep_reduce", "csj_by_key_heads_count",
-               "csj_by_key_heads_scatter", "csj_by_key_one_pass_inclusive", "csj_by_key_one_pass_exclusive",
-               "csj_by_key_one_pass_reduce", "csj_by_key_one_pass_fix_inclusive", "csj_by_key_one_pass_fix_exclusive",
-               "csj_by_key_one_pass_fix_reduce"],
+               "csj_by_key_heads_scatter"],
 }
 
 

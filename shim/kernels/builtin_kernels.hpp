@@ -32,14 +32,12 @@ const void* builtin_transform_kernel(BuiltinKernel op, int dtype);
 // Same order as csj::BuiltinReduction.
 enum class BuiltinReduction { sum, min, max };
 
-// The reduce / fold / scan / scan step / scan in chunks __global__ functions of one built-in operator and
+// The reduce / fold / scan __global__ functions of one built-in operator and
 // dtype (accumulator = input dtype).
 struct BuiltinReduceKernels {
   const void* reduce;
   const void* fold;
   const void* scan;
-  const void* scan_step;
-  const void* scan_chunks;
 };
 BuiltinReduceKernels builtin_reduce_kernels(BuiltinReduction op, int dtype);
 

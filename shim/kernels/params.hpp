@@ -64,13 +64,6 @@ struct ReduceParams {
   void* result;              // one accumulator: init op (the fold of the whole shard)
   int has_init;
   alignas(8) unsigned char init[kMaxAccSize];
-  // Device memory, or null: when set, the init is read there (and `has_init`, `init` are
-  // unused). A scan in chunks (ScanStepParams) seeds each chunk's fold with the carry the
-  // previous chunk's fold left on the device.
-  const void* init_from;
-  // With init_from, in a grid that folds every chunk (ScanChunksParams): a flag that reads
-  // nonzero once init_from is written, waited for before it is read.
-  const unsigned int* init_ready;
   // A runtime value for built-in maps (count's target); for record inputs, the shard's
   // global base (ShardedArray::global_base), which maps of record modules address from.
   alignas(8) unsigned char map_value[8];
@@ -169,47 +162,7 @@ struct ScanParams {
   const void* seed;  // device memory: everything before in[0] (or null: seed_value)
   int has_seed;
   int exclusive;
-  int streaming;  // scan steps only: evict-first loads and stores (Scan's kStreaming)
   alignas(8) unsigned char seed_value[kMaxAccSize];
-};
-
-// One step of a scan in L2-sized chunks (csj_scan_step): `scan_blocks` blocks scan chunk c
-// (ScanParams, seeded with the carry of chunks < c) while `reduce_blocks` blocks fold chunk
-// c + 1 (ReduceParams: init_from is the carry of chunks <= c, result the carry of chunks
-// <= c + 1), so chunk c is read from L2 right after its fold brought it there. Either part
-// may be empty (grid = scan_blocks + reduce_blocks). The roles alternate by block index
-// (even: scan, odd: reduce, while both have blocks left), so that whatever part of the grid
-// is resident runs both at once.
-struct ScanStepParams {
-  ReduceParams reduce;
-  ScanParams scan;
-  unsigned int reduce_blocks;
-  unsigned int scan_blocks;
-};
-
-// The scan in chunks in one launch (csj_scan_chunks), a grid of blocks that are all resident
-// at once (a cooperative launch): each block folds its part of chunk c, then scans its part
-// of chunk c - 1, for c = 0 .. chunks. The last block to fold a chunk writes its blocks'
-// prefixes and its carry (after waiting for the previous chunk's carry), then sets the chunk's
-// `ready` flag, which the chunk's scanning blocks wait for: the same association as the scan
-// steps, in one launch. `reduce` and `scan` hold chunk 0's parameters; chunk c's input starts
-// c * chunk_elements elements on. Per chunk, area_bytes of `scratch`: block partials, block
-// prefixes (at prefixes_offset) and the carry (at carry_offset), each on its own 128-byte
-// lines, so that no block's L1 holds a line of them from before they were written.
-struct ScanChunksParams {
-  ReduceParams reduce;
-  ScanParams scan;
-  long long n;
-  long long chunk_elements;
-  long long chunks;
-  unsigned int full_blocks;  // blocks of a whole chunk (the grid)
-  unsigned int last_blocks;  // blocks of the last chunk (no 64-bit division on the device)
-  unsigned char* scratch;
-  long long area_bytes;
-  long long prefixes_offset;
-  long long carry_offset;
-  unsigned int* counters;  // one per chunk, zero before launch
-  unsigned int* ready;     // one per chunk, zero before launch
 };
 
 }  // namespace csj::kernels

@@ -11,18 +11,13 @@
 // block's chunk and gives each block its exclusive prefix; pass 2 (Scan) scans each chunk,
 // tile by tile, seeded with it. (A barrier-free warp-level second pass measured slower.)
 // Decoupled look-back would save one read, but the association of its
-// prefixes depends on timing, which breaks bitwise determinism for floating point. The scan
-// in chunks (scan_step, scan_chunks; temporary variants behind CSJ_X_SCAN in reduce.cpp) runs
-// the same two passes chunk by chunk, so that the second finds the chunk still in L2, with the
-// carry from chunk to chunk folded in chunk order.
+// prefixes depends on timing, which breaks bitwise determinism for floating point.
 #pragma once
 
 #include <cub/block/block_exchange.cuh>
 #include <cub/block/block_load.cuh>
 #include <cub/block/block_scan.cuh>
 #include <cub/block/block_store.cuh>
-#include <cub/iterator/cache_modified_input_iterator.cuh>
-#include <cub/iterator/cache_modified_output_iterator.cuh>
 
 #include "params.hpp"
 #include "transform.cuh"  // Word<>, aligned16
@@ -34,26 +29,6 @@ struct UsesValue : cuda::std::false_type {};
 template <class Map>
 struct UsesValue<Map, cuda::std::void_t<decltype(Map::kUsesValue)>>
     : cuda::std::bool_constant<Map::kUsesValue> {};
-
-// Programmatic dependent launch (sm_90 and later): a scan step launched with
-// cudaLaunchAttributeProgrammaticStreamSerialization may start while the step before it still
-// runs. Its blocks let the next step launch at once (allow_dependent_launch), and wait for the
-// earlier steps to finish, their writes visible, before they read what those wrote
-// (wait_for_prior_grids). Both are no-ops in a grid launched without the attribute. The host
-// asks for the attribute only on devices of compute capability 9.0 or later, whose modules a
-// default build links from lto_90 (CMakeLists.txt), where these instructions exist; a build
-// with -DCSJ_LTO_ARCHITECTURES=80 alone links them out, and must not run the -pdl variants.
-__device__ __forceinline__ void wait_for_prior_grids() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
-
-__device__ __forceinline__ void allow_dependent_launch() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-}
 
 template <class Op, class Acc>
 struct Combine {
@@ -308,25 +283,20 @@ struct Reduction {
 
   __device__ static void run(const ReduceParams& p) {
     __shared__ TempStorage temp;
-    run_block(p, temp, blockIdx.x, gridDim.x);
-  }
-
-  // Block `block` of a fold of `blocks` blocks (the whole grid, or one role of a scan step).
-  __device__ static void run_block(const ReduceParams& p, TempStorage& temp, unsigned block, unsigned blocks) {
-    const long long block_begin = static_cast<long long>(block) * p.chunk;
+    const long long block_begin = static_cast<long long>(blockIdx.x) * p.chunk;
     const long long block_end = min(block_begin + p.chunk, p.n);
     const Acc block_total = block_range(p, temp, block_begin, block_end);
 
     Acc* partials = static_cast<Acc*>(p.partials);
     if (threadIdx.x == 0) {
-      partials[block] = block_total;
+      partials[blockIdx.x] = block_total;
       __threadfence();
-      temp.is_last = atomicAdd(p.counter, 1u) == blocks - 1;
+      temp.is_last = atomicAdd(p.counter, 1u) == gridDim.x - 1;
     }
     __syncthreads();
     if (!temp.is_last) return;
     __threadfence();
-    fold_partials(p, temp, static_cast<int>(blocks));
+    fold_partials(p, temp);
   }
 
   // The last block to finish folds every block's partial, in block order: each thread a
@@ -334,9 +304,10 @@ struct Reduction {
   // block in thread order (a fixed association for a given grid). With prefixes (the first
   // pass of a scan), each block's exclusive prefix is written too. One thread folding the
   // partials alone waits out an L2 round trip per block: ~1000 of them on a full wave.
-  __device__ static void fold_partials(const ReduceParams& p, TempStorage& temp, int blocks) {
+  __device__ static void fold_partials(const ReduceParams& p, TempStorage& temp) {
     constexpr int kMaxRun = AccSize > 8 ? 4 : 8;  // runs held in registers; longer ones reload
     const Acc* partials = static_cast<const Acc*>(p.partials);
+    const int blocks = gridDim.x;
     const int per_thread = (blocks + kReduceBlock - 1) / kReduceBlock;
     const int runs = (blocks + per_thread - 1) / per_thread;  // threads with a non-empty run
     const int first = min(static_cast<int>(threadIdx.x) * per_thread, blocks);
@@ -397,15 +368,6 @@ struct Reduction {
   }
 
   __device__ __forceinline__ static Acc with_init(const ReduceParams& p, const Acc& total) {
-    if (p.init_from) {  // a chunk's carry, left by an earlier grid or block
-      if (p.init_ready) {
-        while (load_volatile<unsigned int>(p.init_ready) == 0) __nanosleep(64);
-        __threadfence();
-      } else {
-        wait_for_prior_grids();
-      }
-      return Combine<Op, Acc>()(load_cg(static_cast<const Acc*>(p.init_from)), total);
-    }
     return p.has_init ? Combine<Op, Acc>()(*reinterpret_cast<const Acc*>(p.init), total) : total;
   }
 };
@@ -504,10 +466,7 @@ struct RunningPrefix {
   }
 };
 
-// kStreaming (the scan steps' choice, ScanParams::streaming): the input is read for the last
-// time and the output is not read again soon, so both go through L2 as evict-first lines
-// (ld/st.global.cs) and leave room for the next chunk, which the fold beside them brings in.
-template <class Map, class Op, int InSize, int AccSize, bool kStreaming = false>
+template <class Map, class Op, int InSize, int AccSize>
 struct Scan {
   using In = typename Word<InSize>::type;
   using Acc = typename Word<AccSize>::type;
@@ -527,50 +486,23 @@ struct Scan {
   // Striped (coalesced) loads straight into registers, so the next tile's loads are in
   // flight while this tile is scanned and stored.
   __device__ __forceinline__ static void load_striped(const In* in, long long remaining, In (&items)[kItems]) {
-    if constexpr (kStreaming) {
-      const cub::CacheModifiedInputIterator<cub::LOAD_CS, In> source(in);
-      if (remaining >= kTile) {
-        cub::LoadDirectStriped<kScanBlock>(threadIdx.x, source, items);
-      } else if (remaining > 0) {
-        cub::LoadDirectStriped<kScanBlock>(threadIdx.x, source, items, static_cast<int>(remaining), in[0]);
-      }
-    } else if (remaining >= kTile) {
+    if (remaining >= kTile) {
       cub::LoadDirectStriped<kScanBlock>(threadIdx.x, in, items);
     } else if (remaining > 0) {
       cub::LoadDirectStriped<kScanBlock>(threadIdx.x, in, items, static_cast<int>(remaining), in[0]);
     }
   }
 
-  __device__ __forceinline__ static void store(TempStorage& temp, Acc* out, Acc (&values)[kItems], int valid) {
-    if constexpr (kStreaming) {
-      const cub::CacheModifiedOutputIterator<cub::STORE_CS, Acc> target(out);
-      if (valid == kTile) {
-        Store(temp.store).Store(target, values);
-      } else {
-        Store(temp.store).Store(target, values, valid);
-      }
-    } else if (valid == kTile) {
-      Store(temp.store).Store(out, values);
-    } else {
-      Store(temp.store).Store(out, values, valid);
-    }
-  }
-
   __device__ static void run(const ScanParams& p) {
     __shared__ TempStorage temp;
-    run_block(p, temp, blockIdx.x);
-  }
-
-  // Block `block` of the scan (the whole grid, or one role of a scan step).
-  __device__ static void run_block(const ScanParams& p, TempStorage& temp, unsigned block) {
-    const long long block_begin = static_cast<long long>(block) * p.chunk;
+    const long long block_begin = static_cast<long long>(blockIdx.x) * p.chunk;
     const long long block_end = min(block_begin + p.chunk, p.n);
     // The block's seed: everything before its chunk, in a fixed association.
-    bool have = p.has_seed != 0 || block > 0;
+    bool have = p.has_seed != 0 || blockIdx.x > 0;
     RunningPrefix<Op, Acc> prefix{};
     const Acc seed = p.seed ? *static_cast<const Acc*>(p.seed) : *reinterpret_cast<const Acc*>(p.seed_value);
-    if (block > 0) {
-      const Acc before = static_cast<const Acc*>(p.prefixes)[block];
+    if (blockIdx.x > 0) {
+      const Acc before = static_cast<const Acc*>(p.prefixes)[blockIdx.x];
       prefix.running = p.has_seed ? Combiner()(seed, before) : before;
     } else if (p.has_seed) {
       prefix.running = seed;
@@ -605,119 +537,15 @@ struct Scan {
         have = true;
       }
       __syncthreads();
-      store(temp, static_cast<Acc*>(p.out) + base, values, valid);
+      Acc* out = static_cast<Acc*>(p.out) + base;
+      if (valid == kTile) {
+        Store(temp.store).Store(out, values);
+      } else {
+        Store(temp.store).Store(out, values, valid);
+      }
       __syncthreads();
     }
   }
 };
-
-// One step of a scan in chunks (ScanStepParams): the scan of chunk c and the fold of chunk
-// c + 1 in one grid, each block one role. The fold's blocks read only the input before their
-// last block waits for the carry; the scan's blocks read the fold's prefixes and the carry of
-// earlier steps, so they wait first (and their stores, which may overwrite the input in
-// place, come after every earlier step has finished reading it). The two roles share the
-// block's shared memory.
-template <class ReduceMap, class ScanMap, class Op, int ReduceInSize, int ScanInSize, int AccSize>
-__device__ void scan_step(const ScanStepParams& p) {
-  using R = Reduction<ReduceMap, Op, ReduceInSize, AccSize>;
-  using S = Scan<ScanMap, Op, ScanInSize, AccSize>;
-  using Streaming = Scan<ScanMap, Op, ScanInSize, AccSize, true>;
-  __shared__ union {
-    typename R::TempStorage reduce;
-    typename S::TempStorage scan;
-    typename Streaming::TempStorage streaming;
-  } temp;
-  allow_dependent_launch();
-  const unsigned paired = min(p.scan_blocks, p.reduce_blocks);
-  const unsigned block = blockIdx.x;
-  bool scans;
-  unsigned index;
-  if (block < 2 * paired) {
-    scans = (block & 1u) == 0;
-    index = block >> 1;
-  } else {
-    scans = p.scan_blocks > paired;
-    index = block - paired;
-  }
-  if (scans) {
-    wait_for_prior_grids();
-    if (p.scan.streaming) {
-      Streaming::run_block(p.scan, temp.streaming, index);
-    } else {
-      S::run_block(p.scan, temp.scan, index);
-    }
-  } else {
-    R::run_block(p.reduce, temp.reduce, index, p.reduce_blocks);
-  }
-}
-
-// The scan in chunks in one launch (ScanChunksParams). Every block waits only for work that
-// blocks resident beside it have already begun (chunk c's fold by every block before chunk
-// c's scan; chunk c - 1's carry, by the block that folded chunk c - 1 last, before chunk c's
-// carry), so the grid cannot deadlock while all of it is resident, which the cooperative
-// launch guarantees.
-template <class ReduceMap, class ScanMap, class Op, int ReduceInSize, int ScanInSize, int AccSize>
-__device__ void scan_chunks(const ScanChunksParams& p) {
-  using R = Reduction<ReduceMap, Op, ReduceInSize, AccSize>;
-  using S = Scan<ScanMap, Op, ScanInSize, AccSize>;
-  using Streaming = Scan<ScanMap, Op, ScanInSize, AccSize, true>;
-  __shared__ union {
-    typename R::TempStorage reduce;
-    typename S::TempStorage scan;
-    typename Streaming::TempStorage streaming;
-  } temp;
-  const unsigned block = blockIdx.x;
-  auto length = [&](long long c) { return min(p.chunk_elements, p.n - c * p.chunk_elements); };
-  auto blocks = [&](long long c) { return c == p.chunks - 1 ? p.last_blocks : p.full_blocks; };
-  auto area = [&](long long c) { return p.scratch + c * p.area_bytes; };
-  for (long long c = 0; c <= p.chunks; ++c) {
-    if (c < p.chunks && block < blocks(c)) {
-      ReduceParams fold = p.reduce;
-      fold.in = static_cast<const unsigned char*>(p.reduce.in) + c * p.chunk_elements * ScanInSize;
-      fold.n = length(c);
-      fold.index_base = p.reduce.index_base + c * p.chunk_elements;
-      fold.partials = area(c);
-      fold.prefixes = area(c) + p.prefixes_offset;
-      fold.counter = p.counters + c;
-      fold.result = area(c) + p.carry_offset;
-      if (c > 0) {
-        fold.init_from = area(c - 1) + p.carry_offset;
-        fold.init_ready = p.ready + (c - 1);
-      }
-      R::run_block(fold, temp.reduce, block, blocks(c));
-      __syncthreads();
-      const bool last = temp.reduce.is_last;
-      if (last) __threadfence();  // this block's prefixes and carry, before the flag
-      __syncthreads();
-      if (last && threadIdx.x == 0) {
-        __threadfence();
-        atomicExch(p.ready + c, 1u);
-      }
-    }
-    if (c > 0 && block < blocks(c - 1)) {
-      const long long s = c - 1;
-      if (threadIdx.x == 0) {
-        while (load_volatile<unsigned int>(p.ready + s) == 0) __nanosleep(64);
-        __threadfence();
-      }
-      __syncthreads();
-      ScanParams scan = p.scan;
-      scan.in = static_cast<const unsigned char*>(p.scan.in) + s * p.chunk_elements * ScanInSize;
-      scan.out = static_cast<unsigned char*>(p.scan.out) + s * p.chunk_elements * AccSize;
-      scan.n = length(s);
-      scan.index_base = p.scan.index_base + s * p.chunk_elements;
-      scan.prefixes = area(s) + p.prefixes_offset;
-      if (s > 0) {
-        scan.seed = area(s - 1) + p.carry_offset;
-        scan.has_seed = 1;
-      }
-      if (p.scan.streaming) {
-        Streaming::run_block(scan, temp.streaming, block);
-      } else {
-        S::run_block(scan, temp.scan, block);
-      }
-    }
-  }
-}
 
 }  // namespace csj::kernels

@@ -70,24 +70,11 @@ __global__ void __launch_bounds__(kScanBlock) scan_kernel(const __grid_constant_
   Scan<Identity<T>, Op<T>, sizeof(T), sizeof(T)>::run(p);
 }
 
-// As csj_scan_step and csj_scan_chunks (reduce_jit.cu): four blocks a multiprocessor.
-template <template <class> class Op, class T>
-__global__ void __launch_bounds__(kScanBlock, 4) scan_step_kernel(const __grid_constant__ ScanStepParams p) {
-  scan_step<Identity<T>, Identity<T>, Op<T>, sizeof(T), sizeof(T), sizeof(T)>(p);
-}
-
-template <template <class> class Op, class T>
-__global__ void __launch_bounds__(kScanBlock, 4) scan_chunks_kernel(const __grid_constant__ ScanChunksParams p) {
-  scan_chunks<Identity<T>, Identity<T>, Op<T>, sizeof(T), sizeof(T), sizeof(T)>(p);
-}
-
 template <template <class> class Op, class T>
 BuiltinReduceKernels kernels_for() {
   return {reinterpret_cast<const void*>(&reduce_kernel<Op, T>),
           reinterpret_cast<const void*>(&fold_kernel<Op, T>),
-          reinterpret_cast<const void*>(&scan_kernel<Op, T>),
-          reinterpret_cast<const void*>(&scan_step_kernel<Op, T>),
-          reinterpret_cast<const void*>(&scan_chunks_kernel<Op, T>)};
+          reinterpret_cast<const void*>(&scan_kernel<Op, T>)};
 }
 
 template <class T>
@@ -103,7 +90,7 @@ BuiltinReduceKernels kernels_for(BuiltinReduction op) {
 template <class T>
 BuiltinReduceKernels count_kernels_for() {
   return {reinterpret_cast<const void*>(&count_kernel<T>),
-          reinterpret_cast<const void*>(&fold_kernel<Sum, long long>), nullptr, nullptr, nullptr};
+          reinterpret_cast<const void*>(&fold_kernel<Sum, long long>), nullptr};
 }
 
 // segmented_reduce's check of device positions (PositionsCheckParams): only a violation

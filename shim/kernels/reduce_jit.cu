@@ -1,4 +1,4 @@
-// Reduce and segmented reduce (and, with CSJ_WITH_SCAN, the scan and scan step) kernels with their operators
+// Reduce and segmented reduce (and, with CSJ_WITH_SCAN, scan) kernels with their operators
 // left undefined: built to LTO-IR, one module per (CSJ_IN_SIZE, CSJ_ACC_SIZE), and linked at
 // run time with the operator wrappers numba compiled:
 //   void csj_map(const In* value, long long global_index, Acc* out)
@@ -101,23 +101,5 @@ extern "C" __global__ void __launch_bounds__(kSegmentedFoldBlock)
 extern "C" __global__ void __launch_bounds__(kScanBlock)
     csj_scan(const __grid_constant__ ScanParams params) {
   Scan<LinkedMap, LinkedOp, CSJ_IN_SIZE, CSJ_ACC_SIZE>::run(params);
-}
-
-// The scan in L2-sized chunks (ScanStepParams, ScanChunksParams): the fold part walks the input as csj_reduce
-// does (record stand-ins included), the scan part as csj_scan does.
-// Both roles in one kernel take more registers than either alone (sm_90, user add: 78-80
-// against csj_scan's 64 for 4- and 8-byte accumulators, which would leave three blocks a
-// multiprocessor instead of four; up to 190 against 128 for 16-byte records, one block instead
-// of two), so they are held to csj_scan's occupancy.
-constexpr int kStepBlocksPerMultiprocessor = CSJ_ACC_SIZE <= 8 ? 4 : 2;
-
-extern "C" __global__ void __launch_bounds__(kScanBlock, kStepBlocksPerMultiprocessor)
-    csj_scan_step(const __grid_constant__ ScanStepParams params) {
-  scan_step<ReduceMap, LinkedMap, LinkedOp, kReduceInSize, CSJ_IN_SIZE, CSJ_ACC_SIZE>(params);
-}
-
-extern "C" __global__ void __launch_bounds__(kScanBlock, kStepBlocksPerMultiprocessor)
-    csj_scan_chunks(const __grid_constant__ ScanChunksParams params) {
-  scan_chunks<ReduceMap, LinkedMap, LinkedOp, kReduceInSize, CSJ_IN_SIZE, CSJ_ACC_SIZE>(params);
 }
 #endif

@@ -39,7 +39,6 @@ DriverApi load_all() {
   load(api.cuLibraryUnload, "cuLibraryUnload");
   load(api.cuLibraryGetKernel, "cuLibraryGetKernel");
   load(api.cuLaunchKernel, "cuLaunchKernel");
-  load(api.cuLaunchKernelEx, "cuLaunchKernelEx");
   load(api.cuKernelGetFunction, "cuKernelGetFunction");
   load(api.cuOccupancyMaxActiveBlocksPerMultiprocessor, "cuOccupancyMaxActiveBlocksPerMultiprocessor");
   load(api.cuCtxGetCurrent, "cuCtxGetCurrent");

@@ -21,7 +21,6 @@ struct DriverApi {
   decltype(&::cuLibraryUnload) cuLibraryUnload = nullptr;
   decltype(&::cuLibraryGetKernel) cuLibraryGetKernel = nullptr;
   decltype(&::cuLaunchKernel) cuLaunchKernel = nullptr;
-  decltype(&::cuLaunchKernelEx) cuLaunchKernelEx = nullptr;
   decltype(&::cuKernelGetFunction) cuKernelGetFunction = nullptr;
   decltype(&::cuOccupancyMaxActiveBlocksPerMultiprocessor) cuOccupancyMaxActiveBlocksPerMultiprocessor = nullptr;
   decltype(&::cuCtxGetCurrent) cuCtxGetCurrent = nullptr;

@@ -39,60 +39,6 @@ void launch(const KernelHandle& kernel, unsigned grid, unsigned block, cudaStrea
   }
 }
 
-// Launch attributes of the scan in chunks (reduce.cpp, scan_in_chunks):
-//  - overlapping: the grid may start before the kernel queued before it on the stream has
-//    finished (programmatic dependent launch, compute capability 9.0 and later); only for
-//    kernels that wait for their predecessor (griddepcontrol.wait) before they read what it
-//    wrote or write what it reads, as the scan step does (reduce.cuh, scan_step);
-//  - cooperative: every block of the grid resident at once, or the launch fails (for blocks
-//    that wait for each other, as the scan in chunks does: reduce.cuh, scan_chunks).
-enum class LaunchAttribute { overlapping, cooperative };
-
-template <class Params>
-void launch_with(LaunchAttribute which, const KernelHandle& kernel, unsigned grid, unsigned block,
-                 cudaStream_t stream, Params& params, const char* what) {
-  void* args[] = {&params};
-  if (kernel.api == KernelHandle::Api::driver) {
-    CUlaunchAttribute attribute{};
-    if (which == LaunchAttribute::overlapping) {
-      attribute.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
-      attribute.value.programmaticStreamSerializationAllowed = 1;
-    } else {
-      attribute.id = CU_LAUNCH_ATTRIBUTE_COOPERATIVE;
-      attribute.value.cooperative = 1;
-    }
-    CUlaunchConfig config{};
-    config.gridDimX = grid;
-    config.gridDimY = 1;
-    config.gridDimZ = 1;
-    config.blockDimX = block;
-    config.blockDimY = 1;
-    config.blockDimZ = 1;
-    config.hStream = reinterpret_cast<CUstream>(stream);
-    config.attrs = &attribute;
-    config.numAttrs = 1;
-    check(driver().cuLaunchKernelEx(&config, reinterpret_cast<CUfunction>(const_cast<void*>(kernel.function)),
-                                    args, nullptr),
-          what);
-  } else {
-    cudaLaunchAttribute attribute{};
-    if (which == LaunchAttribute::overlapping) {
-      attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-      attribute.val.programmaticStreamSerializationAllowed = 1;
-    } else {
-      attribute.id = cudaLaunchAttributeCooperative;
-      attribute.val.cooperative = 1;
-    }
-    cudaLaunchConfig_t config{};
-    config.gridDim = dim3(grid);
-    config.blockDim = dim3(block);
-    config.stream = stream;
-    config.attrs = &attribute;
-    config.numAttrs = 1;
-    check(cudaLaunchKernelExC(&config, kernel.function, args), what);
-  }
-}
-
 // Throws std::invalid_argument (naming `libraries`) unless it holds one library, not null,
 // for each of `places` places.
 template <class Library>

@@ -3,8 +3,6 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <cstdint>
-#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -30,7 +28,7 @@ using detail::KernelHandle;
 namespace k = kernels;
 
 struct KernelSet {
-  KernelHandle reduce, fold, scan, scan_step, scan_chunks;
+  KernelHandle reduce, fold, scan;
 };
 
 std::vector<KernelSet> linked_sets(const std::vector<const KernelLibrary*>& libraries,
@@ -43,11 +41,7 @@ std::vector<KernelSet> linked_sets(const std::vector<const KernelLibrary*>& libr
     KernelSet set;
     set.reduce = KernelHandle::linked(library->kernel("csj_reduce", device));
     set.fold = KernelHandle::linked(library->kernel("csj_fold", device));
-    if (with_scan) {
-      set.scan = KernelHandle::linked(library->kernel("csj_scan", device));
-      set.scan_step = KernelHandle::linked(library->kernel("csj_scan_step", device));
-      set.scan_chunks = KernelHandle::linked(library->kernel("csj_scan_chunks", device));
-    }
+    if (with_scan) set.scan = KernelHandle::linked(library->kernel("csj_scan", device));
     sets.push_back(set);
   }
   return sets;
@@ -57,8 +51,7 @@ std::vector<KernelSet> builtin_sets(BuiltinReduction op, DType dtype, std::size_
   const k::BuiltinReduceKernels kernels =
       k::builtin_reduce_kernels(static_cast<k::BuiltinReduction>(op), static_cast<int>(dtype));
   KernelSet set{KernelHandle::builtin(kernels.reduce), KernelHandle::builtin(kernels.fold),
-                KernelHandle::builtin(kernels.scan), KernelHandle::builtin(kernels.scan_step),
-                KernelHandle::builtin(kernels.scan_chunks)};
+                KernelHandle::builtin(kernels.scan)};
   return std::vector<KernelSet>(places, set);
 }
 
@@ -214,16 +207,11 @@ struct Chunking {
   unsigned grid;
 };
 
-// What every block's chunk is a multiple of: a whole number of scan tiles, and of one 16-byte
-// vector per lane for every warp.
-long long chunk_granule(int in_size, int acc_size) {
-  return std::max<long long>(k::scan_tile(acc_size), 8LL * 16 / in_size * 32);
-}
-
 // One wave of blocks (the fewer resident of the passes that share the chunks).
 Chunking chunking(const KernelSet& kernels, bool with_scan, long long n, int device, int in_size,
                   int acc_size) {
-  const long long granule = chunk_granule(in_size, acc_size);
+  // a whole number of scan tiles, and of one 16-byte vector per lane for every warp
+  const long long granule = std::max<long long>(k::scan_tile(acc_size), 8LL * 16 / in_size * 32);
   int resident = detail::blocks_per_multiprocessor(kernels.reduce, k::kReduceBlock);
   // A reduction streams fastest with few, long block streams: on an H200 four blocks of
   // 256 per multiprocessor read 2^28 float32 ~1% faster than a full-occupancy wave.
@@ -563,237 +551,6 @@ void reduce_into_impl(const std::vector<KernelSet>& sets, const ShardedArray& in
   staging.free();
 }
 
-// ---- The scan in L2-resident chunks (temporary, for an A/B: docs/performance.md) ----
-//
-// The reduce-then-scan above reads its input twice from memory (about 3n of traffic). In
-// chunks small enough to stay in L2 (tens of MiB), the fold of chunk c brings it into L2 and
-// the scan of chunk c reads it there, so memory sees the input about once (2n). The carry from
-// chunk to chunk goes in chunk order (carry_c = carry_{c-1} op total_c, the scan of chunk c
-// seeded with carry_{c-1}), so the association is fixed for a given chunk size: bitwise
-// deterministic, though floating-point sums differ in their last bits from the base scan's.
-// One place only; several places keep the base scan (their seeds come from a fold of every
-// place's total, which needs the whole shard read once first).
-
-enum class ScanVariant { base, chunked, fused, persistent };
-
-// The switches, read on every single-place scan before anything is queued (tests set them
-// per call): the environment may change between scans, never within one.
-//   CSJ_X_SCAN            base (default): the reduce-then-scan of the whole shard;
-//                         chunked: per chunk, a fold launch then a scan launch;
-//                         fused: one launch per chunk, the scan of chunk c beside the fold
-//                         of chunk c + 1 (ScanStepParams);
-//                         chunked-pdl, fused-pdl: the same, each launch after the first
-//                         overlapping the one before (programmatic dependent launch, on
-//                         devices of compute capability 9.0 and later; elsewhere as without);
-//                         persistent: one cooperative launch for every chunk, whose blocks
-//                         hand chunks on through flags (ScanChunksParams).
-//                         Anything else means base.
-//   CSJ_X_SCAN_CHUNK_MIB  the chunk's size in MiB of input, a number > 0 (default 8),
-//                         rounded to a whole number of scan tiles, at least one.
-//   CSJ_X_SCAN_STREAMING  1: the chunks' scans load their input and store their output as
-//                         evict-first lines (ScanParams::streaming); anything else: plain.
-struct ScanSwitches {
-  ScanVariant variant = ScanVariant::base;
-  bool overlap = false;
-  double chunk_mib = 8.0;
-  bool streaming = false;
-
-  static ScanSwitches from_environment() {
-    ScanSwitches switches;
-    if (const char* text = std::getenv("CSJ_X_SCAN"); text && *text) {
-      const std::string name(text);
-      if (name == "chunked" || name == "chunked-pdl") switches.variant = ScanVariant::chunked;
-      if (name == "fused" || name == "fused-pdl") switches.variant = ScanVariant::fused;
-      if (name == "persistent") switches.variant = ScanVariant::persistent;
-      switches.overlap = name == "chunked-pdl" || name == "fused-pdl";
-    }
-    if (const char* text = std::getenv("CSJ_X_SCAN_CHUNK_MIB"); text && *text) {
-      char* end = nullptr;
-      const double value = std::strtod(text, &end);
-      if (end && *end == '\0' && value > 0.0 && value < 1e6) switches.chunk_mib = value;
-    }
-    if (const char* text = std::getenv("CSJ_X_SCAN_STREAMING"); text) switches.streaming = std::string(text) == "1";
-    return switches;
-  }
-};
-
-// The persistent variant of scan_in_chunks: one cooperative grid of `grid` blocks (at most one
-// wave) for every chunk (ScanChunksParams), its per-chunk scratch on 128-byte lines.
-void scan_in_one_launch(const KernelHandle& kernel, const ShardedArray& in, ShardedArray& out, std::size_t place,
-                        int acc_size, const std::string& init, bool exclusive, const ScanSwitches& switches,
-                        long long chunk, long long block_chunk, long long grid) {
-  const PlaceGroup& group = *in.group();
-  const cudaStream_t stream = stream_of(group, place);
-  const long long n = in.shard_size(place);
-  const long long chunks = (n + chunk - 1) / chunk;
-  auto lines = [](long long bytes) { return (bytes + 127) / 128 * 128; };
-  const long long region = lines(grid * acc_size);
-  const long long area_bytes = 2 * region + lines(acc_size);
-  const long long flag_bytes = lines(chunks * static_cast<long long>(sizeof(unsigned int)));
-  detail::StreamScratch scratch(static_cast<std::size_t>(2 * flag_bytes + chunks * area_bytes), stream,
-                                pool_of(group, place));
-  check(cudaMemsetAsync(scratch.bytes(), 0, static_cast<std::size_t>(2 * flag_bytes), stream), "cudaMemsetAsync");
-  k::ScanChunksParams params{};
-  params.n = n;
-  params.chunk_elements = chunk;
-  params.chunks = chunks;
-  params.full_blocks = static_cast<unsigned>(grid);
-  params.last_blocks = static_cast<unsigned>((n - (chunks - 1) * chunk + block_chunk - 1) / block_chunk);
-  params.counters = reinterpret_cast<unsigned int*>(scratch.bytes());
-  params.ready = reinterpret_cast<unsigned int*>(scratch.bytes() + flag_bytes);
-  params.scratch = scratch.bytes() + 2 * flag_bytes;
-  params.area_bytes = area_bytes;
-  params.prefixes_offset = region;
-  params.carry_offset = 2 * region;
-  k::ReduceParams& fold = params.reduce;
-  fold.in = reinterpret_cast<const void*>(in.shard_pointer(place));
-  fold.index_base = in.index_base(place);
-  fold.chunk = block_chunk;
-  if (!init.empty()) {
-    fold.has_init = 1;
-    std::memcpy(fold.init, init.data(), init.size());
-  }
-  const std::uintptr_t global_base = in.is_record() ? in.global_base(place) : 0;  // see reduce_shard
-  std::memcpy(fold.map_value, &global_base, sizeof(global_base));
-  k::ScanParams& scan = params.scan;
-  scan.in = fold.in;
-  scan.out = reinterpret_cast<void*>(out.shard_pointer(place));
-  scan.index_base = in.index_base(place);
-  scan.chunk = block_chunk;
-  if (!init.empty()) {
-    std::memcpy(scan.seed_value, init.data(), init.size());
-    scan.has_seed = 1;
-  }
-  scan.exclusive = exclusive ? 1 : 0;
-  scan.streaming = switches.streaming ? 1 : 0;
-  detail::launch_with(detail::LaunchAttribute::cooperative, kernel, static_cast<unsigned>(grid), k::kScanBlock,
-                      stream, params, "launching the scan in chunks");
-  scratch.free();
-}
-
-// The scan of one shard in chunks of `switches.chunk_mib`. Every chunk is cut into blocks of
-// the same length (the last chunk into fewer): one wave of the step kernel per role, half a
-// wave each when the two roles share a launch. Per chunk, in one stream-ordered allocation:
-// the blocks' partials and exclusive prefixes, the block counter and the carry. Every chunk has
-// its own, because with overlapping launches a step's fold may start before the steps before
-// it have finished with theirs.
-void scan_in_chunks(const KernelSet& kernels, const ShardedArray& in, ShardedArray& out, std::size_t place,
-                    int acc_size, const std::string& init, bool exclusive, const ScanSwitches& switches) {
-  const PlaceGroup& group = *in.group();
-  const int device = group.device(place);
-  const cudaStream_t stream = stream_of(group, place);
-  detail::DeviceGuard guard(device);
-  const int in_size = static_cast<int>(in.itemsize());
-  const long long n = in.shard_size(place);
-  const long long granule = chunk_granule(in_size, acc_size);
-  const auto wanted = static_cast<long long>(switches.chunk_mib * 1048576.0 / in_size);
-  const long long chunk = std::max(granule, wanted / granule * granule);
-  const long long chunks = (n + chunk - 1) / chunk;
-  const bool fused = switches.variant == ScanVariant::fused;
-  const bool persistent = switches.variant == ScanVariant::persistent;
-  const KernelHandle& kernel = persistent ? kernels.scan_chunks : kernels.scan_step;
-  long long role_blocks = static_cast<long long>(detail::multiprocessors(device)) *
-                          detail::blocks_per_multiprocessor(kernel, k::kScanBlock);
-  if (fused) role_blocks = std::max(1LL, role_blocks / 2);
-  long long block_chunk = (std::min(chunk, n) + role_blocks - 1) / role_blocks;
-  block_chunk = (block_chunk + granule - 1) / granule * granule;
-  // blocks of the longest chunk: at most role_blocks (one wave, or half of one when fused)
-  const long long grid = (std::min(chunk, n) + block_chunk - 1) / block_chunk;
-  if (persistent) {
-    scan_in_one_launch(kernel, in, out, place, acc_size, init, exclusive, switches, chunk, block_chunk, grid);
-    return;
-  }
-  bool overlap = false;
-  if (switches.overlap) {
-    int major = 0;
-    check(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device), "cudaDeviceGetAttribute");
-    overlap = major >= 9;
-  }
-
-  const auto acc = static_cast<std::size_t>(acc_size);
-  const std::size_t chunk_bytes = ((2 * static_cast<std::size_t>(grid) + 1) * acc + 15) / 16 * 16;
-  const std::size_t counter_bytes = (static_cast<std::size_t>(chunks) * sizeof(unsigned int) + 15) / 16 * 16;
-  detail::StreamScratch scratch(counter_bytes + static_cast<std::size_t>(chunks) * chunk_bytes, stream,
-                                pool_of(group, place));
-  auto* counters = reinterpret_cast<unsigned int*>(scratch.bytes());
-  check(cudaMemsetAsync(counters, 0, counter_bytes, stream), "cudaMemsetAsync");
-  auto area = [&](long long c) { return scratch.bytes() + counter_bytes + static_cast<std::size_t>(c) * chunk_bytes; };
-  auto partials = [&](long long c) { return area(c); };
-  auto prefixes = [&](long long c) { return area(c) + grid * acc; };
-  auto carry = [&](long long c) { return area(c) + 2 * grid * acc; };  // the fold of chunks 0..c (init first)
-  auto length = [&](long long c) { return std::min(chunk, n - c * chunk); };
-  auto blocks = [&](long long c) { return static_cast<unsigned>((length(c) + block_chunk - 1) / block_chunk); };
-
-  const auto in_base = static_cast<std::uintptr_t>(in.shard_pointer(place));
-  const auto out_base = static_cast<std::uintptr_t>(out.shard_pointer(place));
-  const std::uintptr_t global_base = in.is_record() ? in.global_base(place) : 0;  // see reduce_shard
-  auto fold_of = [&](long long c, k::ScanStepParams& step) {
-    k::ReduceParams& params = step.reduce;
-    params.in = reinterpret_cast<const void*>(in_base + static_cast<std::uintptr_t>(c * chunk) * in_size);
-    params.n = length(c);
-    params.index_base = in.index_base(place) + c * chunk;
-    params.chunk = block_chunk;
-    params.partials = partials(c);
-    params.prefixes = prefixes(c);
-    params.counter = counters + c;
-    params.result = carry(c);
-    if (c > 0) {
-      params.init_from = carry(c - 1);
-    } else if (!init.empty()) {
-      params.has_init = 1;
-      std::memcpy(params.init, init.data(), acc);
-    }
-    std::memcpy(params.map_value, &global_base, sizeof(global_base));
-    step.reduce_blocks = blocks(c);
-  };
-  auto scan_of = [&](long long c, k::ScanStepParams& step) {
-    k::ScanParams& params = step.scan;
-    params.in = reinterpret_cast<const void*>(in_base + static_cast<std::uintptr_t>(c * chunk) * in_size);
-    params.out = reinterpret_cast<void*>(out_base + static_cast<std::uintptr_t>(c * chunk) * acc);
-    params.n = length(c);
-    params.index_base = in.index_base(place) + c * chunk;
-    params.chunk = block_chunk;
-    params.prefixes = prefixes(c);
-    if (c > 0) {
-      params.seed = carry(c - 1);
-      params.has_seed = 1;
-    } else if (!init.empty()) {
-      std::memcpy(params.seed_value, init.data(), acc);
-      params.has_seed = 1;
-    }
-    params.exclusive = exclusive ? 1 : 0;
-    params.streaming = switches.streaming ? 1 : 0;
-    step.scan_blocks = blocks(c);
-  };
-  bool first = true;  // the first launch waits for all work before it, as every kernel does
-  auto queue = [&](k::ScanStepParams& step) {
-    const unsigned grid_size = step.scan_blocks + step.reduce_blocks;
-    if (overlap && !first) {
-      detail::launch_with(detail::LaunchAttribute::overlapping, kernels.scan_step, grid_size, k::kScanBlock, stream,
-                          step, "launching scan step");
-    } else {
-      detail::launch(kernels.scan_step, grid_size, k::kScanBlock, stream, step, "launching scan step");
-    }
-    first = false;
-  };
-  for (long long c = 0; c < chunks + (fused ? 1 : 0); ++c) {
-    if (fused) {  // the scan of chunk c - 1 beside the fold of chunk c
-      k::ScanStepParams step{};
-      if (c > 0) scan_of(c - 1, step);
-      if (c < chunks) fold_of(c, step);
-      queue(step);
-    } else {
-      k::ScanStepParams fold{};
-      fold_of(c, fold);
-      queue(fold);
-      k::ScanStepParams scan{};
-      scan_of(c, scan);
-      queue(scan);
-    }
-  }
-  scratch.free();
-}
-
 void scan_impl(const std::vector<KernelSet>& sets, const ShardedArray& in, ShardedArray& out,
                int acc_size, const std::string& init, bool exclusive) {
   check_acc(acc_size, init);
@@ -806,13 +563,6 @@ void scan_impl(const std::vector<KernelSet>& sets, const ShardedArray& in, Shard
   }
   const std::vector<std::size_t> places = non_empty_places(in);
   if (places.empty()) return;
-  if (places.size() == 1) {
-    const ScanSwitches switches = ScanSwitches::from_environment();
-    if (switches.variant != ScanVariant::base) {
-      scan_in_chunks(sets[places[0]], in, out, places[0], acc_size, init, exclusive, switches);
-      return;
-    }
-  }
   const PlaceGroup& group = *in.group();
   const int home = group.device(0);
   const cudaStream_t home_stream = stream_of(group, 0);
