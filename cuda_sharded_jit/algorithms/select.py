@@ -2,12 +2,10 @@
 flagged compaction the by-key algorithms build on, and redistribute / ShardedArray.resharded.
 
 The engine gives every element a class (0, 1 or 2) through one wrapper numba compiles around
-the predicates, linked into the select module of the element's size. Per place, the shim
-writes each element to its class's output in one pass (the outputs allocated at the shard's
-size, then shrunk to the counts it reads back), or, where a device lacks the room for that,
-counts the classes, reads the totals, allocates the outputs and writes them in a second pass.
-Either keeps global order. No element crosses places: shard i of every output holds what
-shard i of the input had of that class.
+the predicates, linked into the select module of the element's size; the shim counts the
+classes per place, reads the totals (the output shard sizes), allocates the outputs and
+writes each element to its class's output, keeping global order. No element crosses places:
+shard i of every output holds what shard i of the input had of that class.
 """
 
 from __future__ import annotations
@@ -27,10 +25,6 @@ from ..op import as_op
 _FLAG_DTYPES = tuple(np.dtype(name) for name in ("int32", "uint32", "int64", "uint64"))
 _FLAGGED_PER_CALL = 4  # arrays the shim's flagged compaction moves in one pass
 
-# Internal: False sends every selection through the two passes the shim falls back to when a
-# device lacks room for the single pass's outputs (tests of that path, A/B runs).
-_SINGLE_PASS = True
-
 
 def _predicate(pred, argument: str, arity: int, what: str):
     pred = as_op(pred, argument)
@@ -45,8 +39,7 @@ def _classify(a: ShardedArray, first, second, with_index: bool, outputs: int) ->
         return _sorting.selected(a, _classify(_sorting.local(a), first, second, with_index, outputs), "select")
     _, libraries = kernel_libraries(first, "select", (("array", a.dtype),), None, a.group.archs,
                                     select_spec(second, with_index))
-    return [ShardedArray(impl, a.group, a.dtype)
-            for impl in _shim.select(libraries, a._impl, outputs, _SINGLE_PASS)]
+    return [ShardedArray(impl, a.group, a.dtype) for impl in _shim.select(libraries, a._impl, outputs)]
 
 
 @collective("select")

@@ -85,10 +85,4 @@ SelectFlagKernels builtin_select_flag_kernels(int flag_size);
 struct SelectCounts;  // select_params.hpp
 cudaError_t scan_select_counts(SelectCounts* counts, long long tiles, cudaStream_t stream, cudaMemPool_t pool);
 
-// The single pass's scratch (select_params.hpp: the tile counter, the totals, the look-back's
-// tile states) for `tiles` tiles (below 2^27): its size in bytes, and its initialisation
-// queued on `stream` (the states invalid, the counter zeroed), before the pass.
-std::size_t select_single_scratch(long long tiles);
-cudaError_t init_select_single(void* scratch, long long tiles, cudaStream_t stream);
-
 }  // namespace csj::kernels

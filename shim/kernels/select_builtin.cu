@@ -5,9 +5,7 @@
 // element size (a multiple of 4 bytes, copied a 4-byte word at a time). The by-key
 // algorithms compact their run heads with it across ranks (one process classifies by the
 // keys themselves, by_key_jit.cu). Also here, for every selection: the scan of the tiles'
-// counts between the two passes (CUB's device scan), and the single pass's scratch (its size,
-// and the kernel that initialises its look-back states with the same CUB types the linked
-// kernels read them with, select.cuh).
+// counts between the two passes (CUB's device scan).
 #include <cub/device/device_scan.cuh>
 
 #include "builtin_kernels.hpp"
@@ -37,25 +35,7 @@ __global__ void __launch_bounds__(kSelectBlock) select_flags_scatter(const __gri
   scatter_payloads(params, [&](long long local) { return flags[local] != 0 ? 0 : 1; });
 }
 
-__global__ void __launch_bounds__(kSelectBlock) init_select_single_kernel(void* scratch, int tiles) {
-  auto* base = static_cast<unsigned char*>(scratch);
-  init_lookback(base + kSelectStateOffset, tiles, reinterpret_cast<unsigned int*>(base));
-}
-
 }  // namespace
-
-std::size_t select_single_scratch(long long tiles) {
-  std::size_t bytes = 0;
-  LookbackState::AllocationSize(static_cast<int>(tiles), bytes);
-  return kSelectStateOffset + bytes;
-}
-
-cudaError_t init_select_single(void* scratch, long long tiles, cudaStream_t stream) {
-  // one thread per tile state; CUB's padding (a warp's worth before tile 0) done by block 0
-  const auto blocks = static_cast<unsigned>((tiles + kSelectBlock - 1) / kSelectBlock);
-  init_select_single_kernel<<<blocks, kSelectBlock, 0, stream>>>(scratch, static_cast<int>(tiles));
-  return cudaGetLastError();
-}
 
 SelectFlagKernels builtin_select_flag_kernels(int flag_size) {
   if (flag_size == 8) {

@@ -4,16 +4,12 @@
 // sides agree on the layout.
 //
 // Every element falls in one of three classes (0, 1, 2): select keeps class 0, partition
-// writes classes 0 and 1, three_way_partition all three. One place's shard takes one pass
-// when its outputs can be allocated at the shard's size before the counts are known
-// (select.cpp decides): csj_select_single (or csj_select_single3 for three classes) takes
-// tiles in order from a counter, gets each tile's output offsets by decoupled look-back over
-// the earlier tiles' counts and writes its elements there; the last tile writes the totals,
-// which the host reads to shrink the outputs. Otherwise three steps: csj_select_count (per
-// tile, how many elements of each class), the device scan of the tiles' counts
-// (scan_select_counts in builtin_kernels.hpp: their output offsets, and the place's totals,
-// which the host reads to size the outputs), csj_select_scatter (each element written to its
-// class's output at its tile's offset plus its rank in the tile). Both keep global order.
+// writes classes 0 and 1, three_way_partition all three. One place's shard takes three
+// steps: csj_select_count (per tile, how many elements of each class), the device scan of
+// the tiles' counts (scan_select_counts in builtin_kernels.hpp: their output offsets, and
+// the place's totals, which the host reads to size the outputs), csj_select_scatter (each
+// element written to its class's output at its tile's offset plus its rank in the tile:
+// global order kept).
 #pragma once
 
 namespace csj::kernels {
@@ -55,20 +51,6 @@ struct SelectParams {
   void* payload_out[kMaxSelectPayloads];
   int payload_size[kMaxSelectPayloads];  // bytes, a multiple of 4
   const void* before;  // run heads: the key before the shard's first (null: a run starts there)
-  // the single pass: the look-back's tile states (cub::ScanTileState, initialised by
-  // init_select_single), the counter tiles are taken from (zeroed with them), and where the
-  // last tile writes the shard's totals (device scratch, select_single_scratch's layout)
-  void* tile_state;
-  unsigned int* next_tile;
-  SelectCounts* totals;
 };
-
-// The single pass's scratch: the tile counter at 0, the totals at kSelectTotalsOffset, the
-// tile states from kSelectStateOffset (CUB aligns its tile states' parts to 256 bytes).
-constexpr unsigned long long kSelectTotalsOffset = 64;
-constexpr unsigned long long kSelectStateOffset = 256;
-// The single pass of three_way_partition looks back over two counts of 32 bits (select.cuh):
-// a larger shard takes the two passes.
-constexpr long long kPackedLookbackElements = 1LL << 32;
 
 }  // namespace csj::kernels

@@ -1,15 +1,11 @@
 // Selections, the flagged compaction, the run heads' compaction and resharding
 // (csj/select.hpp).
 //
-// The selection engine (kernels/select_params.hpp) takes one pass per place when every
-// device has room for each class's output at the shard's size: the outputs are allocated so,
-// the single-pass kernel writes every element to its class's output and the shard's totals,
-// the totals of every place are read (each stream synchronised once), and each output shard
-// shrinks to its count (ShardedArray::shrink_shards). Otherwise, and for the payload-moving
-// selections, two halves around the host read: the counting pass and the device scan of the
-// tiles' counts are queued on every place, then each place's totals are read: only now are
-// the output shard sizes known, so the outputs are allocated here, with them; then the scatter
-// pass writes every element to its class's output. The tiles' offsets stay in stream-ordered
+// The selection engine (kernels/select_params.hpp) runs per place in two halves around one
+// host read: the counting pass and the device scan of the tiles' counts are queued on every
+// place, then each place's totals are read (its stream synchronised): only now are the output
+// shard sizes known, so the outputs are allocated here, with them; then the scatter pass
+// writes every element to its class's output. The tiles' offsets stay in stream-ordered
 // scratch between the halves. A place without elements takes part in no launch.
 //
 // Resharding needs no kernel: each output shard is a concatenation of pieces of the input
@@ -38,8 +34,7 @@ using detail::DeviceGuard;
 using detail::KernelHandle;
 
 struct SelectKernels {
-  KernelHandle count, scatter;  // the two passes
-  KernelHandle single;          // the single pass
+  KernelHandle count, scatter;
 };
 
 struct SelectPlace {
@@ -54,11 +49,8 @@ struct SelectPlace {
 // Per place (in group order), after the counting half: the element count of each class.
 using ClassTotals = std::vector<std::array<std::int64_t, k::kSelectClasses>>;
 
-// `queue(p, place)` on every place with elements (its device current), which queues that
-// place's work and returns where on the device its totals (one SelectCounts) will be; then
-// the host read of every place's totals, each stream synchronised once.
-template <class Queue>
-ClassTotals read_totals(const PlaceGroup& group, std::vector<SelectPlace>& places, Queue queue) {
+// The counting half on every place, then the host read of the totals.
+ClassTotals count_classes(const PlaceGroup& group, std::vector<SelectPlace>& places, long long tile) {
   const std::size_t count = places.size();
   detail::PinnedBuffer pinned(count * k::kSelectClasses * sizeof(long long));
   // after `pinned`: on a throw, the kernels already queued finish writing it before it goes
@@ -69,7 +61,18 @@ ClassTotals read_totals(const PlaceGroup& group, std::vector<SelectPlace>& place
     SelectPlace& place = places[p];
     if (place.params.n == 0) continue;
     DeviceGuard guard(place.device);
-    const k::SelectCounts* shard_totals = queue(p, place);
+    const long long tiles = (place.params.n + tile - 1) / tile;
+    const auto pool = reinterpret_cast<cudaMemPool_t>(group.memory_pool(p));
+    place.params.tiles = tiles;
+    place.scratch = detail::StreamScratch(static_cast<std::size_t>(tiles + 1) * sizeof(k::SelectCounts),
+                                          place.stream, pool);
+    place.params.tile_counts = static_cast<k::SelectCounts*>(place.scratch.get());
+    k::SelectCounts* shard_totals = place.params.tile_counts + tiles;
+    detail::check(cudaMemsetAsync(shard_totals, 0, sizeof(k::SelectCounts), place.stream), "clearing select totals");
+    detail::launch(place.kernels.count, static_cast<unsigned>(tiles), k::kSelectBlock, place.stream,
+                   place.params, "launching select count");
+    detail::check(k::scan_select_counts(place.params.tile_counts, tiles, place.stream, pool),
+                  "scanning select counts");
     detail::check(cudaMemcpyAsync(totals + p * k::kSelectClasses, shard_totals, sizeof(k::SelectCounts),
                                   cudaMemcpyDeviceToHost, place.stream),
                   "reading select totals");
@@ -84,25 +87,6 @@ ClassTotals read_totals(const PlaceGroup& group, std::vector<SelectPlace>& place
     for (int c = 0; c < k::kSelectClasses; ++c) result[p][c] = totals[p * k::kSelectClasses + c];
   }
   return result;
-}
-
-// The counting half on every place, then the host read of the totals.
-ClassTotals count_classes(const PlaceGroup& group, std::vector<SelectPlace>& places, long long tile) {
-  return read_totals(group, places, [&](std::size_t p, SelectPlace& place) {
-    const long long tiles = (place.params.n + tile - 1) / tile;
-    const auto pool = reinterpret_cast<cudaMemPool_t>(group.memory_pool(p));
-    place.params.tiles = tiles;
-    place.scratch = detail::StreamScratch(static_cast<std::size_t>(tiles + 1) * sizeof(k::SelectCounts),
-                                          place.stream, pool);
-    place.params.tile_counts = static_cast<k::SelectCounts*>(place.scratch.get());
-    k::SelectCounts* shard_totals = place.params.tile_counts + tiles;
-    detail::check(cudaMemsetAsync(shard_totals, 0, sizeof(k::SelectCounts), place.stream), "clearing select totals");
-    detail::launch(place.kernels.count, static_cast<unsigned>(tiles), k::kSelectBlock, place.stream,
-                   place.params, "launching select count");
-    detail::check(k::scan_select_counts(place.params.tile_counts, tiles, place.stream, pool),
-                  "scanning select counts");
-    return static_cast<const k::SelectCounts*>(shard_totals);
-  });
 }
 
 void scatter(std::vector<SelectPlace>& places) {
@@ -138,82 +122,9 @@ std::vector<SelectPlace> places_of(const ShardedArray& in) {
   return places;
 }
 
-// The single pass's tile indices are ints, and CUB sizes its tile states in int bytes: shards
-// of more tiles than this (2^38 elements of 4 bytes) take the two passes.
-constexpr long long kMaxSinglePassTiles = 1LL << 26;
-
-// Below this much memory on a device the question costs more than the answer tells: a
-// stream-ordered allocation that fails is a MemoryError all the same.
-constexpr std::uint64_t kCheckedOutputs = std::uint64_t{64} << 20;
-
-// Whether the single pass can run on every place: no shard of too many tiles, and room on
-// every device for what it allocates before the totals are known (each of `outputs` outputs
-// at the shard's size, the scratch) and for the exact-size copy of a class that shrinks
-// (at most a quarter of a shard: shrink_shards), for all its places at once.
-bool single_pass_fits(const ShardedArray& in, int outputs, long long tile) {
-  const PlaceGroup& group = *in.group();
-  const auto item = static_cast<std::uint64_t>(in.itemsize());
-  for (std::size_t p = 0; p < group.size(); ++p) {
-    if ((in.shard_size(p) + tile - 1) / tile > kMaxSinglePassTiles) return false;
-    // three_way_partition looks back over two counts packed in one word (select.cuh)
-    if (outputs == 3 && in.shard_size(p) >= k::kPackedLookbackElements) return false;
-  }
-  for (int device : group.unique_devices()) {
-    std::uint64_t need = 0;
-    std::size_t first = 0;
-    bool any = false;
-    for (std::size_t p = 0; p < group.size(); ++p) {
-      const auto n = static_cast<std::uint64_t>(in.shard_size(p));
-      if (group.device(p) != device || n == 0) continue;
-      if (!any) first = p;
-      any = true;
-      const long long tiles = (static_cast<long long>(n) + tile - 1) / tile;
-      need += static_cast<std::uint64_t>(outputs) * n * item + (n / 4 + 1) * item +
-              k::select_single_scratch(tiles);
-    }
-    if (!any || need < kCheckedOutputs) continue;
-    DeviceGuard guard(device);
-    if (need > detail::available_memory(reinterpret_cast<cudaMemPool_t>(group.memory_pool(first)))) return false;
-  }
-  return true;
-}
-
-// The single pass on every place (its kernels found): the outputs allocated at the shards'
-// sizes, every place's pass queued, the totals read, each output shrunk to them.
-ArrayList select_single_pass(const ShardedArray& in, std::vector<SelectPlace>& places, int outputs, long long tile) {
-  const PlaceGroup& group = *in.group();
-  ArrayList result;
-  for (int c = 0; c < outputs; ++c) result.push_back(allocate_like(in, in.shard_sizes()));
-  for (std::size_t p = 0; p < places.size(); ++p) {
-    for (int c = 0; c < outputs; ++c) places[p].params.out[c] = reinterpret_cast<void*>(result[c]->shard_pointer(p));
-  }
-  const ClassTotals totals = read_totals(group, places, [&](std::size_t p, SelectPlace& place) {
-    const long long tiles = (place.params.n + tile - 1) / tile;
-    place.params.tiles = tiles;
-    place.scratch = detail::StreamScratch(k::select_single_scratch(tiles), place.stream,
-                                          reinterpret_cast<cudaMemPool_t>(group.memory_pool(p)));
-    unsigned char* base = place.scratch.bytes();
-    place.params.next_tile = reinterpret_cast<unsigned int*>(base);
-    place.params.totals = reinterpret_cast<k::SelectCounts*>(base + k::kSelectTotalsOffset);
-    place.params.tile_state = base + k::kSelectStateOffset;
-    detail::check(k::init_select_single(base, tiles, place.stream), "initialising select look-back");
-    // one wave of blocks: the counter deals the further tiles to the blocks that finish first
-    const long long wave = static_cast<long long>(detail::blocks_per_multiprocessor(place.kernels.single,
-                                                                                    k::kSelectBlock)) *
-                           detail::multiprocessors(place.device);
-    detail::launch(place.kernels.single, static_cast<unsigned>(std::min(tiles, wave)), k::kSelectBlock,
-                   place.stream, place.params, "launching select");
-    return static_cast<const k::SelectCounts*>(place.params.totals);
-  });
-  for (SelectPlace& place : places) place.scratch.free();
-  for (int c = 0; c < outputs; ++c) result[c]->shrink_shards(class_sizes(totals, c));
-  return result;
-}
-
 }  // namespace
 
-ArrayList select(const std::vector<const KernelLibrary*>& libraries, const ShardedArray& in, int outputs,
-                 bool single_pass) {
+ArrayList select(const std::vector<const KernelLibrary*>& libraries, const ShardedArray& in, int outputs) {
   const ArrayLeases leases({{&in, "a"}});
   const PlaceGroup& group = *in.group();
   if (outputs < 1 || outputs > k::kSelectClasses) {
@@ -224,24 +135,15 @@ ArrayList select(const std::vector<const KernelLibrary*>& libraries, const Shard
   if (item < 4 || item > kMaxRecordSize || item % 4 != 0) {
     throw std::invalid_argument("a: cannot select elements of " + std::to_string(item) + " bytes");
   }
-  const long long tile = k::select_tile(static_cast<int>(item));
-  const bool one_pass = single_pass && single_pass_fits(in, outputs, tile);
   std::vector<SelectPlace> places = places_of(in);
-  for (std::size_t p = 0; p < places.size(); ++p) {  // every kernel found before anything is queued
+  for (std::size_t p = 0; p < places.size(); ++p) {
     if (places[p].params.n == 0) continue;
     const int device = places[p].device;
-    const KernelLibrary& library = *libraries[p];
-    if (one_pass) {
-      places[p].kernels.single =
-          KernelHandle::linked(library.kernel(outputs == 3 ? "csj_select_single3" : "csj_select_single", device));
-    } else {
-      places[p].kernels.count = KernelHandle::linked(library.kernel("csj_select_count", device));
-      places[p].kernels.scatter = KernelHandle::linked(library.kernel("csj_select_scatter", device));
-    }
+    places[p].kernels = {KernelHandle::linked(libraries[p]->kernel("csj_select_count", device)),
+                         KernelHandle::linked(libraries[p]->kernel("csj_select_scatter", device))};
   }
   const detail::SyncOnUnwind settle(group);
-  if (one_pass) return select_single_pass(in, places, outputs, tile);
-  const ClassTotals totals = count_classes(group, places, tile);
+  const ClassTotals totals = count_classes(group, places, k::select_tile(static_cast<int>(item)));
   ArrayList result;
   for (int c = 0; c < outputs; ++c) result.push_back(allocate_like(in, class_sizes(totals, c)));
   for (std::size_t p = 0; p < places.size(); ++p) {
@@ -319,8 +221,7 @@ ArrayList select_flagged(const ShardedArray& flags, const ArrayList& arrays) {
   const k::SelectFlagKernels builtin = k::builtin_select_flag_kernels(static_cast<int>(flags.itemsize()));
   std::vector<SelectPlace> places = places_of(flags);
   for (SelectPlace& place : places) {
-    place.kernels.count = KernelHandle::builtin(builtin.count);
-    place.kernels.scatter = KernelHandle::builtin(builtin.scatter);
+    place.kernels = {KernelHandle::builtin(builtin.count), KernelHandle::builtin(builtin.scatter)};
   }
   const detail::SyncOnUnwind settle(group);
   return compact_payloads(group, places, arrays);
@@ -340,8 +241,8 @@ ArrayList select_heads(const std::vector<const KernelLibrary*>& libraries, const
   for (std::size_t p = 0; p < places.size(); ++p) {  // every kernel found before anything is queued
     if (places[p].params.n == 0) continue;
     const int device = places[p].device;
-    places[p].kernels.count = KernelHandle::linked(libraries[p]->kernel("csj_by_key_heads_count", device));
-    places[p].kernels.scatter = KernelHandle::linked(libraries[p]->kernel("csj_by_key_heads_scatter", device));
+    places[p].kernels = {KernelHandle::linked(libraries[p]->kernel("csj_by_key_heads_count", device)),
+                         KernelHandle::linked(libraries[p]->kernel("csj_by_key_heads_scatter", device))};
   }
   // The key before each non-empty shard but the first: the last of the nearest non-empty one
   // before it, read on the shard's stream once that one's stream has written it. Its stream
