@@ -42,8 +42,8 @@ def measure() -> str:
     namespace = {"sharded": sharded, "add": sharded.op(lambda x, y: x + y)}
     for name in "abc":
         namespace[name] = sharded.ShardedArray.from_numpy(group, np.ones(1024, np.float32))
-    _, packed, _, libraries, indexed = transform_module.prepare(namespace["add"], (namespace["a"], namespace["b"]),
-                                                                namespace["c"])
+    _, packed, _, libraries, indexed, _ = transform_module.prepare(namespace["add"], (namespace["a"], namespace["b"]),
+                                                                   namespace["c"])
     float32 = np.dtype(np.float32)
     _, reduce_libraries = compiler.kernel_libraries(namespace["add"], "reduce", (("array", float32),), float32,
                                                     group.archs)

@@ -278,7 +278,9 @@ _ENTRY_POINTS = {
     "select": ["csj_select_count", "csj_select_scatter"],
     "by_key": ["csj_by_key_reduce", "csj_by_key_chunks", "csj_by_key_groups", "csj_by_key_carry", "csj_by_key_sweep_inclusive",
                "csj_by_key_sweep_exclusive", "csj_by_key_sweep_reduce", "csj_by_key_heads_count",
-               "csj_by_key_heads_scatter"],
+               "csj_by_key_heads_scatter", "csj_by_key_one_pass_inclusive", "csj_by_key_one_pass_exclusive",
+               "csj_by_key_one_pass_reduce", "csj_by_key_one_pass_fix_inclusive", "csj_by_key_one_pass_fix_exclusive",
+               "csj_by_key_one_pass_fix_reduce"],
 }
 
 
