@@ -227,6 +227,50 @@ def test_runs_across_shards(engine, sizes):
 
 
 @gpu
+@pytest.mark.parametrize("layout", ["a_head_in_every_tile", "one_run_over_many_tiles"])
+@pytest.mark.parametrize("values_kind", ["int32", "affine"])
+def test_reduce_by_key_look_backs(engine, layout, values_kind):
+    """reduce_by_key's two look-backs against numpy: the run ends before a tile (CUB's, over
+    integers) and the pairs (a left fold, stopped by the nearest head tile). With a head in
+    every tile each pair look-back stops at the tile before while the run-end count must
+    still cover every tile; with one run over hundreds of whole tiles the pair look-back
+    walks back far while no tile before the run's end counts an end. A non-commutative
+    operator gives the sequential answer only where the pair fold keeps tile order."""
+    rng = np.random.default_rng(47)
+    if layout == "a_head_in_every_tile":
+        n = 300 * TILE + 1001
+        lengths = rng.integers(1, TILE // 2, n)  # runs shorter than half a tile
+        keys = np.repeat(np.arange(n, dtype=np.int64) * 5 - n, lengths)[:n]
+    else:
+        n = 700 * TILE + 333
+        # a short run, one over 600 whole tiles that starts off a tile edge, then short runs
+        lengths = np.r_[[TILE // 3, 600 * TILE + 77], rng.integers(1, 200, n)]
+        keys = np.repeat(np.arange(lengths.size, dtype=np.int64), lengths)[:n]
+    heads = _heads(keys)
+    group = sharded.PlaceGroup.by_devices([0])
+    if values_kind == "int32":
+        keys32 = keys.astype(np.int32)
+        values = rng.integers(-1000, 1000, n).astype(np.int32)
+        k = sharded.ShardedArray.from_numpy(group, keys32)
+        v = sharded.ShardedArray.from_numpy(group, values)
+        _, _, unique_keys, sums = _sum_answers(keys32, values)
+        got_keys, got_sums = sharded.reduce_by_key(k, v, lambda x, y: x + y)
+        np.testing.assert_array_equal(got_keys.to_numpy(), unique_keys)
+        np.testing.assert_array_equal(got_sums.to_numpy(), sums.astype(np.int32))
+        assert got_keys.shard_sizes == got_sums.shard_sizes == (int(heads.sum()),)
+    else:
+        host = _affine_values(n, seed=48)
+        k = sharded.ShardedArray.from_numpy(group, keys)
+        v = sharded.ShardedArray.from_numpy(group, host)
+        _, folds = _affine_answers(keys, host)
+        got_keys, got_folds = sharded.reduce_by_key(k, v, _then)
+        np.testing.assert_array_equal(got_keys.to_numpy(), keys[heads])
+        np.testing.assert_array_equal(got_folds.to_numpy()["a"], folds["a"])
+        np.testing.assert_array_equal(got_folds.to_numpy()["b"], folds["b"])
+        assert got_folds.shard_sizes == (int(heads.sum()),)
+
+
+@gpu
 def test_scan_in_place_over_values():
     """out=values: each tile reads its own values before writing them, the look-back reads only
     published records, so scanning into the values is safe."""

@@ -85,4 +85,10 @@ SelectFlagKernels builtin_select_flag_kernels(int flag_size);
 struct SelectCounts;  // select_params.hpp
 cudaError_t scan_select_counts(SelectCounts* counts, long long tiles, cudaStream_t stream, cudaMemPool_t pool);
 
+// The tile states of a look-back over one count per tile (count_lookback.cuh): their bytes for
+// `tiles` tiles (CUB aligns them: give them 256-byte aligned memory), and their initialisation,
+// queued on `stream` before the pass that reads them.
+std::size_t count_lookback_scratch(long long tiles);
+cudaError_t init_count_lookback_states(void* states, long long tiles, cudaStream_t stream);
+
 }  // namespace csj::kernels

@@ -13,6 +13,7 @@
 #include <cub/block/block_store.cuh>
 
 #include "by_key_params.hpp"
+#include "count_lookback.cuh"
 #include "select.cuh"
 #include "transform.cuh"
 
@@ -437,37 +438,28 @@ extern "C" __global__ void __launch_bounds__(kByKeyBlock, kSweepBlocks)
 // t - 1. Every inclusive fold is thereby agg(0) . agg(1) . ... . agg(t) associated from the
 // left, whichever j a tile happened to find, so the results are the same bits run after run
 // (CUB's look-back combines a window of aggregates as a tree whose shape depends on timing).
-// Under the segmented combine a tile with a run head resets the fold, so a scan's head tile
-// publishes its aggregate as its inclusive fold at once and its successors stop there; for
-// reduce_by_key the record also counts the run ends before a tile (its output position),
-// which every tile needs, so there a head tile still waits for its predecessors.
+// Under the segmented combine a tile with a run head resets the fold, so a head tile
+// publishes its aggregate as its inclusive fold at once and its successors stop there.
+// reduce_by_key also needs the run ends before a tile (its output position). They are looked
+// back apart from the pairs, by CUB's look-back over integers (any association is exact):
+// folded into the pairs' record, they would keep a head tile from publishing its inclusive
+// record before its predecessors had theirs, and every look-back would walk far back (5x
+// slower on an H200).
 
 namespace {
 
-// What a tile publishes: the scans' pairs alone, reduce_by_key's with the count of run ends.
-template <bool kReduce>
-struct TileRecordOf {
-  using type = PairOf<false>;
-};
-template <>
-struct TileRecordOf<true> {
-  using type = Tally;
-};
-
-__device__ __forceinline__ PairOf<false> join(const PairOf<false>& a, const PairOf<false>& b) {
-  return Segmented()(a, b);
-}
-__device__ __forceinline__ Tally join(const Tally& a, const Tally& b) { return Join()(a, b); }
-__device__ __forceinline__ void make_empty(PairOf<false>& record) { record = empty_pair<PairOf<false>>(); }
-__device__ __forceinline__ void make_empty(Tally& record) { record = {0, empty_pair<Pair>()}; }
-
-// A tile record as the shard's total (ByKeyRecord: the scans' have no key and count no ends).
-__device__ __forceinline__ Tally as_tally(const Tally& record) { return record; }
-__device__ __forceinline__ Tally as_tally(const PairOf<false>& record) {
-  Tally tally = {0, empty_pair<Pair>()};
-  tally.pair.flags = record.flags;
-  memset(&tally.pair.key, 0, sizeof(Key));
-  tally.pair.value = record.value;
+// A tile's pair with the run ends before it, as the shard's total (ByKeyRecord: the scans'
+// pairs have no key).
+template <class P>
+__device__ __forceinline__ Tally as_tally(long long tails, const P& pair) {
+  Tally tally = {tails, empty_pair<Pair>()};
+  tally.pair.flags = pair.flags;
+  if constexpr (P::kKeyed) {
+    tally.pair.key = pair.key;
+  } else {
+    memset(&tally.pair.key, 0, sizeof(Key));
+  }
+  tally.pair.value = pair.value;
   return tally;
 }
 
@@ -497,46 +489,59 @@ struct RecordWords {
   }
 };
 
+// reduce_by_key's look-back over the run ends: CUB's tile states (count_lookback.cuh's
+// LookbackState, initialised by init_count_lookback_states before the pass) and its prefix callback.
+using TailsPrefix = cub::TilePrefixCallbackOp<unsigned long long, AddLookback, LookbackState>;
+
 // The block scan's prefix callback (called by warp 0 with the tile's aggregate pair): publishes
-// the tile's record, looks back and returns the exclusive pair; for reduce_by_key, the run ends
-// before the tile go to `*tails_before` (shared memory, read after the scan).
+// the tile's pair, looks back and returns the exclusive pair. For reduce_by_key it looks back
+// over the run ends in between (after publishing the pair, so that successors see it early)
+// and leaves the count before the tile in `*tails_before` (shared memory, read after the scan).
 template <bool kReduce>
 struct LookBack {
-  using R = typename TileRecordOf<kReduce>::type;
   using P = PairOf<kReduce>;
   const ByKeyParams& p;
   long long tile;
   int tile_ends;
   long long* tails_before;
-  R* stage;  // 32 records in shared memory
+  P* stage;                               // 32 records in shared memory
+  typename TailsPrefix::TempStorage* tails_storage;  // reduce_by_key only
 
-  __device__ __forceinline__ R* aggregates() const { return static_cast<R*>(p.tile_records); }
-  __device__ __forceinline__ R* inclusives() const { return static_cast<R*>(p.tile_records) + p.num_tiles; }
+  __device__ __forceinline__ P* aggregates() const { return static_cast<P*>(p.tile_records); }
+  __device__ __forceinline__ P* inclusives() const { return static_cast<P*>(p.tile_records) + p.num_tiles; }
 
-  __device__ __forceinline__ static void publish(R* slot, int* flag, const R& record, int state) {
-    RecordWords<R>::store(slot, record);
+  __device__ __forceinline__ static void publish(P* slot, int* flag, const P& record, int state) {
+    RecordWords<P>::store(slot, record);
     __threadfence();  // the record before the flag that says it is there
     atomicExch(flag, state);
   }
 
+  // The run ends before the tile (lane 0's), the tile's own published for its successors.
+  __device__ __forceinline__ long long tails_before_tile() const {
+    LookbackState state;
+    state.Init(0, p.tails_state, 0);  // one array of words: nothing to size
+    const auto mine = static_cast<unsigned long long>(tile_ends);
+    if (tile == 0) {
+      if ((threadIdx.x & 31) == 0) state.SetInclusive(0, mine);
+      return 0;
+    }
+    TailsPrefix prefix(state, *tails_storage, AddLookback(), static_cast<int>(tile));
+    return static_cast<long long>(prefix(mine));
+  }
+
   __device__ __forceinline__ P operator()(const P& tile_fold) {
     const int lane = static_cast<int>(threadIdx.x) & 31;
-    R mine;
-    if constexpr (kReduce) {
-      mine = {tile_ends, tile_fold};
-    } else {
-      mine = tile_fold;
-    }
-    // A scan's tile with a head, or the first tile, has its inclusive fold already.
-    bool complete = tile == 0;
-    if constexpr (!kReduce) complete = complete || (tile_fold.flags & kHead);
+    // A tile with a head, or the first tile, has its inclusive fold already.
+    const bool complete = tile == 0 || (tile_fold.flags & kHead);
     if (lane == 0) {
       if (complete) {
-        publish(inclusives() + tile, p.tile_flags + tile, mine, kByKeyTileInclusive);
+        publish(inclusives() + tile, p.tile_flags + tile, tile_fold, kByKeyTileInclusive);
       } else {
-        publish(aggregates() + tile, p.tile_flags + tile, mine, kByKeyTileAggregate);
+        publish(aggregates() + tile, p.tile_flags + tile, tile_fold, kByKeyTileAggregate);
       }
     }
+    long long tails = 0;
+    if constexpr (kReduce) tails = tails_before_tile();
     // The nearest earlier tile with an inclusive fold (-1: none, the shard's start), a
     // window of 32 tiles at a time, each lane one tile.
     long long nearest = -1;
@@ -559,30 +564,25 @@ struct LookBack {
     // A left fold, in tile order, so that the association never depends on where the look-back
     // stopped: the records of up to 32 tiles at a time are loaded together (one trip to L2) and
     // staged in shared memory, then folded by lane 0.
-    R exclusive;
-    make_empty(exclusive);
-    if (lane == 0 && nearest >= 0) exclusive = RecordWords<R>::load(inclusives() + nearest);
+    P exclusive = empty_pair<P>();
+    if (lane == 0 && nearest >= 0) exclusive = RecordWords<P>::load(inclusives() + nearest);
     for (long long low = nearest + 1; low < tile; low += 32) {
-      if (low + lane < tile) stage[lane] = RecordWords<R>::load(aggregates() + low + lane);
+      if (low + lane < tile) stage[lane] = RecordWords<P>::load(aggregates() + low + lane);
       __syncwarp();
       if (lane == 0) {
         const int count = static_cast<int>(min(tile - low, 32LL));
-        for (int l = 0; l < count; ++l) exclusive = join(exclusive, stage[l]);
+        for (int l = 0; l < count; ++l) exclusive = Segmented()(exclusive, stage[l]);
       }
       __syncwarp();
     }
     if (lane == 0) {
-      const R inclusive = complete ? mine : join(exclusive, mine);
+      const P inclusive = complete ? tile_fold : Segmented()(exclusive, tile_fold);
       if (!complete) publish(inclusives() + tile, p.tile_flags + tile, inclusive, kByKeyTileInclusive);
       // the shard's total, which the carries of the shards after it fold
-      if (tile == p.num_tiles - 1 && p.total != nullptr) write_record(*p.total, as_tally(inclusive));
+      if (tile == p.num_tiles - 1 && p.total != nullptr) write_record(*p.total, as_tally(tails + tile_ends, inclusive));
+      if constexpr (kReduce) *tails_before = tails;
     }
-    if constexpr (kReduce) {
-      if (lane == 0) *tails_before = exclusive.tails;
-      return exclusive.pair;  // lane 0's is the one the scan uses
-    } else {
-      return exclusive;
-    }
+    return exclusive;  // lane 0's is the one the scan uses
   }
 };
 
@@ -602,7 +602,8 @@ __device__ __forceinline__ void one_pass(const ByKeyParams& p) {
   __shared__ Neighbours neighbours;
   __shared__ long long tile_shared;
   __shared__ long long tails_before;
-  __shared__ typename TileRecordOf<kReduce>::type stage[32];
+  __shared__ P stage[32];
+  __shared__ std::conditional_t<kReduce, TailsPrefix::TempStorage, char> tails_storage;
   const int t = static_cast<int>(threadIdx.x);
   if (t == 0) tile_shared = static_cast<long long>(atomicAdd(p.tile_counter, 1ULL));
   __syncthreads();
@@ -634,7 +635,9 @@ __device__ __forceinline__ void one_pass(const ByKeyParams& p) {
     ScanInts(temp.scan_ints).ExclusiveSum(ends, rank, tile_ends);
     __syncthreads();
   }
-  LookBack<kReduce> prefix{p, tile, tile_ends, &tails_before, stage};
+  typename TailsPrefix::TempStorage* tails_storage_pointer = nullptr;
+  if constexpr (kReduce) tails_storage_pointer = &tails_storage;
+  LookBack<kReduce> prefix{p, tile, tile_ends, &tails_before, stage, tails_storage_pointer};
   if constexpr (kExclusive) {
     ScanPairs(temp.scan).ExclusiveScan(pairs, pairs, Segmented(), prefix);
   } else {

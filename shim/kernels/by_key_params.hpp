@@ -12,11 +12,12 @@
 //                       tile has started, so the look-back cannot deadlock); each tile's keys
 //                       and values read once, its pairs scanned by a block scan, joined to the
 //                       tiles before it by a decoupled look-back whose fold is a fixed left
-//                       fold over tiles (by_key_jit.cu says why that keeps the bits fixed).
-//                       A tile's record: the fold of its pairs and, for reduce_by_key, its
-//                       count of run ends (its outputs' position). Writes the scan or, at every
-//                       run's end, its first key and fold; the last tile writes the shard's
-//                       total and run count.
+//                       fold over tiles (by_key_jit.cu says why that keeps the bits fixed);
+//                       a tile with a run head publishes its inclusive pair at once. For
+//                       reduce_by_key, a second look-back (CUB's, over integers) finds the
+//                       run ends before the tile (its outputs' position). Writes the scan or,
+//                       at every run's end, its first key and fold; the last tile writes the
+//                       shard's total and run count.
 //   csj_by_key_carry    as below, over the single passes' totals;
 //   csj_by_key_one_pass_fix_inclusive, _exclusive, _reduce
 //                       on shards after the first: the carry applied to the shard's first run
@@ -110,13 +111,15 @@ struct ByKeyParams {
   long long num_tiles;
   unsigned long long* tile_counter;  // zeroed before the launch
   int* tile_flags;                   // num_tiles, zeroed before the launch (kByKeyTile*)
-  void* tile_records;                // 2 * num_tiles of at most kByKeyTileRecord bytes each
+  void* tile_records;                // 2 * num_tiles pairs of at most kByKeyTileRecord bytes each
   long long* run_count;              // mode 2: the shard's run ends, written by its last tile
+  void* tails_state;                 // mode 2: the run ends' look-back, cub::ScanTileState's words
+                                     // (count_lookback_scratch bytes, 256-byte aligned)
 };
 
 // A tile's state in the single pass: nothing yet, its own fold published (the aggregate),
 // or its fold with everything before it (the inclusive).
 enum ByKeyTileState { kByKeyTileNone = 0, kByKeyTileAggregate = 1, kByKeyTileInclusive = 2 };
-constexpr int kByKeyTileRecord = 64;  // bytes a tile record may take (a count and a pair)
+constexpr int kByKeyTileRecord = 64;  // bytes a tile record may take (a pair with its key)
 
 }  // namespace csj::kernels

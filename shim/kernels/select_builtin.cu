@@ -5,10 +5,13 @@
 // element size (a multiple of 4 bytes, copied a 4-byte word at a time). The by-key
 // algorithms compact their run heads with it across ranks (one process classifies by the
 // keys themselves, by_key_jit.cu). Also here, for every selection: the scan of the tiles'
-// counts between the two passes (CUB's device scan).
+// counts between the two passes (CUB's device scan); and the initialisation of the tile
+// states of a look-back over counts (count_lookback.cuh), which reduce_by_key's single pass
+// takes its run ends from.
 #include <cub/device/device_scan.cuh>
 
 #include "builtin_kernels.hpp"
+#include "count_lookback.cuh"
 #include "select.cuh"
 
 namespace csj::kernels {
@@ -35,7 +38,24 @@ __global__ void __launch_bounds__(kSelectBlock) select_flags_scatter(const __gri
   scatter_payloads(params, [&](long long local) { return flags[local] != 0 ? 0 : 1; });
 }
 
+__global__ void __launch_bounds__(kSelectBlock) init_count_lookback_kernel(void* states, int tiles) {
+  init_count_lookback(states, tiles);
+}
+
 }  // namespace
+
+std::size_t count_lookback_scratch(long long tiles) {
+  std::size_t bytes = 0;
+  LookbackState::AllocationSize(static_cast<int>(tiles), bytes);
+  return bytes;
+}
+
+cudaError_t init_count_lookback_states(void* states, long long tiles, cudaStream_t stream) {
+  // one thread per tile state; CUB's padding (a warp's worth before tile 0) done by block 0
+  const auto blocks = static_cast<unsigned>((tiles + kSelectBlock - 1) / kSelectBlock);
+  init_count_lookback_kernel<<<blocks, kSelectBlock, 0, stream>>>(states, static_cast<int>(tiles));
+  return cudaGetLastError();
+}
 
 SelectFlagKernels builtin_select_flag_kernels(int flag_size) {
   if (flag_size == 8) {

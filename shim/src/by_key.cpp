@@ -23,7 +23,9 @@
 #include <cstring>
 #include <stdexcept>
 
+#include "../kernels/builtin_kernels.hpp"
 #include "../kernels/by_key_params.hpp"
+#include "../kernels/select_params.hpp"
 #include "cuda_check.hpp"
 #include "launch.hpp"
 #include "sort_common.hpp"
@@ -280,12 +282,13 @@ bool reduce_one_pass_chosen() {
 constexpr std::size_t round_up(std::size_t bytes) { return (bytes + 255) / 256 * 256; }
 
 // A place's single-pass scratch: tile counter and run count | tile flags | tile records
-// (aggregates, inclusives) | total, carry, earlier totals | neighbouring keys | reduce_by_key's
-// keys and values at the shard's size.
+// (aggregates, inclusives) | reduce_by_key's run-end tile states | total, carry, earlier
+// totals | neighbouring keys | reduce_by_key's keys and values at the shard's size.
 struct OnePassLayout {
   long long num_tiles = 0;
   std::size_t zeroed = 0;   // the counter, the run count and the flags: cleared before the launch
   std::size_t records = 0;  // where the tile records start
+  std::size_t tails = 0;    // reduce_by_key: its run ends' look-back (count_lookback_scratch)
   std::size_t totals = 0;   // where the total, the carry and the earlier totals start
   std::size_t neighbours = 0;
   std::size_t keys = 0;     // reduce_by_key: where its keys and values go
@@ -301,7 +304,8 @@ OnePassLayout one_pass_layout(const ShardedArray& keys, const ShardedArray& valu
   layout.num_tiles = (n + tile - 1) / tile;
   layout.zeroed = 16 + static_cast<std::size_t>(layout.num_tiles) * sizeof(int);
   layout.records = round_up(layout.zeroed);
-  layout.totals = layout.records + round_up(2 * static_cast<std::size_t>(layout.num_tiles) * k::kByKeyTileRecord);
+  layout.tails = layout.records + round_up(2 * static_cast<std::size_t>(layout.num_tiles) * k::kByKeyTileRecord);
+  layout.totals = layout.tails + (reduce ? round_up(k::count_lookback_scratch(layout.num_tiles)) : 0);
   layout.neighbours = layout.totals + (2 + index) * sizeof(k::ByKeyRecord);
   layout.keys = round_up(layout.neighbours + 16);
   layout.values = layout.keys + (reduce ? round_up(static_cast<std::size_t>(n) * keys.itemsize()) : 0);
@@ -369,6 +373,11 @@ void one_pass(std::vector<ByKeyPlace>& places, const std::vector<OnePassLayout>&
     }
     copy_neighbour_keys(places, i, keys, nullptr, base + layout.neighbours);
     detail::check(cudaMemsetAsync(base, 0, layout.zeroed, item.stream), "cudaMemsetAsync (the by-key tile flags)");
+    if (mode == k::kByKeyReduce) {  // the run ends' tile states (count_lookback.cuh)
+      params.tails_state = base + layout.tails;
+      detail::check(k::init_count_lookback_states(params.tails_state, layout.num_tiles, item.stream),
+                    "initialising reduce_by_key's look-back");
+    }
   }
   // launched once every neighbour copy is queued, so no place's pass waits for another's
   for (ByKeyPlace& item : places) {
