@@ -62,9 +62,10 @@ def segmented_reduce(a: ShardedArray, offsets, op, init, *, map_op=None,
 
     `offsets`: S + 1 non-decreasing global positions in [0, len(a)], a numpy integer array or
     an int64 ShardedArray on a's group. A ShardedArray's positions stay on the device: a
-    kernel checks them (one short wait for its verdict, so bad positions raise ValueError
-    before anything else runs) and the folds read them there; numpy positions are checked on
-    the host and copied to the places from pinned memory. Segments may be empty (they give init) and may span shards. `op`:
+    kernel checks them while the folds, which read them there, run behind it (they never
+    read outside `a`, whatever the positions), and the call waits for the check's verdict,
+    so bad positions raise ValueError instead of returning a result; numpy positions are
+    checked on the host, before anything runs, and copied to the places from pinned memory. Segments may be empty (they give init) and may span shards. `op`:
     an operator of two accumulators, or "sum", "min", "max". The accumulator is a's dtype (or
     init's when init is a wider numpy value); with `map_op`, each element is mapped first
     (`map_op(x)`, or `map_op(x, global_index)` with `with_index`), and a map returning a tuple
@@ -124,7 +125,11 @@ def segmented_reduce(a: ShardedArray, offsets, op, init, *, map_op=None,
     out = ShardedArray.allocate(a.group, len(positions) - 1 if isinstance(positions, np.ndarray)
                                 else positions.size - 1, acc_dtype)
     if isinstance(positions, ShardedArray):
-        _shim.segmented_reduce_device(libraries, a._impl, positions._impl, out._impl, acc.itemsize, packed)
+        try:
+            _shim.segmented_reduce_device(libraries, a._impl, positions._impl, out._impl, acc.itemsize, packed)
+        except BaseException:
+            out.free()  # bad positions: the folds that ran behind the check leave nothing behind
+            raise
     else:
         _shim.segmented_reduce(libraries, a._impl, positions.ctypes.data, len(positions), out._impl, acc.itemsize,
                                packed)

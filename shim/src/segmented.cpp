@@ -11,8 +11,9 @@
 // deterministic.
 //
 // Device positions (an int64 ShardedArray): nothing about the positions is known on the
-// host, so no place can be told which segments it holds. A check kernel reads them once
-// (one small wait for its verdict, so bad positions raise before anything runs). On one
+// host, so no place can be told which segments it holds. A check kernel reads them once,
+// the folds queued behind it (they clamp positions to the shard), and the call waits for
+// the check's verdict at its end, so bad positions raise before a result is handed back. On one
 // place the kernel reads them where they are, a block (or warp) a segment, and writes the
 // result. On several, each place gets a copy of every position and folds every segment's
 // piece of its shard (the blocks of segments that miss it leave at once) into S slots of its
@@ -28,6 +29,7 @@
 #include <climits>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <map>
 #include <stdexcept>
 #include <utility>
@@ -96,26 +98,14 @@ std::string position_at(std::size_t k) { return "offsets[" + std::to_string(k) +
                               position_at(at) + " is " + std::to_string(value));
 }
 
-// Average piece length below which a warp, not a block, folds each piece: under half a
-// block tile (8 warps x 32 lanes x 64 bytes) most of a block's warps would sit idle; from
-// there on (4096 float32 a segment: one block tile) a block streams it with 16-byte loads.
-// CSJ_X_SEGMENTED (temporary, for A/B runs; docs/performance.md): "block" or "warp" forces
-// that shape whatever the pieces' length; unset (or anything else) chooses by it.
-enum class Shape { by_length, block, warp };
-Shape forced_shape() {
-  static const Shape shape = [] {
-    const char* text = std::getenv("CSJ_X_SEGMENTED");
-    if (text && std::strcmp(text, "block") == 0) return Shape::block;
-    if (text && std::strcmp(text, "warp") == 0) return Shape::warp;
-    return Shape::by_length;
-  }();
-  return shape;
-}
-
+// Average piece length below which a warp, not a block, folds each piece: two block tiles
+// (8 warps x 32 lanes x 64 bytes each; 8192 float32). On an H200, 2^28 float32 (2026-12-02): a
+// warp a piece took 274-284 us for pieces of 2^10 to 2^14 elements, a block 1385-1659 us at
+// 2^10-2^11 and 365 at 2^12 (one tile: latency-bound), the same as a warp's at 2^13-2^14 and
+// ahead from 2^16 on (275 against 293 us; 1024 pieces of 2^18: 273 against 356).
 bool per_warp(long long elements, long long pieces, std::size_t itemsize) {
-  if (forced_shape() != Shape::by_length) return forced_shape() == Shape::warp;
   const long long lane_items = k::reduce_lane_items(itemsize <= 8 ? static_cast<int>(itemsize) : 4);
-  return elements < pieces * k::kReduceWarps * 32 * lane_items / 2;
+  return elements < pieces * k::kReduceWarps * 32 * lane_items * 2;
 }
 
 // Blocks for `pieces` pieces, a block (or, per warp, a warp) each.
@@ -174,6 +164,18 @@ class PositionsStaging {
   PositionsStaging& operator=(const PositionsStaging&) = delete;
 
   std::int64_t* data() const { return reinterpret_cast<std::int64_t*>(spare_.data); }
+
+  // Queues the copy of `bytes` from `source` (the current device's memory) into the buffer
+  // on `stream`; wait() returns once it has landed.
+  void copy_from(const void* source, std::size_t bytes, cudaStream_t stream) {
+    check(cudaMemcpyAsync(spare_.data, source, bytes, cudaMemcpyDeviceToHost, stream), "cudaMemcpyAsync (verdict)");
+    const cudaError_t recorded = cudaEventRecord(spare_.done, stream);
+    if (recorded != cudaSuccess) {
+      cudaStreamSynchronize(stream);
+      check(recorded, "cudaEventRecord (verdict)");
+    }
+  }
+  void wait() const { check(cudaEventSynchronize(spare_.done), "cudaEventSynchronize (verdict)"); }
 
   // Queues the copy of the first `bytes` to `target` (the current device's memory) on
   // `stream`; the buffer stays busy until it is done.
@@ -237,42 +239,62 @@ void fill_with_init(const PlaceGroup& group, const ShardedArray& out, const std:
 }
 
 // The device route's check of the S + 1 positions at `positions` (memory of `place`'s
-// device): a kernel on that place's stream, then a wait for its verdict (the one host wait
-// of the route), so that bad positions raise before any fold is queued.
-void check_device_positions(const PlaceGroup& group, std::size_t place, const long long* positions,
-                            long long count, long long size) {
-  const int device = group.device(place);
-  const cudaStream_t stream = stream_of(group, place);
-  detail::DeviceGuard guard(device);
-  detail::StreamScratch word(sizeof(unsigned long long), stream, pool_of(group, place));
-  check(cudaMemsetAsync(word.get(), 0xff, sizeof(unsigned long long), stream), "cudaMemsetAsync (offsets check)");
-  k::PositionsCheckParams params{};
-  params.offsets = positions;
-  params.count = count;
-  params.size = size;
-  params.first_bad = static_cast<unsigned long long*>(word.get());
-  const long long wanted = (count + k::kPositionsCheckBlock - 1) / k::kPositionsCheckBlock;
-  const unsigned grid = static_cast<unsigned>(std::min<long long>(wanted, 8LL * detail::multiprocessors(device)));
-  detail::launch(detail::KernelHandle::builtin(k::builtin_positions_check_kernel()), grid, k::kPositionsCheckBlock,
-                 stream, params, "launching the offsets check");
-  detail::PinnedBuffer verdict(sizeof(unsigned long long));
-  check(cudaMemcpyAsync(verdict.data, word.get(), sizeof(unsigned long long), cudaMemcpyDeviceToHost, stream),
-        "cudaMemcpyAsync (offsets check)");
-  check(cudaStreamSynchronize(stream), "cudaStreamSynchronize (offsets check)");
-  unsigned long long code = 0;
-  std::memcpy(&code, verdict.data, sizeof(code));
-  if (code == ~0ULL) return;
-  // Bad positions (an error path, so plain synchronous reads of the ones the message quotes).
-  const auto read = [&](long long k) {
-    long long value = 0;
-    check(cudaMemcpy(&value, positions + k, sizeof(value), cudaMemcpyDeviceToHost), "cudaMemcpy (offsets check)");
-    return static_cast<std::int64_t>(value);
-  };
-  const auto at = static_cast<long long>(code);
-  if (at < count) throw_falling(static_cast<std::size_t>(at), read(at), read(at - 1));
-  const long long end = at == count ? 0 : count - 1;
-  throw_outside(static_cast<std::size_t>(end), read(end), size);
-}
+// device), queued on that place's stream: a kernel finds the first bad position, and its
+// verdict comes back to pinned memory. The folds are queued behind it without waiting for
+// the verdict (they clamp every position to the shard, so bad positions give wrong sums,
+// never a read outside `a`), and `settle()`, the route's one host wait, reads the verdict
+// once everything is queued: the wait overlaps the folds, and bad positions raise before
+// the call hands back a result. (Waiting before the folds left the device idle for the
+// host's wake-up and the next launch: 362 against 275 us for 2^16 segments on an H200.)
+class DevicePositionsCheck {
+ public:
+  DevicePositionsCheck(const PlaceGroup& group, std::size_t place, const long long* positions, long long count,
+                       long long size)
+      : positions_(positions), count_(count), size_(size), device_(group.device(place)) {
+    const cudaStream_t stream = stream_of(group, place);
+    detail::DeviceGuard guard(device_);
+    verdict_.emplace(sizeof(unsigned long long));
+    word_ = detail::StreamScratch(sizeof(unsigned long long), stream, pool_of(group, place));
+    check(cudaMemsetAsync(word_.get(), 0xff, sizeof(unsigned long long), stream), "cudaMemsetAsync (offsets check)");
+    k::PositionsCheckParams params{};
+    params.offsets = positions;
+    params.count = count;
+    params.size = size;
+    params.first_bad = static_cast<unsigned long long*>(word_.get());
+    const long long wanted = (count + k::kPositionsCheckBlock - 1) / k::kPositionsCheckBlock;
+    const unsigned grid = static_cast<unsigned>(std::min<long long>(wanted, 8LL * detail::multiprocessors(device_)));
+    detail::launch(detail::KernelHandle::builtin(k::builtin_positions_check_kernel()), grid, k::kPositionsCheckBlock,
+                   stream, params, "launching the offsets check");
+    verdict_->copy_from(word_.get(), sizeof(unsigned long long), stream);
+  }
+
+  // Waits for the verdict; bad positions raise ValueError naming the first one.
+  void settle() {
+    detail::DeviceGuard guard(device_);
+    verdict_->wait();
+    unsigned long long code = 0;
+    std::memcpy(&code, verdict_->data(), sizeof(code));
+    if (code == ~0ULL) return;
+    // Bad positions (an error path, so plain synchronous reads of the ones the message quotes).
+    const auto read = [&](long long k) {
+      long long value = 0;
+      check(cudaMemcpy(&value, positions_ + k, sizeof(value), cudaMemcpyDeviceToHost), "cudaMemcpy (offsets check)");
+      return static_cast<std::int64_t>(value);
+    };
+    const auto at = static_cast<long long>(code);
+    if (at < count_) throw_falling(static_cast<std::size_t>(at), read(at), read(at - 1));
+    const long long end = at == count_ ? 0 : count_ - 1;
+    throw_outside(static_cast<std::size_t>(end), read(end), size_);
+  }
+
+ private:
+  const long long* positions_;
+  long long count_;
+  long long size_;
+  int device_;
+  std::optional<PositionsStaging> verdict_;  // pinned, reused across calls
+  detail::StreamScratch word_;
+};
 
 }  // namespace
 
@@ -527,8 +549,8 @@ void segmented_reduce(const std::vector<const KernelLibrary*>& libraries, const 
     if (in.shard_size(place) > 0) holding.push_back(place);
   }
   const std::size_t checker = holding.empty() ? 0 : holding.front();
-  check_device_positions(group, checker, positions_on(checker), offsets.size(), in.size());
-  if (segments == 0) return;
+  DevicePositionsCheck verdict(group, checker, positions_on(checker), offsets.size(), in.size());
+  if (segments == 0) return verdict.settle();
   if (holding.empty()) {  // len(a) == 0: every segment is empty
     fill_with_init(group, out, init);
   }
@@ -607,6 +629,7 @@ void segmented_reduce(const std::vector<const KernelLibrary*>& libraries, const 
     detail::DeviceGuard guard(group.device(waiter));
     wait_for_others(group, waiter);
   }
+  verdict.settle();
 }
 
 }  // namespace csj
