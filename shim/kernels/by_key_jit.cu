@@ -489,6 +489,56 @@ struct RecordWords {
   }
 };
 
+// A tile record of at most 16 bytes travels with its state in one 16-byte word (the state in
+// the flags' upper bits): stored and loaded whole, as CUB's tile states of 8-byte values are,
+// so a reader that sees the state has the record, with no fence on either side, and one trip
+// to L2 brings a window's states and records together. The host zeroes the words (state
+// none) before the pass. Wider records take RecordWords under tile_flags.
+constexpr int kStateShift = 2;  // flags: kValid, kHead below
+template <class P>
+struct PackedSlots {
+  static constexpr bool kFits = sizeof(P) <= 16;
+  static_assert(offsetof(P, flags) == 0, "the flags lead a record");
+  static __device__ __forceinline__ uint4* aggregates(const ByKeyParams& p) { return static_cast<uint4*>(p.tile_records); }
+  static __device__ __forceinline__ uint4* inclusives(const ByKeyParams& p) {
+    return static_cast<uint4*>(p.tile_records) + p.num_tiles;
+  }
+  static __device__ __forceinline__ void store(uint4* slot, const P& record, int state) {
+    P tagged = record;
+    tagged.flags = (record.flags & (kValid | kHead)) | (state << kStateShift);
+    uint4 word = make_uint4(0, 0, 0, 0);
+    memcpy(&word, &tagged, sizeof(P));
+    asm volatile("st.relaxed.gpu.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(slot), "r"(word.x), "r"(word.y),
+                 "r"(word.z), "r"(word.w)
+                 : "memory");
+  }
+  static __device__ __forceinline__ uint4 load(const uint4* slot) {
+    uint4 word;
+    asm volatile("ld.relaxed.gpu.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(word.x), "=r"(word.y), "=r"(word.z), "=r"(word.w)
+                 : "l"(slot)
+                 : "memory");
+    return word;
+  }
+  static __device__ __forceinline__ int state(const uint4& word) { return static_cast<int>(word.x) >> kStateShift; }
+  static __device__ __forceinline__ P record(const uint4& word) {
+    P record;
+    memcpy(&record, &word, sizeof(P));
+    record.flags &= kValid | kHead;
+    return record;
+  }
+};
+
+// Whether tile `tile`'s inclusive record holds a run head (the fix-ups' stop), in either layout.
+template <class P>
+__device__ __forceinline__ bool inclusive_has_head(const ByKeyParams& p, long long tile) {
+  if constexpr (PackedSlots<P>::kFits) {
+    return PackedSlots<P>::record(PackedSlots<P>::load(PackedSlots<P>::inclusives(p) + tile)).flags & kHead;
+  } else {
+    return (static_cast<const P*>(p.tile_records) + p.num_tiles)[tile].flags & kHead;
+  }
+}
+
 // reduce_by_key's look-back over the run ends: CUB's tile states (count_lookback.cuh's
 // LookbackState, initialised by init_count_lookback_states before the pass) and its prefix callback.
 using TailsPrefix = cub::TilePrefixCallbackOp<unsigned long long, AddLookback, LookbackState>;
@@ -505,6 +555,7 @@ struct LookBack {
   int tile_ends;
   long long* tails_before;
   P* stage;                               // 32 records in shared memory
+  P* found;                               // packed: the nearest inclusive record (shared memory)
   typename TailsPrefix::TempStorage* tails_storage;  // reduce_by_key only
 
   __device__ __forceinline__ P* aggregates() const { return static_cast<P*>(p.tile_records); }
@@ -530,6 +581,70 @@ struct LookBack {
   }
 
   __device__ __forceinline__ P operator()(const P& tile_fold) {
+    if constexpr (PackedSlots<P>::kFits) {
+      return packed(tile_fold);
+    } else {
+      return flagged(tile_fold);
+    }
+  }
+
+  // The look-back over packed words: each lane of a window reads its tile's inclusive and
+  // aggregate words at once, until one of them is there; the window nearest the tile keeps
+  // its aggregates (staged), so the fold reads L2 again only for tiles further back.
+  __device__ __forceinline__ P packed(const P& tile_fold) {
+    using Slots = PackedSlots<P>;
+    const int lane = static_cast<int>(threadIdx.x) & 31;
+    const bool complete = tile == 0 || (tile_fold.flags & kHead);
+    if (lane == 0) {
+      if (complete) {
+        Slots::store(Slots::inclusives(p) + tile, tile_fold, kByKeyTileInclusive);
+      } else {
+        Slots::store(Slots::aggregates(p) + tile, tile_fold, kByKeyTileAggregate);
+      }
+    }
+    long long tails = 0;
+    if constexpr (kReduce) tails = tails_before_tile();
+    long long nearest = -1;
+    for (long long top = tile - 1; top >= 0; top -= 32) {
+      const long long at = top - lane;
+      bool inclusive = true;  // before the shard: the empty fold
+      uint4 inclusive_word = make_uint4(0, 0, 0, 0);
+      uint4 aggregate_word = make_uint4(0, 0, 0, 0);
+      if (at >= 0) {
+        do {
+          inclusive_word = Slots::load(Slots::inclusives(p) + at);
+          aggregate_word = Slots::load(Slots::aggregates(p) + at);
+        } while (Slots::state(inclusive_word) != kByKeyTileInclusive &&
+                 Slots::state(aggregate_word) != kByKeyTileAggregate);
+        inclusive = Slots::state(inclusive_word) == kByKeyTileInclusive;
+      }
+      if (top == tile - 1) stage[lane] = Slots::record(aggregate_word);  // lane l: tile - 1 - l
+      const unsigned done = __ballot_sync(0xffffffffu, inclusive);
+      if (done) {
+        const int from = __ffs(done) - 1;
+        nearest = top - from;
+        if (lane == from) *found = at >= 0 ? Slots::record(inclusive_word) : empty_pair<P>();
+        break;
+      }
+    }
+    __syncwarp();
+    if (lane == 0) {
+      P exclusive = *found;
+      for (long long before = nearest + 1; before < tile; ++before) {
+        const long long back = tile - 1 - before;
+        exclusive = Segmented()(exclusive, back < 32 ? stage[back] : Slots::record(Slots::load(Slots::aggregates(p) + before)));
+      }
+      const P inclusive = complete ? tile_fold : Segmented()(exclusive, tile_fold);
+      if (!complete) Slots::store(Slots::inclusives(p) + tile, inclusive, kByKeyTileInclusive);
+      if (tile == p.num_tiles - 1 && p.total != nullptr) write_record(*p.total, as_tally(tails + tile_ends, inclusive));
+      if constexpr (kReduce) *tails_before = tails;
+      return exclusive;
+    }
+    return empty_pair<P>();  // lane 0's is the one the scan uses
+  }
+
+  // The look-back for wider records: records, then their flags (a fence between).
+  __device__ __forceinline__ P flagged(const P& tile_fold) {
     const int lane = static_cast<int>(threadIdx.x) & 31;
     // A tile with a head, or the first tile, has its inclusive fold already.
     const bool complete = tile == 0 || (tile_fold.flags & kHead);
@@ -603,6 +718,7 @@ __device__ __forceinline__ void one_pass(const ByKeyParams& p) {
   __shared__ long long tile_shared;
   __shared__ long long tails_before;
   __shared__ P stage[32];
+  __shared__ P found;
   __shared__ std::conditional_t<kReduce, TailsPrefix::TempStorage, char> tails_storage;
   const int t = static_cast<int>(threadIdx.x);
   if (t == 0) tile_shared = static_cast<long long>(atomicAdd(p.tile_counter, 1ULL));
@@ -637,7 +753,7 @@ __device__ __forceinline__ void one_pass(const ByKeyParams& p) {
   }
   typename TailsPrefix::TempStorage* tails_storage_pointer = nullptr;
   if constexpr (kReduce) tails_storage_pointer = &tails_storage;
-  LookBack<kReduce> prefix{p, tile, tile_ends, &tails_before, stage, tails_storage_pointer};
+  LookBack<kReduce> prefix{p, tile, tile_ends, &tails_before, stage, &found, tails_storage_pointer};
   if constexpr (kExclusive) {
     ScanPairs(temp.scan).ExclusiveScan(pairs, pairs, Segmented(), prefix);
   } else {
@@ -697,11 +813,10 @@ __device__ __forceinline__ void fix_first_run(const ByKeyParams& p) {
   __shared__ int first_head;
   const Pair carry = read_record(*p.carry).pair;
   if (!(carry.flags & kValid)) return;
-  const R* inclusives = static_cast<const R*>(p.tile_records) + p.num_tiles;
   const int t = static_cast<int>(threadIdx.x);
   Value* out = static_cast<Value*>(p.out_values);
   for (long long tile = blockIdx.x; tile < p.num_tiles; tile += gridDim.x) {
-    if (tile > 0 && (inclusives[tile - 1].flags & kHead)) return;
+    if (tile > 0 && inclusive_has_head<R>(p, tile - 1)) return;
     const long long tile_start = tile * kTile;
     const int valid = static_cast<int>(min(p.n - tile_start, static_cast<long long>(kTile)));
     Key keys[kItems];

@@ -286,7 +286,7 @@ constexpr std::size_t round_up(std::size_t bytes) { return (bytes + 255) / 256 *
 // totals | neighbouring keys | reduce_by_key's keys and values at the shard's size.
 struct OnePassLayout {
   long long num_tiles = 0;
-  std::size_t zeroed = 0;   // the counter, the run count and the flags: cleared before the launch
+  std::size_t zeroed = 0;   // the counter, the run count, the flags, the packed records: cleared before the launch
   std::size_t records = 0;  // where the tile records start
   std::size_t tails = 0;    // reduce_by_key: its run ends' look-back (count_lookback_scratch)
   std::size_t totals = 0;   // where the total, the carry and the earlier totals start
@@ -302,8 +302,10 @@ OnePassLayout one_pass_layout(const ShardedArray& keys, const ShardedArray& valu
   const long long tile = k::by_key_chunk(static_cast<int>(keys.itemsize()), static_cast<int>(values.itemsize()), 1);
   OnePassLayout layout;
   layout.num_tiles = (n + tile - 1) / tile;
-  layout.zeroed = 16 + static_cast<std::size_t>(layout.num_tiles) * sizeof(int);
-  layout.records = round_up(layout.zeroed);
+  layout.records = round_up(16 + static_cast<std::size_t>(layout.num_tiles) * sizeof(int));
+  // the records' first 2 x 16 bytes a tile too: records of up to 16 bytes are packed with
+  // their state (by_key_jit.cu's PackedSlots), all zero meaning "none yet"
+  layout.zeroed = layout.records + 2 * static_cast<std::size_t>(layout.num_tiles) * 16;
   layout.tails = layout.records + round_up(2 * static_cast<std::size_t>(layout.num_tiles) * k::kByKeyTileRecord);
   layout.totals = layout.tails + (reduce ? round_up(k::count_lookback_scratch(layout.num_tiles)) : 0);
   layout.neighbours = layout.totals + (2 + index) * sizeof(k::ByKeyRecord);
