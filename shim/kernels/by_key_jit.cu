@@ -623,13 +623,13 @@ struct LookBack {
       if (done) {
         const int from = __ffs(done) - 1;
         nearest = top - from;
-        if (lane == from) *found = at >= 0 ? Slots::record(inclusive_word) : empty_pair<P>();
+        if (lane == from && at >= 0) *found = Slots::record(inclusive_word);
         break;
       }
     }
     __syncwarp();
     if (lane == 0) {
-      P exclusive = *found;
+      P exclusive = nearest >= 0 ? *found : empty_pair<P>();  // -1: the shard's start (or tile 0)
       for (long long before = nearest + 1; before < tile; ++before) {
         const long long back = tile - 1 - before;
         exclusive = Segmented()(exclusive, back < 32 ? stage[back] : Slots::record(Slots::load(Slots::aggregates(p) + before)));
