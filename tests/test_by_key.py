@@ -31,7 +31,7 @@ def by_key_engine(request, monkeypatch):
             pytest.skip("the engine is chosen on a GPU only")
         monkeypatch.setenv("CSJ_X_BY_KEY", "two_pass")
     else:
-        monkeypatch.setenv("CSJ_X_BY_KEY", "one_pass")
+        monkeypatch.delenv("CSJ_X_BY_KEY", raising=False)
     return request.param
 
 

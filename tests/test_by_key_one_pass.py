@@ -96,7 +96,7 @@ def engine(request, monkeypatch):
     if request.param == "two_pass":
         monkeypatch.setenv("CSJ_X_BY_KEY", "two_pass")
     else:
-        monkeypatch.setenv("CSJ_X_BY_KEY", "one_pass")
+        monkeypatch.delenv("CSJ_X_BY_KEY", raising=False)
     return request.param
 
 

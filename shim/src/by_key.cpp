@@ -264,19 +264,11 @@ void sweep(std::vector<ByKeyPlace>& places) {
 // size only the pass finds, are written to scratch of the shard's size, then copied to arrays
 // of their size. Across ranks, or where a device has no room for that scratch, the two passes.
 
-// CSJ_X_BY_KEY=two_pass forces the two passes, =one_pass the single pass (a temporary switch
-// for A/B runs; see docs/performance.md).
+// CSJ_X_BY_KEY=two_pass makes one process take the two passes too, which otherwise serve only
+// ranks and devices without room (an A/B and test switch; docs/performance.md).
 bool two_pass_forced() {
   const char* text = std::getenv("CSJ_X_BY_KEY");
   return text != nullptr && std::strcmp(text, "two_pass") == 0;
-}
-
-// reduce_by_key takes the single pass only when asked: its look-back cannot stop early at a
-// run head (each tile's record also counts the run ends before it), and on an H200 it took
-// 10.3 ms against the two passes' 2.08 for 2^28 int32 keys in runs of 64.
-bool reduce_one_pass_chosen() {
-  const char* text = std::getenv("CSJ_X_BY_KEY");
-  return text != nullptr && std::strcmp(text, "one_pass") == 0;
 }
 
 constexpr std::size_t round_up(std::size_t bytes) { return (bytes + 255) / 256 * 256; }
@@ -450,7 +442,7 @@ ArrayList reduce_by_key(const std::vector<const KernelLibrary*>& libraries, cons
   const ArrayLeases leases({{&keys, "keys"}, {&values, "values"}});
   const PlaceGroup& group = *keys.group();
   detail::PinnedBuffer pinned(group.size() * sizeof(long long));
-  if (edges == nullptr && reduce_one_pass_chosen()) {
+  if (edges == nullptr && !two_pass_forced()) {
     std::vector<ByKeyPlace> places = non_empty_places(libraries, keys);
     std::vector<OnePassLayout> layouts;
     for (std::size_t i = 0; i < places.size(); ++i) {

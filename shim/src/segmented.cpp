@@ -585,7 +585,7 @@ void segmented_reduce(const std::vector<const KernelLibrary*>& libraries, const 
     const KernelHandle kernel = KernelHandle::linked(libraries[place]->kernel("csj_segmented_reduce", device));
     detail::launch(kernel, grid, k::kReduceBlock, stream, params, "launching segmented_reduce");
   }
-  if (alone) return;
+  if (alone) return verdict.settle();
 
   // Each result place folds its slots from every place's pieces, in place order.
   for (std::size_t target = 0; target < places; ++target) {
