@@ -176,7 +176,6 @@ class PositionsStaging {
     }
   }
   void wait() const { check(cudaEventSynchronize(spare_.done), "cudaEventSynchronize (verdict)"); }
-  cudaEvent_t done() const { return spare_.done; }
 
   // Queues the copy of the first `bytes` to `target` (the current device's memory) on
   // `stream`; the buffer stays busy until it is done.
@@ -240,66 +239,39 @@ void fill_with_init(const PlaceGroup& group, const ShardedArray& out, const std:
 }
 
 // The device route's check of the S + 1 positions at `positions` (memory of `place`'s
-// device): a kernel finds the first bad position and its verdict comes back to pinned
-// memory, on a side stream of that device (a CopyStream) that first waits for what `place`'s
-// stream held when the check was made (the positions' writers). The folds go on the places'
-// own streams without waiting for it (they clamp every position to the shard, so bad
-// positions give wrong sums, never a read outside `a`): they are queued first, so that the
-// device starts on them at once, then start() queues the check beside them, and settle(), the
-// route's one host wait, reads the verdict, which comes while the folds run, and raises before
-// the call hands back a result. (Waiting for the verdict before queuing the folds left the
-// device idle for the host's wake-up and the launches: 362 against 275 us for 2^16 segments on
-// an H200.)
+// device), queued on that place's stream: a kernel finds the first bad position, and its
+// verdict comes back to pinned memory. The folds are queued behind it without waiting for
+// the verdict (they clamp every position to the shard, so bad positions give wrong sums,
+// never a read outside `a`), and `settle()`, the route's one host wait, reads the verdict
+// once everything is queued: the wait overlaps the folds, and bad positions raise before
+// the call hands back a result. (Waiting before the folds left the device idle for the
+// host's wake-up and the next launch: 362 against 275 us for 2^16 segments on an H200.)
 class DevicePositionsCheck {
  public:
   DevicePositionsCheck(const PlaceGroup& group, std::size_t place, const long long* positions, long long count,
                        long long size)
-      : positions_(positions),
-        count_(count),
-        size_(size),
-        device_(group.device(place)),
-        stream_(stream_of(group, place)),
-        side_(group.device(place)) {
+      : positions_(positions), count_(count), size_(size), device_(group.device(place)) {
+    const cudaStream_t stream = stream_of(group, place);
     detail::DeviceGuard guard(device_);
-    check(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming), "cudaEventCreateWithFlags (offsets check)");
-    check(cudaEventRecord(ready_, stream_), "cudaEventRecord (offsets check)");
-    pool_ = pool_of(group, place);
-  }
-  ~DevicePositionsCheck() {
-    if (ready_) cudaEventDestroy(ready_);
-  }
-  DevicePositionsCheck(const DevicePositionsCheck&) = delete;
-  DevicePositionsCheck& operator=(const DevicePositionsCheck&) = delete;
-
-  // Queues the check on the side stream.
-  void start() {
-    detail::DeviceGuard guard(device_);
-    const cudaStream_t side = side_.get();
-    check(cudaStreamWaitEvent(side, ready_, 0), "cudaStreamWaitEvent (offsets check)");
     verdict_.emplace(sizeof(unsigned long long));
-    word_ = detail::StreamScratch(sizeof(unsigned long long), side, pool_);
-    check(cudaMemsetAsync(word_.get(), 0xff, sizeof(unsigned long long), side), "cudaMemsetAsync (offsets check)");
+    word_ = detail::StreamScratch(sizeof(unsigned long long), stream, pool_of(group, place));
+    check(cudaMemsetAsync(word_.get(), 0xff, sizeof(unsigned long long), stream), "cudaMemsetAsync (offsets check)");
     k::PositionsCheckParams params{};
-    params.offsets = positions_;
-    params.count = count_;
-    params.size = size_;
+    params.offsets = positions;
+    params.count = count;
+    params.size = size;
     params.first_bad = static_cast<unsigned long long*>(word_.get());
-    const long long wanted = (count_ + k::kPositionsCheckBlock - 1) / k::kPositionsCheckBlock;
+    const long long wanted = (count + k::kPositionsCheckBlock - 1) / k::kPositionsCheckBlock;
     const unsigned grid = static_cast<unsigned>(std::min<long long>(wanted, 8LL * detail::multiprocessors(device_)));
     detail::launch(detail::KernelHandle::builtin(k::builtin_positions_check_kernel()), grid, k::kPositionsCheckBlock,
-                   side, params, "launching the offsets check");
-    verdict_->copy_from(word_.get(), sizeof(unsigned long long), side);
-    started_ = true;
+                   stream, params, "launching the offsets check");
+    verdict_->copy_from(word_.get(), sizeof(unsigned long long), stream);
   }
 
-  // Waits for the verdict (queuing the check first if start() was not called); bad positions
-  // raise ValueError naming the first one. `place`'s stream then waits for the check too, so
-  // what it frees afterwards (the positions' copies) outlives the check's reads.
+  // Waits for the verdict; bad positions raise ValueError naming the first one.
   void settle() {
-    if (!started_) start();
     detail::DeviceGuard guard(device_);
     verdict_->wait();
-    check(cudaStreamWaitEvent(stream_, verdict_->done(), 0), "cudaStreamWaitEvent (offsets check)");
     unsigned long long code = 0;
     std::memcpy(&code, verdict_->data(), sizeof(code));
     if (code == ~0ULL) return;
@@ -320,11 +292,6 @@ class DevicePositionsCheck {
   long long count_;
   long long size_;
   int device_;
-  cudaStream_t stream_;
-  cudaMemPool_t pool_ = nullptr;
-  detail::CopyStream side_;  // before the scratch queued on it; synchronised if the call unwinds
-  cudaEvent_t ready_ = nullptr;
-  bool started_ = false;
   std::optional<PositionsStaging> verdict_;  // pinned, reused across calls
   detail::StreamScratch word_;
 };
@@ -618,7 +585,6 @@ void segmented_reduce(const std::vector<const KernelLibrary*>& libraries, const 
     const KernelHandle kernel = KernelHandle::linked(libraries[place]->kernel("csj_segmented_reduce", device));
     detail::launch(kernel, grid, k::kReduceBlock, stream, params, "launching segmented_reduce");
   }
-  verdict.start();  // beside the folds, which the device has already begun
   if (alone) return verdict.settle();
 
   // Each result place folds its slots from every place's pieces, in place order.
