@@ -561,10 +561,18 @@ struct LookBack {
   __device__ __forceinline__ P* aggregates() const { return static_cast<P*>(p.tile_records); }
   __device__ __forceinline__ P* inclusives() const { return static_cast<P*>(p.tile_records) + p.num_tiles; }
 
-  __device__ __forceinline__ static void publish(P* slot, int* flag, const P& record, int state) {
-    RecordWords<P>::store(slot, record);
-    __threadfence();  // the record before the flag that says it is there
-    atomicExch(flag, state);
+  // Publishes `record` as tile `at`'s aggregate or inclusive fold (`state`), in the layout
+  // its size takes: packed with the state, or the record, a fence, then its flag.
+  __device__ __forceinline__ void publish(long long at, const P& record, int state) const {
+    const bool inclusive = state == kByKeyTileInclusive;
+    if constexpr (PackedSlots<P>::kFits) {
+      using Slots = PackedSlots<P>;
+      Slots::store((inclusive ? Slots::inclusives(p) : Slots::aggregates(p)) + at, record, state);
+    } else {
+      RecordWords<P>::store((inclusive ? inclusives() : aggregates()) + at, record);
+      __threadfence();  // the record before the flag that says it is there
+      atomicExch(p.tile_flags + at, state);
+    }
   }
 
   // The run ends before the tile (lane 0's), the tile's own published for its successors.
@@ -581,29 +589,34 @@ struct LookBack {
   }
 
   __device__ __forceinline__ P operator()(const P& tile_fold) {
-    if constexpr (PackedSlots<P>::kFits) {
-      return packed(tile_fold);
-    } else {
-      return flagged(tile_fold);
-    }
-  }
-
-  // The look-back over packed words: each lane of a window reads its tile's inclusive and
-  // aggregate words at once, until one of them is there; the window nearest the tile keeps
-  // its aggregates (staged), so the fold reads L2 again only for tiles further back.
-  __device__ __forceinline__ P packed(const P& tile_fold) {
-    using Slots = PackedSlots<P>;
     const int lane = static_cast<int>(threadIdx.x) & 31;
+    // A tile with a head, or the first tile, has its inclusive fold already.
     const bool complete = tile == 0 || (tile_fold.flags & kHead);
-    if (lane == 0) {
-      if (complete) {
-        Slots::store(Slots::inclusives(p) + tile, tile_fold, kByKeyTileInclusive);
-      } else {
-        Slots::store(Slots::aggregates(p) + tile, tile_fold, kByKeyTileAggregate);
-      }
-    }
+    if (lane == 0) publish(tile, tile_fold, complete ? kByKeyTileInclusive : kByKeyTileAggregate);
     long long tails = 0;
     if constexpr (kReduce) tails = tails_before_tile();
+    P exclusive;
+    if constexpr (PackedSlots<P>::kFits) {
+      exclusive = look_back_packed(lane);
+    } else {
+      exclusive = look_back_flagged(lane);
+    }
+    if (lane == 0) {
+      const P inclusive = complete ? tile_fold : Segmented()(exclusive, tile_fold);
+      if (!complete) publish(tile, inclusive, kByKeyTileInclusive);
+      // the shard's total, which the carries of the shards after it fold
+      if (tile == p.num_tiles - 1 && p.total != nullptr) write_record(*p.total, as_tally(tails + tile_ends, inclusive));
+      if constexpr (kReduce) *tails_before = tails;
+    }
+    return exclusive;  // lane 0's is the one the scan uses
+  }
+
+  // The exclusive fold (lane 0's) over packed words: each lane of a window reads its tile's
+  // inclusive and aggregate words at once, until one of them is there; the window nearest
+  // the tile keeps its aggregates (staged), so the fold reads L2 again only for tiles further
+  // back.
+  __device__ __forceinline__ P look_back_packed(int lane) const {
+    using Slots = PackedSlots<P>;
     long long nearest = -1;
     for (long long top = tile - 1; top >= 0; top -= 32) {
       const long long at = top - lane;
@@ -628,37 +641,21 @@ struct LookBack {
       }
     }
     __syncwarp();
+    P exclusive = empty_pair<P>();
     if (lane == 0) {
-      P exclusive = nearest >= 0 ? *found : empty_pair<P>();  // -1: the shard's start (or tile 0)
+      if (nearest >= 0) exclusive = *found;  // else the shard's start (or tile 0)
       for (long long before = nearest + 1; before < tile; ++before) {
         const long long back = tile - 1 - before;
         exclusive = Segmented()(exclusive, back < 32 ? stage[back] : Slots::record(Slots::load(Slots::aggregates(p) + before)));
       }
-      const P inclusive = complete ? tile_fold : Segmented()(exclusive, tile_fold);
-      if (!complete) Slots::store(Slots::inclusives(p) + tile, inclusive, kByKeyTileInclusive);
-      if (tile == p.num_tiles - 1 && p.total != nullptr) write_record(*p.total, as_tally(tails + tile_ends, inclusive));
-      if constexpr (kReduce) *tails_before = tails;
-      return exclusive;
     }
-    return empty_pair<P>();  // lane 0's is the one the scan uses
+    return exclusive;
   }
 
-  // The look-back for wider records: records, then their flags (a fence between).
-  __device__ __forceinline__ P flagged(const P& tile_fold) {
-    const int lane = static_cast<int>(threadIdx.x) & 31;
-    // A tile with a head, or the first tile, has its inclusive fold already.
-    const bool complete = tile == 0 || (tile_fold.flags & kHead);
-    if (lane == 0) {
-      if (complete) {
-        publish(inclusives() + tile, p.tile_flags + tile, tile_fold, kByKeyTileInclusive);
-      } else {
-        publish(aggregates() + tile, p.tile_flags + tile, tile_fold, kByKeyTileAggregate);
-      }
-    }
-    long long tails = 0;
-    if constexpr (kReduce) tails = tails_before_tile();
-    // The nearest earlier tile with an inclusive fold (-1: none, the shard's start), a
-    // window of 32 tiles at a time, each lane one tile.
+  // The exclusive fold (lane 0's) for wider records: the nearest earlier tile with an
+  // inclusive fold (-1: none, the shard's start) by its flag, a window of 32 tiles at a time,
+  // each lane one tile; then the records.
+  __device__ __forceinline__ P look_back_flagged(int lane) const {
     long long nearest = -1;
     for (long long top = tile - 1; top >= 0; top -= 32) {
       const long long at = top - lane;
@@ -690,14 +687,7 @@ struct LookBack {
       }
       __syncwarp();
     }
-    if (lane == 0) {
-      const P inclusive = complete ? tile_fold : Segmented()(exclusive, tile_fold);
-      if (!complete) publish(inclusives() + tile, p.tile_flags + tile, inclusive, kByKeyTileInclusive);
-      // the shard's total, which the carries of the shards after it fold
-      if (tile == p.num_tiles - 1 && p.total != nullptr) write_record(*p.total, as_tally(tails + tile_ends, inclusive));
-      if constexpr (kReduce) *tails_before = tails;
-    }
-    return exclusive;  // lane 0's is the one the scan uses
+    return exclusive;
   }
 };
 

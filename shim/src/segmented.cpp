@@ -27,10 +27,9 @@
 #include <algorithm>
 #include <atomic>
 #include <climits>
-#include <cstdlib>
 #include <cstring>
-#include <optional>
 #include <map>
+#include <optional>
 #include <stdexcept>
 #include <utility>
 
@@ -38,7 +37,7 @@
 #include "../kernels/params.hpp"
 #include "cuda_check.hpp"
 #include "launch.hpp"
-#include "sort_common.hpp"  // SpareList, PinnedBuffer
+#include "sort_common.hpp"  // SpareList
 
 namespace csj {
 namespace {
@@ -115,10 +114,11 @@ unsigned grid_for(long long pieces, bool warp) {
   return static_cast<unsigned>(blocks);
 }
 
-// Pinned host memory that one place's host positions reach its device from: an
-// asynchronous copy, where pageable memory costs the driver a staged copy the host waits
-// for. Buffers are reused across calls through a SpareList; each carries an event recorded
-// after the copy that reads it and is handed out again only once that event has completed,
+// Pinned host memory that one place's host positions reach its device from (and the device
+// route's check verdict comes back to): an asynchronous copy, where pageable memory costs
+// the driver a staged copy the host waits for. Buffers are reused across calls through a
+// SpareList; each carries an event recorded after the copy that uses it and is handed out
+// again only once that event has completed,
 // so a call never overwrites positions that an earlier call's copy has still to read (the
 // host may run many calls ahead of the device: past kMaxBuffers buffers made, a call waits
 // for a busy one rather than pinning more). A buffer whose context a device reset destroyed
@@ -169,11 +169,7 @@ class PositionsStaging {
   // on `stream`; wait() returns once it has landed.
   void copy_from(const void* source, std::size_t bytes, cudaStream_t stream) {
     check(cudaMemcpyAsync(spare_.data, source, bytes, cudaMemcpyDeviceToHost, stream), "cudaMemcpyAsync (verdict)");
-    const cudaError_t recorded = cudaEventRecord(spare_.done, stream);
-    if (recorded != cudaSuccess) {
-      cudaStreamSynchronize(stream);
-      check(recorded, "cudaEventRecord (verdict)");
-    }
+    mark_busy(stream);
   }
   void wait() const { check(cudaEventSynchronize(spare_.done), "cudaEventSynchronize (verdict)"); }
 
@@ -181,6 +177,12 @@ class PositionsStaging {
   // `stream`; the buffer stays busy until it is done.
   void copy_to(void* target, std::size_t bytes, cudaStream_t stream) {
     check(cudaMemcpyAsync(target, spare_.data, bytes, cudaMemcpyHostToDevice, stream), "cudaMemcpyAsync (offsets)");
+    mark_busy(stream);
+  }
+
+ private:
+  // The buffer is busy until what `stream` holds now is done.
+  void mark_busy(cudaStream_t stream) {
     const cudaError_t recorded = cudaEventRecord(spare_.done, stream);
     if (recorded != cudaSuccess) {  // no event to guard the copy: it must be over before the buffer goes back
       cudaStreamSynchronize(stream);
@@ -188,7 +190,6 @@ class PositionsStaging {
     }
   }
 
- private:
   struct Spare {
     unsigned char* data = nullptr;
     std::size_t capacity = 0;
