@@ -139,8 +139,10 @@ ArrayList select(const std::vector<const KernelLibrary*>& libraries, const Shard
   for (std::size_t p = 0; p < places.size(); ++p) {
     if (places[p].params.n == 0) continue;
     const int device = places[p].device;
+    // a select writes one class: its scatter needs no staging (select_jit.cu)
+    const char* scatter = outputs == 1 ? "csj_select_keep" : "csj_select_scatter";
     places[p].kernels = {KernelHandle::linked(libraries[p]->kernel("csj_select_count", device)),
-                         KernelHandle::linked(libraries[p]->kernel("csj_select_scatter", device))};
+                         KernelHandle::linked(libraries[p]->kernel(scatter, device))};
   }
   const detail::SyncOnUnwind settle(group);
   const ClassTotals totals = count_classes(group, places, k::select_tile(static_cast<int>(item)));
