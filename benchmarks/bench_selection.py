@@ -2,7 +2,8 @@
 the peers that have the same call on one GPU and the device copy of the same bytes:
 
   select            2^28 float32, half kept (x < 0.5): cuda.compute select; the copy of the
-                    bytes read and written (n read, n / 2 written)
+                    bytes read and written (n read, n / 2 written); ours' two passes, the
+                    single pass's fallback (variant "two passes")
   segmented_reduce  2^28 float32 in 2^16 equal segments, user add: cuda.compute
                     segmented_reduce; ours' reduce of the same array (variant "reduce").
                     Ours takes the offsets as cuda.compute does, on the device (an int64
@@ -159,6 +160,25 @@ def _ours_reduce(data) -> Impl:
     return Impl(lambda: sharded.reduce(x, _add, np.float32(0)), result=lambda: None)  # checked by its own tests
 
 
+def _ours_two_passes(data) -> Impl:
+    """select's A/B row: the two passes the single pass falls back to (the engine's internal
+    switch, set for the call only)."""
+    import cuda_sharded_jit as sharded
+    from cuda_sharded_jit.algorithms import select as engine
+
+    if data.context["algorithm"] != "select":
+        raise NotApplicable
+    arrays = data.arrays
+
+    def two_passes():
+        engine._SINGLE_PASS = False
+        try:
+            _keep(arrays, kept=sharded.select(arrays["x"], _half))
+        finally:
+            engine._SINGLE_PASS = True
+    return Impl(two_passes)
+
+
 # ---- peers ------------------------------------------------------------------------------------
 
 def _copy(data) -> Impl:
@@ -237,7 +257,8 @@ FAMILY = Family(
     specs={
         "select": Spec(np.float32, N, "elements per second; half kept; bytes: n read, n / 2 written",
                        {"cuda.compute": _cccl, "copy": _copy},
-                       bytes_moved=dict.fromkeys(("ours", "cuda.compute", "copy"), _BYTES["select"])),
+                       bytes_moved=dict.fromkeys(("ours", "cuda.compute", "copy"), _BYTES["select"]),
+                       extra=(("two passes", "two passes (the fallback)", _ours_two_passes),)),
         "segmented_reduce": Spec(np.float32, N, "elements per second; 2^16 equal segments, user add",
                                  {"cuda.compute": _cccl},
                                  bytes_moved=dict.fromkeys(("ours", "cuda.compute"), _BYTES["segmented_reduce"]),

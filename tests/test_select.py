@@ -1,7 +1,9 @@
 """select, partition, three_way_partition and the flagged compaction against numpy's boolean
 indexing: keeping none, all, one element, only in one shard; empty shards; uneven and explicit
 sizes; 1 to 4 places; every dtype and records; the global index. Each result's shard i must
-hold exactly what shard i kept. CPU tests: every argument error, before anything runs."""
+hold exactly what shard i kept. select's single pass and the two passes it falls back to,
+each over more tiles than a wave of blocks. CPU tests: every argument error, before anything
+runs."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ import pytest
 
 import cuda_sharded_jit as sharded
 from cuda_sharded_jit import _shim
+from cuda_sharded_jit.algorithms import select as select_module
 from cuda_sharded_jit.algorithms.select import select_flagged
 
 from conftest import ALL_DTYPES, sample, uneven
@@ -25,6 +28,13 @@ def shard_pieces(host: np.ndarray, sizes) -> list[np.ndarray]:
     return [host[offsets[i]:offsets[i + 1]] for i in range(len(sizes))]
 
 
+@pytest.fixture(params=[True, False], ids=["single pass", "two passes"])
+def engine(request, monkeypatch):
+    """select's two engines: the single pass, and the two passes forced by the internal switch."""
+    monkeypatch.setattr(select_module, "_SINGLE_PASS", request.param)
+    return request.param
+
+
 def check_per_shard(result: sharded.ShardedArray, host: np.ndarray, sizes, keep: np.ndarray) -> None:
     """result holds host[keep] in global order, shard i holding what shard i kept."""
     expected_sizes = tuple(int(piece.sum()) for piece in shard_pieces(keep, sizes))
@@ -35,7 +45,7 @@ def check_per_shard(result: sharded.ShardedArray, host: np.ndarray, sizes, keep:
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", ALL_DTYPES)
-def test_select_matches_numpy(places, dtype):
+def test_select_matches_numpy(engine, places, dtype):
     host = sample(dtype, LARGE, seed=3)
     sizes = uneven(places, LARGE)
     a = sharded.ShardedArray.from_numpy(places, host, sizes=sizes)
@@ -51,7 +61,7 @@ def test_select_matches_numpy(places, dtype):
     ("first shard only", lambda x: x < 10, lambda host: host < 10),
     ("last shard only", lambda x: x >= 99_990, lambda host: host >= 99_990),
 ])
-def test_select_edge_cases(places, name, pred, keep):
+def test_select_edge_cases(engine, places, name, pred, keep):
     host = np.arange(LARGE, dtype=np.int64)
     sizes = uneven(places, LARGE)
     a = sharded.ShardedArray.from_numpy(places, host, sizes=sizes)
@@ -59,7 +69,7 @@ def test_select_edge_cases(places, name, pred, keep):
 
 
 @pytest.mark.gpu
-def test_select_explicit_sizes_with_empty_shards(three_places):
+def test_select_explicit_sizes_with_empty_shards(engine, three_places):
     host = sample(np.float32, 9000, seed=1)
     sizes = [0, 9000, 0]
     a = sharded.ShardedArray.from_numpy(three_places, host, sizes=sizes)
@@ -67,14 +77,14 @@ def test_select_explicit_sizes_with_empty_shards(three_places):
 
 
 @pytest.mark.gpu
-def test_select_of_an_empty_array(three_places):
+def test_select_of_an_empty_array(engine, three_places):
     a = sharded.ShardedArray.allocate(three_places, [0, 0, 0], np.float64)
     result = sharded.select(a, lambda x: x > 0)
     assert result.shard_sizes == (0, 0, 0) and len(result) == 0
 
 
 @pytest.mark.gpu
-def test_select_with_index(places):
+def test_select_with_index(engine, places):
     host = sample(np.int32, LARGE, seed=5)
     sizes = uneven(places, LARGE)
     a = sharded.ShardedArray.from_numpy(places, host, sizes=sizes)
@@ -92,7 +102,7 @@ def test_select_integer_predicate(three_places):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [POINT, XYZ, MIXED, WIDE], ids=lambda d: f"{d.itemsize}B")
-def test_select_records(places, dtype):
+def test_select_records(engine, places, dtype):
     host = random_records(dtype, 20_011, seed=2)
     field = dtype.names[0]
     sizes = uneven(places, len(host))
@@ -173,6 +183,108 @@ def test_select_flagged(places, flag_dtype):
         check_per_shard(result, host, sizes, keep)
 
 
+# ---- many tiles: the single pass's look-back, the shrink ------------------------------------
+#
+# A tile is 4096 elements of 4 bytes, 2048 of 8, 1024 records of 16 bytes. MANY_TILES 4-byte
+# elements are 1100 tiles and a piece, more than a wave of blocks on an H200 (132
+# multiprocessors, 5 blocks each), so tiles are taken from the counter by blocks of later
+# waves and look-backs cross many tiles; 8-byte elements make twice as many. The single pass
+# keeps an output shard's allocation when it keeps at least a quarter of its elements and
+# copies it to an exact one otherwise: the fractions below take both ways.
+MANY_TILES = 4096 * 1100 + 37
+
+
+def uniform(n, seed):
+    return np.random.default_rng(seed).random(n).astype(np.float32)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("threshold", [0.0, 0.03125, 0.5, 0.96875, 1.0])  # exact in float32
+def test_select_many_tiles(engine, places, threshold):
+    host = uniform(MANY_TILES, seed=21)
+    sizes = uneven(places, MANY_TILES)
+    a = sharded.ShardedArray.from_numpy(places, host, sizes=sizes)
+    check_per_shard(sharded.select(a, lambda x: x < threshold), host, sizes, host < np.float32(threshold))
+
+
+@pytest.mark.gpu
+def test_select_many_tiles_8_byte(engine, places):
+    host = sample(np.int64, MANY_TILES, seed=22)
+    sizes = uneven(places, MANY_TILES)
+    a = sharded.ShardedArray.from_numpy(places, host, sizes=sizes)
+    check_per_shard(sharded.select(a, lambda x: x % 3 != 0), host, sizes, host % 3 != 0)
+
+
+@pytest.mark.gpu
+def test_select_many_tiles_with_index(engine, places):
+    """The index a tile's elements get (tiles taken in counter order, not by block) is global."""
+    host = uniform(MANY_TILES, seed=23)
+    sizes = uneven(places, MANY_TILES)
+    a = sharded.ShardedArray.from_numpy(places, host, sizes=sizes)
+    result = sharded.select(a, lambda x, i: i % 7 == 3 or x < 0.25, with_index=True)
+    index = np.arange(MANY_TILES)
+    check_per_shard(result, host, sizes, (index % 7 == 3) | (host < np.float32(0.25)))
+
+
+@pytest.mark.gpu
+def test_select_many_tiles_records(engine, one_place):
+    n = 1024 * 700 + 5  # 16-byte records: 700 tiles and a piece
+    dtype = np.dtype([("x", np.float32), ("y", np.int32), ("z", np.float64)], align=True)
+    host = np.zeros(n, dtype)
+    rng = np.random.default_rng(24)
+    host["x"], host["y"], host["z"] = rng.standard_normal(n), rng.integers(-9, 9, n), rng.standard_normal(n)
+    a = sharded.ShardedArray.from_numpy(one_place, host)
+    result = sharded.select(a, lambda r: r[1] > 2)
+    assert result.dtype == dtype
+    check_per_shard(result, host, [n], host["y"] > 2)
+
+
+@pytest.mark.gpu
+def test_select_many_tiles_empty_shards_between(engine, three_places):
+    host = uniform(2 * MANY_TILES, seed=25)
+    sizes = [MANY_TILES + 4000, 0, MANY_TILES - 4000]
+    a = sharded.ShardedArray.from_numpy(three_places, host, sizes=sizes)
+    check_per_shard(sharded.select(a, lambda x: x < 0.75), host, sizes, host < np.float32(0.75))
+
+
+@pytest.mark.gpu
+def test_select_result_is_an_ordinary_array(engine, one_place):
+    """A shrunk result (its allocation kept, or copied to an exact one) reduces, takes writes
+    and frees like any other array."""
+    host = sample(np.int64, MANY_TILES, seed=26)
+    a = sharded.ShardedArray.from_numpy(one_place, host)
+    for bound in (-900, 900):  # about 95% kept (the allocation kept), 5% (copied)
+        kept = sharded.select(a, lambda x: x > bound)
+        expected = host[host > bound]
+        assert kept.shard_sizes == (len(expected),)
+        assert int(sharded.reduce(kept, op="sum")) == int(expected.sum())
+        sharded.fill(kept, 5)
+        np.testing.assert_array_equal(kept.to_numpy(), np.full(len(expected), 5, np.int64))
+        kept.free()
+
+
+@pytest.mark.gpu
+def test_partition_many_tiles(places):
+    host = sample(np.int64, MANY_TILES, seed=27)
+    sizes = uneven(places, MANY_TILES)
+    a = sharded.ShardedArray.from_numpy(places, host, sizes=sizes)
+    yes, no = sharded.partition(a, lambda x: x < -400)
+    keep = host < -400
+    check_per_shard(yes, host, sizes, keep)
+    check_per_shard(no, host, sizes, ~keep)
+
+
+@pytest.mark.gpu
+def test_single_pass_repeats_bitwise(one_place):
+    """Whatever order the look-back meets the tiles in, the positions are the same."""
+    host = uniform(MANY_TILES, seed=29)
+    a = sharded.ShardedArray.from_numpy(one_place, host)
+    runs = [sharded.select(a, lambda x: x < 0.5).to_numpy() for _ in range(3)]
+    np.testing.assert_array_equal(runs[0], host[host < np.float32(0.5)])
+    for run in runs[1:]:
+        np.testing.assert_array_equal(run, runs[0])
+
+
 # ---- argument errors (CPU: stand-ins, nothing reaches the shim) ---------------------------
 
 @pytest.fixture
@@ -184,6 +296,25 @@ def untouched(shim_untouched, monkeypatch):
             raise AssertionError(f"_shim.{_name} was reached: the error came too late")
         monkeypatch.setattr(_shim, name, entry)
     return shim_untouched
+
+
+@pytest.mark.parametrize("single_pass", [True, False])
+def test_engine_switch_reaches_the_shim(monkeypatch, single_pass):
+    """select._SINGLE_PASS (the tests' and A/B runs' way to the two passes) is what the shim
+    is told, for every member of the family (the shim takes one pass for a select only)."""
+    calls = []
+    monkeypatch.setattr(select_module, "kernel_libraries", lambda *args: (None, ["library"] * 3))
+    monkeypatch.setattr(_shim, "select", lambda libraries, a, outputs, one_pass: calls.append((outputs, one_pass))
+                        or [])
+    monkeypatch.setattr(select_module, "_SINGLE_PASS", single_pass)
+    a = stand_in_array(stand_in_group())
+    for call in (lambda: sharded.select(a, lambda x: x > 0), lambda: sharded.partition(a, lambda x: x > 0),
+                 lambda: sharded.three_way_partition(a, lambda x: x > 0, lambda x: x > 1)):
+        try:
+            call()
+        except (IndexError, ValueError):  # the stand-in shim returns no arrays to unpack
+            pass
+    assert calls == [(1, single_pass), (2, single_pass), (3, single_pass)]
 
 
 def test_select_rejects_bad_arguments(untouched):

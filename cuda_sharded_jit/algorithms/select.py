@@ -4,8 +4,11 @@ flagged compaction the by-key algorithms build on, and redistribute / ShardedArr
 The engine gives every element a class (0, 1 or 2) through one wrapper numba compiles around
 the predicates, linked into the select module of the element's size; the shim counts the
 classes per place, reads the totals (the output shard sizes), allocates the outputs and
-writes each element to its class's output, keeping global order. No element crosses places:
-shard i of every output holds what shard i of the input had of that class.
+writes each element to its class's output, keeping global order. A select takes one pass
+where its devices have room: the output allocated at the shards' sizes, the kept elements
+written with their positions found by look-back, the output shrunk to the counts read
+back. No element crosses places: shard i of every output holds what shard i of the input had
+of that class.
 """
 
 from __future__ import annotations
@@ -25,6 +28,11 @@ from ..op import as_op
 _FLAG_DTYPES = tuple(np.dtype(name) for name in ("int32", "uint32", "int64", "uint64"))
 _FLAGGED_PER_CALL = 4  # arrays the shim's flagged compaction moves in one pass
 
+# Internal: False sends a select through the two passes (count, then write) that partitions
+# take and that the shim falls back to where a device lacks room for the single pass's
+# output (tests of that path, A/B runs).
+_SINGLE_PASS = True
+
 
 def _predicate(pred, argument: str, arity: int, what: str):
     pred = as_op(pred, argument)
@@ -39,7 +47,8 @@ def _classify(a: ShardedArray, first, second, with_index: bool, outputs: int) ->
         return _sorting.selected(a, _classify(_sorting.local(a), first, second, with_index, outputs), "select")
     _, libraries = kernel_libraries(first, "select", (("array", a.dtype),), None, a.group.archs,
                                     select_spec(second, with_index))
-    return [ShardedArray(impl, a.group, a.dtype) for impl in _shim.select(libraries, a._impl, outputs)]
+    return [ShardedArray(impl, a.group, a.dtype)
+            for impl in _shim.select(libraries, a._impl, outputs, _SINGLE_PASS)]
 
 
 @collective("select")

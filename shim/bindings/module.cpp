@@ -212,7 +212,8 @@ NB_MODULE(_shim, m) {
         nb::call_guard<nb::gil_scoped_release>());
   m.def("search_compare", &csj::search_compare, "libraries"_a, "sorted_a"_a, "values"_a, "out"_a, "right"_a,
         nb::call_guard<nb::gil_scoped_release>());
-  m.def("select", &csj::select, "libraries"_a, "a"_a, "outputs"_a, nb::call_guard<nb::gil_scoped_release>());
+  m.def("select", &csj::select, "libraries"_a, "a"_a, "outputs"_a, "single_pass"_a = true,
+        nb::call_guard<nb::gil_scoped_release>());
   m.def("select_flagged", &csj::select_flagged, "flags"_a, "arrays"_a, nb::call_guard<nb::gil_scoped_release>());
   m.def("select_heads", &csj::select_heads, "libraries"_a, "keys"_a, "arrays"_a,
         nb::call_guard<nb::gil_scoped_release>());

@@ -539,10 +539,6 @@ __device__ __forceinline__ bool inclusive_has_head(const ByKeyParams& p, long lo
   }
 }
 
-// reduce_by_key's look-back over the run ends: CUB's tile states (count_lookback.cuh's
-// LookbackState, initialised by init_count_lookback_states before the pass) and its prefix callback.
-using TailsPrefix = cub::TilePrefixCallbackOp<unsigned long long, AddLookback, LookbackState>;
-
 // The block scan's prefix callback (called by warp 0 with the tile's aggregate pair): publishes
 // the tile's pair, looks back and returns the exclusive pair. For reduce_by_key it looks back
 // over the run ends in between (after publishing the pair, so that successors see it early)
@@ -556,7 +552,7 @@ struct LookBack {
   long long* tails_before;
   P* stage;                               // 32 records in shared memory
   P* found;                               // packed: the nearest inclusive record (shared memory)
-  typename TailsPrefix::TempStorage* tails_storage;  // reduce_by_key only
+  CountPrefix::TempStorage* tails_storage;  // reduce_by_key only
 
   __device__ __forceinline__ P* aggregates() const { return static_cast<P*>(p.tile_records); }
   __device__ __forceinline__ P* inclusives() const { return static_cast<P*>(p.tile_records) + p.num_tiles; }
@@ -577,15 +573,8 @@ struct LookBack {
 
   // The run ends before the tile (lane 0's), the tile's own published for its successors.
   __device__ __forceinline__ long long tails_before_tile() const {
-    LookbackState state;
-    state.Init(0, p.tails_state, 0);  // one array of words: nothing to size
-    const auto mine = static_cast<unsigned long long>(tile_ends);
-    if (tile == 0) {
-      if ((threadIdx.x & 31) == 0) state.SetInclusive(0, mine);
-      return 0;
-    }
-    TailsPrefix prefix(state, *tails_storage, AddLookback(), static_cast<int>(tile));
-    return static_cast<long long>(prefix(mine));
+    return static_cast<long long>(
+        count_before_tile(p.tails_state, tile, static_cast<unsigned long long>(tile_ends), *tails_storage));
   }
 
   __device__ __forceinline__ P operator()(const P& tile_fold) {
@@ -709,7 +698,7 @@ __device__ __forceinline__ void one_pass(const ByKeyParams& p) {
   __shared__ long long tails_before;
   __shared__ P stage[32];
   __shared__ P found;
-  __shared__ std::conditional_t<kReduce, TailsPrefix::TempStorage, char> tails_storage;
+  __shared__ std::conditional_t<kReduce, CountPrefix::TempStorage, char> tails_storage;
   const int t = static_cast<int>(threadIdx.x);
   if (t == 0) tile_shared = static_cast<long long>(atomicAdd(p.tile_counter, 1ULL));
   __syncthreads();
@@ -741,7 +730,7 @@ __device__ __forceinline__ void one_pass(const ByKeyParams& p) {
     ScanInts(temp.scan_ints).ExclusiveSum(ends, rank, tile_ends);
     __syncthreads();
   }
-  typename TailsPrefix::TempStorage* tails_storage_pointer = nullptr;
+  CountPrefix::TempStorage* tails_storage_pointer = nullptr;
   if constexpr (kReduce) tails_storage_pointer = &tails_storage;
   LookBack<kReduce> prefix{p, tile, tile_ends, &tails_before, stage, &found, tails_storage_pointer};
   if constexpr (kExclusive) {

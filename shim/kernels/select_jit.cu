@@ -9,9 +9,11 @@
 // inlined, the pointer gone. The scatter loads its tile through CUB's warp-transposing block
 // load (coalesced reads into the blocked order the ranks need) and stores it from shared
 // memory, each class's elements in one contiguous run. A select (class 0 kept, nothing else
-// written) takes csj_select_keep instead: no shared staging, see there.
+// written) takes csj_select_keep or, in one pass, csj_select_single: no shared staging, see
+// select_keep.
 #include <cub/block/block_load.cuh>
 
+#include "count_lookback.cuh"
 #include "select.cuh"
 #include "transform.cuh"
 
@@ -82,63 +84,123 @@ extern "C" __global__ void __launch_bounds__(kSelectBlock, 4)
   select_scatter(params);
 }
 
-// csj_select_keep: the scatter of a select, one output (class 0). Each warp takes its own run
-// of kItems * 32 elements of the tile, a warp-wide load at a time (coalesced, no transpose),
-// and ranks the kept ones by ballot: a first loop over its registers counts them, one barrier
-// gives every warp the count of the warps before it, a second loop writes each round's kept
-// elements at consecutive positions (the warp's stores of a round are contiguous; its rounds
-// follow each other). Global order holds: warps, rounds and lanes follow the element order.
-// Against select_scatter's shared staging and packed three-class scan, a few instructions an
-// element: the general scatter was bound by instruction issue.
-__device__ __forceinline__ void select_keep(const SelectParams& params) {
-  constexpr int kWarps = kSelectBlock / 32;
-  constexpr int kWarpSpan = kItems * 32;
-  __shared__ int warp_kept[kWarps];
-  const int lane = static_cast<int>(threadIdx.x) & 31;
-  const int warp = static_cast<int>(threadIdx.x) >> 5;
-  const long long first = static_cast<long long>(blockIdx.x) * kTile + static_cast<long long>(warp) * kWarpSpan;
-  const long long left = params.n - first;  // may be <= 0 in the last tile
-  const Element* in = static_cast<const Element*>(params.in) + first;
+// A select's writes (one output, class 0), for its two passes' scatter (csj_select_keep) and
+// its single pass (csj_select_single). Each warp takes its own run of kItems * 32 elements, a
+// warp-wide load at a time (coalesced, no transpose), and ranks the kept ones by ballot:
+// load_kept counts them (the count is the same in every lane), write_kept writes each
+// round's kept elements at consecutive positions from the warp's first (a round's stores are
+// contiguous; the warp's rounds follow each other). Global order holds: warps, rounds and
+// lanes follow the element order. Against select_scatter's shared staging and packed
+// three-class scan, a few instructions an element: that scatter was bound by instruction issue.
+constexpr int kWarps = kSelectBlock / 32;
+constexpr int kWarpSpan = kItems * 32;
+
+struct WarpKept {
   Element items[kItems];
   unsigned kept = 0;  // bit i: this lane's item i is kept
+  int count = 0;      // the warp's kept elements
+};
+
+// The warp's run from the shard's element `first` (none when first >= n).
+__device__ __forceinline__ void load_kept(const SelectParams& params, long long first, WarpKept& warp) {
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  const long long left = params.n - first;  // may be <= 0 in the last tile
+  const Element* in = static_cast<const Element*>(params.in) + first;
   if (left >= kWarpSpan) {
 #pragma unroll
-    for (int item = 0; item < kItems; ++item) items[item] = in[item * 32 + lane];
+    for (int item = 0; item < kItems; ++item) warp.items[item] = in[item * 32 + lane];
 #pragma unroll
     for (int item = 0; item < kItems; ++item) {
       const long long local = first + item * 32 + lane;
-      kept |= static_cast<unsigned>(csj_select_class(&items[item], params.index_base + local) == 0) << item;
+      warp.kept |= static_cast<unsigned>(csj_select_class(&warp.items[item], params.index_base + local) == 0) << item;
     }
   } else {
 #pragma unroll
     for (int item = 0; item < kItems; ++item) {
       const int offset = item * 32 + lane;
       if (offset < left) {
-        items[item] = in[offset];
-        kept |= static_cast<unsigned>(csj_select_class(&items[item], params.index_base + first + offset) == 0)
-                << item;
+        warp.items[item] = in[offset];
+        warp.kept |=
+            static_cast<unsigned>(csj_select_class(&warp.items[item], params.index_base + first + offset) == 0)
+            << item;
       }
     }
   }
-  int count = 0;
 #pragma unroll
-  for (int item = 0; item < kItems; ++item) count += __popc(__ballot_sync(0xffffffffu, (kept >> item) & 1u));
-  if (lane == 0) warp_kept[warp] = count;
-  __syncthreads();
-  long long position = params.tile_counts[blockIdx.x].count[0];
-  for (int w = 0; w < warp; ++w) position += warp_kept[w];
-  if (count == 0) return;
+  for (int item = 0; item < kItems; ++item) warp.count += __popc(__ballot_sync(0xffffffffu, (warp.kept >> item) & 1u));
+}
+
+__device__ __forceinline__ void write_kept(const SelectParams& params, long long position, const WarpKept& warp) {
+  if (warp.count == 0) return;
+  const int lane = static_cast<int>(threadIdx.x) & 31;
   Element* out = static_cast<Element*>(params.out[0]) + position;
   const unsigned below = (1u << lane) - 1u;
 #pragma unroll
   for (int item = 0; item < kItems; ++item) {
-    const unsigned round = __ballot_sync(0xffffffffu, (kept >> item) & 1u);
-    if ((kept >> item) & 1u) out[__popc(round & below)] = items[item];
+    const unsigned round = __ballot_sync(0xffffffffu, (warp.kept >> item) & 1u);
+    if ((warp.kept >> item) & 1u) out[__popc(round & below)] = warp.items[item];
     out += __popc(round);
   }
 }
 
+// A block's tile: one barrier gives every warp the counts of the warps before it and
+// `tile_base(warp_kept)` the tile's first output position (called by every thread after that
+// barrier, with the warps' counts in shared memory; it returns the same value to all).
+template <class TileBase>
+__device__ __forceinline__ void select_keep(const SelectParams& params, long long tile, int (&warp_kept)[kWarps],
+                                            TileBase tile_base) {
+  const int warp_index = static_cast<int>(threadIdx.x) >> 5;
+  WarpKept warp;
+  load_kept(params, tile * kTile + static_cast<long long>(warp_index) * kWarpSpan, warp);
+  if ((threadIdx.x & 31) == 0) warp_kept[warp_index] = warp.count;
+  __syncthreads();
+  long long position = tile_base(warp_kept);
+  for (int w = 0; w < warp_index; ++w) position += warp_kept[w];
+  write_kept(params, position, warp);
+}
+
+// The two passes' scatter of a select: the tile's position from the scanned counts.
 extern "C" __global__ void __launch_bounds__(kSelectBlock)
     csj_select_keep(const __grid_constant__ SelectParams params) {
-  select_keep(params);
+  __shared__ int warp_kept[kWarps];
+  select_keep(params, blockIdx.x, warp_kept,
+              [&](const int(&)[kWarps]) { return params.tile_counts[blockIdx.x].count[0]; });
 }
+
+// A select in one pass: tiles taken in order from a counter (every tile before a running one
+// has started, so the look-back ends), the kept elements before a tile found by decoupled
+// look-back over the tiles' counts (integers: the same positions whatever its timing), the
+// shard's count written by the last tile for the host (select.cpp allocates the output at the
+// shard's size and shrinks it to that count).
+// A select in one pass: tiles taken in order from a counter (every tile before a running one
+// has started, so the look-back ends), the kept elements before a tile found by decoupled
+// look-back over the tiles' counts (integers: the same positions whatever its timing), the
+// shard's count written by the last tile for the host (select.cpp allocates the output at the
+// shard's size and shrinks it to that count). At most 48 registers, 5 blocks a multiprocessor.
+// (Tiles by blockIdx.x, as CUB's single passes take them, saved nothing: 695-715 against
+// 695-696 us for 2^28 float32 on an H200.)
+extern "C" __global__ void __launch_bounds__(kSelectBlock, 5)
+    csj_select_single(const __grid_constant__ SelectParams params) {
+  __shared__ int warp_kept[kWarps];
+  __shared__ unsigned long long tile_shared;
+  __shared__ long long base_shared;
+  __shared__ CountPrefix::TempStorage lookback;
+  if (threadIdx.x == 0) tile_shared = atomicAdd(params.next_tile, 1ULL);
+  __syncthreads();
+  const auto tile = static_cast<long long>(tile_shared);
+  select_keep(params, tile, warp_kept, [&](const int(&counts)[kWarps]) {
+    if (threadIdx.x < 32) {
+      unsigned long long mine = 0;
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) mine += static_cast<unsigned long long>(counts[w]);
+      const unsigned long long before = count_before_tile(params.tile_state, tile, mine, lookback);
+      if (threadIdx.x == 0) {
+        base_shared = static_cast<long long>(before);
+        if (tile == params.tiles - 1) params.totals->count[0] = static_cast<long long>(before + mine);
+      }
+    }
+    __syncthreads();
+    return base_shared;
+  });
+}
+

@@ -9,7 +9,10 @@
 // the tiles' counts (scan_select_counts in builtin_kernels.hpp: their output offsets, and
 // the place's totals, which the host reads to size the outputs), csj_select_scatter (each
 // element written to its class's output at its tile's offset plus its rank in the tile:
-// global order kept).
+// global order kept; a select's csj_select_keep). A select takes one pass where its device
+// has room for an output at the shard's size (select.cpp decides): csj_select_single gets
+// each tile's output position by decoupled look-back and writes the shard's count, which the
+// host reads to shrink the output.
 #pragma once
 
 namespace csj::kernels {
@@ -51,6 +54,12 @@ struct SelectParams {
   void* payload_out[kMaxSelectPayloads];
   int payload_size[kMaxSelectPayloads];  // bytes, a multiple of 4
   const void* before;  // run heads: the key before the shard's first (null: a run starts there)
+  // select's single pass (csj_select_single): the look-back's tile states (count_lookback.cuh,
+  // initialised by init_count_lookback_states), the counter tiles are taken from (zeroed), and
+  // where the last tile writes the shard's count (totals->count[0]); device scratch
+  void* tile_state;
+  unsigned long long* next_tile;
+  SelectCounts* totals;
 };
 
 }  // namespace csj::kernels

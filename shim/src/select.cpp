@@ -6,7 +6,11 @@
 // place, then each place's totals are read (its stream synchronised): only now are the output
 // shard sizes known, so the outputs are allocated here, with them; then the scatter pass
 // writes every element to its class's output. The tiles' offsets stay in stream-ordered
-// scratch between the halves. A place without elements takes part in no launch.
+// scratch between the halves. A select (one output) takes one pass where every device has
+// room for its output at the shards' sizes: the output is allocated so, csj_select_single
+// writes the kept elements and each shard's count, the counts are read (each stream
+// synchronised once), and the output shrinks to them (ShardedArray::shrink_shards). A place
+// without elements takes part in no launch.
 //
 // Resharding needs no kernel: each output shard is a concatenation of pieces of the input
 // shards (their global ranges intersect), copied in global order with device-to-device or
@@ -34,7 +38,8 @@ using detail::DeviceGuard;
 using detail::KernelHandle;
 
 struct SelectKernels {
-  KernelHandle count, scatter;
+  KernelHandle count, scatter;  // the two passes
+  KernelHandle single;          // a select's single pass
 };
 
 struct SelectPlace {
@@ -49,8 +54,11 @@ struct SelectPlace {
 // Per place (in group order), after the counting half: the element count of each class.
 using ClassTotals = std::vector<std::array<std::int64_t, k::kSelectClasses>>;
 
-// The counting half on every place, then the host read of the totals.
-ClassTotals count_classes(const PlaceGroup& group, std::vector<SelectPlace>& places, long long tile) {
+// `queue(p, place)` on every place with elements (its device current), which queues that
+// place's work and returns where on the device its totals (one SelectCounts) will be; then
+// the host read of every place's totals, each stream synchronised once.
+template <class Queue>
+ClassTotals read_totals(const PlaceGroup& group, std::vector<SelectPlace>& places, Queue queue) {
   const std::size_t count = places.size();
   detail::PinnedBuffer pinned(count * k::kSelectClasses * sizeof(long long));
   // after `pinned`: on a throw, the kernels already queued finish writing it before it goes
@@ -61,18 +69,7 @@ ClassTotals count_classes(const PlaceGroup& group, std::vector<SelectPlace>& pla
     SelectPlace& place = places[p];
     if (place.params.n == 0) continue;
     DeviceGuard guard(place.device);
-    const long long tiles = (place.params.n + tile - 1) / tile;
-    const auto pool = reinterpret_cast<cudaMemPool_t>(group.memory_pool(p));
-    place.params.tiles = tiles;
-    place.scratch = detail::StreamScratch(static_cast<std::size_t>(tiles + 1) * sizeof(k::SelectCounts),
-                                          place.stream, pool);
-    place.params.tile_counts = static_cast<k::SelectCounts*>(place.scratch.get());
-    k::SelectCounts* shard_totals = place.params.tile_counts + tiles;
-    detail::check(cudaMemsetAsync(shard_totals, 0, sizeof(k::SelectCounts), place.stream), "clearing select totals");
-    detail::launch(place.kernels.count, static_cast<unsigned>(tiles), k::kSelectBlock, place.stream,
-                   place.params, "launching select count");
-    detail::check(k::scan_select_counts(place.params.tile_counts, tiles, place.stream, pool),
-                  "scanning select counts");
+    const k::SelectCounts* shard_totals = queue(p, place);
     detail::check(cudaMemcpyAsync(totals + p * k::kSelectClasses, shard_totals, sizeof(k::SelectCounts),
                                   cudaMemcpyDeviceToHost, place.stream),
                   "reading select totals");
@@ -87,6 +84,25 @@ ClassTotals count_classes(const PlaceGroup& group, std::vector<SelectPlace>& pla
     for (int c = 0; c < k::kSelectClasses; ++c) result[p][c] = totals[p * k::kSelectClasses + c];
   }
   return result;
+}
+
+// The counting half on every place, then the host read of the totals.
+ClassTotals count_classes(const PlaceGroup& group, std::vector<SelectPlace>& places, long long tile) {
+  return read_totals(group, places, [&](std::size_t p, SelectPlace& place) {
+    const long long tiles = (place.params.n + tile - 1) / tile;
+    const auto pool = reinterpret_cast<cudaMemPool_t>(group.memory_pool(p));
+    place.params.tiles = tiles;
+    place.scratch = detail::StreamScratch(static_cast<std::size_t>(tiles + 1) * sizeof(k::SelectCounts),
+                                          place.stream, pool);
+    place.params.tile_counts = static_cast<k::SelectCounts*>(place.scratch.get());
+    k::SelectCounts* shard_totals = place.params.tile_counts + tiles;
+    detail::check(cudaMemsetAsync(shard_totals, 0, sizeof(k::SelectCounts), place.stream), "clearing select totals");
+    detail::launch(place.kernels.count, static_cast<unsigned>(tiles), k::kSelectBlock, place.stream,
+                   place.params, "launching select count");
+    detail::check(k::scan_select_counts(place.params.tile_counts, tiles, place.stream, pool),
+                  "scanning select counts");
+    return static_cast<const k::SelectCounts*>(shard_totals);
+  });
 }
 
 void scatter(std::vector<SelectPlace>& places) {
@@ -122,9 +138,77 @@ std::vector<SelectPlace> places_of(const ShardedArray& in) {
   return places;
 }
 
+// CUB numbers its tile states with ints: shards of more tiles (2^33 elements of 4 bytes) take
+// the two passes.
+constexpr long long kMaxSinglePassTiles = 1LL << 30;
+
+// Below this much output on a device the question costs more than the answer tells: a
+// stream-ordered allocation that fails is a MemoryError all the same.
+constexpr std::uint64_t kCheckedOutputs = std::uint64_t{64} << 20;
+
+// Whether a select's single pass can run on every place: no shard of too many tiles, and room
+// on every device for what it allocates before the counts are known (the output at the
+// shards' sizes, the scratch) and for the exact-size copy of a shard that shrinks (under a
+// quarter of it: shrink_shards), for all its places at once.
+bool single_pass_fits(const ShardedArray& in, long long tile) {
+  const PlaceGroup& group = *in.group();
+  const auto item = static_cast<std::uint64_t>(in.itemsize());
+  for (std::size_t p = 0; p < group.size(); ++p) {
+    if ((in.shard_size(p) + tile - 1) / tile > kMaxSinglePassTiles) return false;
+  }
+  for (int device : group.unique_devices()) {
+    std::uint64_t need = 0;
+    std::size_t first = 0;
+    bool any = false;
+    for (std::size_t p = 0; p < group.size(); ++p) {
+      const auto n = static_cast<std::uint64_t>(in.shard_size(p));
+      if (group.device(p) != device || n == 0) continue;
+      if (!any) first = p;
+      any = true;
+      const long long tiles = (static_cast<long long>(n) + tile - 1) / tile;
+      need += n * item + (n / 4 + 1) * item + k::count_lookback_scratch(tiles) + 1024;
+    }
+    if (!any || need < kCheckedOutputs) continue;
+    DeviceGuard guard(device);
+    if (need > detail::available_memory(reinterpret_cast<cudaMemPool_t>(group.memory_pool(first)))) return false;
+  }
+  return true;
+}
+
+// A select's single pass on every place (its kernel found): the output allocated at the
+// shards' sizes, every place's pass queued, the counts read, the output shrunk to them.
+// Scratch per place: the tile counter, the shard's count (one SelectCounts), the look-back's
+// tile states (256-byte aligned, as CUB lays them out).
+ArrayList select_single_pass(const ShardedArray& in, std::vector<SelectPlace>& places, long long tile) {
+  constexpr std::size_t kTotalsAt = 64, kStatesAt = 256;
+  const PlaceGroup& group = *in.group();
+  std::shared_ptr<ShardedArray> kept = allocate_like(in, in.shard_sizes());
+  for (std::size_t p = 0; p < places.size(); ++p) places[p].params.out[0] = reinterpret_cast<void*>(kept->shard_pointer(p));
+  const ClassTotals totals = read_totals(group, places, [&](std::size_t p, SelectPlace& place) {
+    const long long tiles = (place.params.n + tile - 1) / tile;
+    place.params.tiles = tiles;
+    place.scratch = detail::StreamScratch(kStatesAt + k::count_lookback_scratch(tiles), place.stream,
+                                          reinterpret_cast<cudaMemPool_t>(group.memory_pool(p)));
+    auto* base = static_cast<unsigned char*>(place.scratch.get());
+    place.params.next_tile = reinterpret_cast<unsigned long long*>(base);
+    place.params.totals = reinterpret_cast<k::SelectCounts*>(base + kTotalsAt);
+    place.params.tile_state = base + kStatesAt;
+    detail::check(cudaMemsetAsync(base, 0, kStatesAt, place.stream), "clearing select's tile counter");
+    detail::check(k::init_count_lookback_states(place.params.tile_state, tiles, place.stream),
+                  "initialising select's look-back");
+    detail::launch(place.kernels.single, static_cast<unsigned>(tiles), k::kSelectBlock, place.stream, place.params,
+                   "launching select");
+    return static_cast<const k::SelectCounts*>(place.params.totals);
+  });
+  for (SelectPlace& place : places) place.scratch.free();
+  kept->shrink_shards(class_sizes(totals, 0));
+  return {kept};
+}
+
 }  // namespace
 
-ArrayList select(const std::vector<const KernelLibrary*>& libraries, const ShardedArray& in, int outputs) {
+ArrayList select(const std::vector<const KernelLibrary*>& libraries, const ShardedArray& in, int outputs,
+                 bool single_pass) {
   const ArrayLeases leases({{&in, "a"}});
   const PlaceGroup& group = *in.group();
   if (outputs < 1 || outputs > k::kSelectClasses) {
@@ -135,17 +219,25 @@ ArrayList select(const std::vector<const KernelLibrary*>& libraries, const Shard
   if (item < 4 || item > kMaxRecordSize || item % 4 != 0) {
     throw std::invalid_argument("a: cannot select elements of " + std::to_string(item) + " bytes");
   }
+  const long long tile = k::select_tile(static_cast<int>(item));
+  const bool one_pass = outputs == 1 && single_pass && single_pass_fits(in, tile);
   std::vector<SelectPlace> places = places_of(in);
-  for (std::size_t p = 0; p < places.size(); ++p) {
+  for (std::size_t p = 0; p < places.size(); ++p) {  // every kernel found before anything is queued
     if (places[p].params.n == 0) continue;
     const int device = places[p].device;
-    // a select writes one class: its scatter needs no staging (select_jit.cu)
-    const char* scatter = outputs == 1 ? "csj_select_keep" : "csj_select_scatter";
-    places[p].kernels = {KernelHandle::linked(libraries[p]->kernel("csj_select_count", device)),
-                         KernelHandle::linked(libraries[p]->kernel(scatter, device))};
+    const KernelLibrary& library = *libraries[p];
+    if (one_pass) {
+      places[p].kernels.single = KernelHandle::linked(library.kernel("csj_select_single", device));
+    } else {
+      // a select writes one class: its scatter needs no staging (select_jit.cu)
+      places[p].kernels.count = KernelHandle::linked(library.kernel("csj_select_count", device));
+      places[p].kernels.scatter =
+          KernelHandle::linked(library.kernel(outputs == 1 ? "csj_select_keep" : "csj_select_scatter", device));
+    }
   }
   const detail::SyncOnUnwind settle(group);
-  const ClassTotals totals = count_classes(group, places, k::select_tile(static_cast<int>(item)));
+  if (one_pass) return select_single_pass(in, places, tile);
+  const ClassTotals totals = count_classes(group, places, tile);
   ArrayList result;
   for (int c = 0; c < outputs; ++c) result.push_back(allocate_like(in, class_sizes(totals, c)));
   for (std::size_t p = 0; p < places.size(); ++p) {
@@ -223,7 +315,8 @@ ArrayList select_flagged(const ShardedArray& flags, const ArrayList& arrays) {
   const k::SelectFlagKernels builtin = k::builtin_select_flag_kernels(static_cast<int>(flags.itemsize()));
   std::vector<SelectPlace> places = places_of(flags);
   for (SelectPlace& place : places) {
-    place.kernels = {KernelHandle::builtin(builtin.count), KernelHandle::builtin(builtin.scatter)};
+    place.kernels.count = KernelHandle::builtin(builtin.count);
+    place.kernels.scatter = KernelHandle::builtin(builtin.scatter);
   }
   const detail::SyncOnUnwind settle(group);
   return compact_payloads(group, places, arrays);
@@ -243,8 +336,8 @@ ArrayList select_heads(const std::vector<const KernelLibrary*>& libraries, const
   for (std::size_t p = 0; p < places.size(); ++p) {  // every kernel found before anything is queued
     if (places[p].params.n == 0) continue;
     const int device = places[p].device;
-    places[p].kernels = {KernelHandle::linked(libraries[p]->kernel("csj_by_key_heads_count", device)),
-                         KernelHandle::linked(libraries[p]->kernel("csj_by_key_heads_scatter", device))};
+    places[p].kernels.count = KernelHandle::linked(libraries[p]->kernel("csj_by_key_heads_count", device));
+    places[p].kernels.scatter = KernelHandle::linked(libraries[p]->kernel("csj_by_key_heads_scatter", device));
   }
   // The key before each non-empty shard but the first: the last of the nearest non-empty one
   // before it, read on the shard's stream once that one's stream has written it. Its stream

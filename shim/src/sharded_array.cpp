@@ -460,6 +460,51 @@ void copy_lanes(const ShardedArray& src, std::size_t src_offset, ShardedArray& d
   }
 }
 
+void ShardedArray::shrink_shards(const std::vector<std::int64_t>& sizes) {
+  check_alive("shrink_shards");
+  if (storage_ != Storage::separate) throw std::invalid_argument("shrink_shards: only separate storage shrinks");
+  if (sizes.size() != shard_sizes_.size()) {
+    throw std::invalid_argument("sizes: expected one size per shard (" + std::to_string(shard_sizes_.size()) +
+                                "), got " + std::to_string(sizes.size()));
+  }
+  for (std::size_t shard = 0; shard < sizes.size(); ++shard) {
+    if (sizes[shard] < 0 || sizes[shard] > shard_sizes_[shard]) {
+      throw std::invalid_argument("sizes: shard " + std::to_string(shard) + " cannot shrink from " +
+                                  std::to_string(shard_sizes_[shard]) + " to " + std::to_string(sizes[shard]) +
+                                  " elements");
+    }
+  }
+  for (std::size_t shard = 0; shard < sizes.size(); ++shard) {
+    const std::int64_t kept = sizes[shard];
+    // nothing allocated, or within four times what it keeps: a copy of what a selection kept
+    // costs at most a sixth of the pass that wrote it, and a result near half its input (the
+    // common case) never flips between copying and not from one call to the next
+    if (shard_pointers_[shard] == 0 || (kept > 0 && kept * 4 >= shard_sizes_[shard])) continue;
+    const auto stream = reinterpret_cast<cudaStream_t>(group_->stream(shard));
+    detail::DeviceGuard guard(group_->device(shard));
+    void* exact = nullptr;
+    if (kept > 0) {
+      exact = detail::allocate_async(static_cast<std::size_t>(kept) * itemsize_, stream,
+                                     reinterpret_cast<cudaMemPool_t>(group_->memory_pool(shard)));
+      const cudaError_t copied = cudaMemcpyAsync(exact, reinterpret_cast<const void*>(shard_pointers_[shard]),
+                                                 static_cast<std::size_t>(kept) * itemsize_,
+                                                 cudaMemcpyDeviceToDevice, stream);
+      if (copied != cudaSuccess) {
+        cudaFreeAsync(exact, stream);
+        check(copied, "cudaMemcpyAsync (shrink_shards)");
+      }
+    }
+    // the shard's own stream wrote it and copied it: the free waits for both
+    check(cudaFreeAsync(reinterpret_cast<void*>(shard_pointers_[shard]), stream), "cudaFreeAsync (shrink_shards)");
+    shard_pointers_[shard] = reinterpret_cast<std::uintptr_t>(exact);
+  }
+  // the sizes only now: a throw above leaves an array its caller drops (the destructor frees
+  // every pointer, replaced or not)
+  shard_sizes_ = sizes;
+  std::exclusive_scan(shard_sizes_.begin(), shard_sizes_.end(), shard_offsets_.begin(), std::int64_t{0});
+  size_ = std::accumulate(shard_sizes_.begin(), shard_sizes_.end(), std::int64_t{0});
+}
+
 void ShardedArray::free() {
   std::unique_lock<std::shared_mutex> lock(usage_);  // waits for calls holding a lease
   if (is_freed()) return;

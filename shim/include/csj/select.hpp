@@ -15,9 +15,13 @@ namespace csj {
 // the select module linked with them, select_e<itemsize>, one per place) into `outputs`
 // (1 to 3) new arrays on in's group, output k holding class k's elements in global order;
 // shard i of each holds what shard i of `in` had of that class (no data crosses places).
-// The class counts are read on the host (each place's stream is synchronised once, after
-// the counting); the writes are queued on the places' streams.
-ArrayList select(const std::vector<const KernelLibrary*>& libraries, const ShardedArray& in, int outputs);
+// The class counts are read on the host (each place's stream is synchronised once). A select
+// (one output) takes one pass over `in` where every device has room for the output at the
+// shards' sizes (it then shrinks to the counts: ShardedArray::shrink_shards); otherwise, for
+// partitions, or with `single_pass` false (tests, A/B runs), two: a counting pass, the host
+// read, then the writes, queued on the places' streams.
+ArrayList select(const std::vector<const KernelLibrary*>& libraries, const ShardedArray& in, int outputs,
+                 bool single_pass = true);
 
 // Compacts each of `arrays` (up to 4 per launch, same group and shard sizes as `flags`)
 // by `flags` (int32 / uint32 / int64 / uint64: nonzero keeps the element): new arrays of the

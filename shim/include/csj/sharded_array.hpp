@@ -83,6 +83,14 @@ class ShardedArray {
   void copy_range_from_host(std::int64_t start, std::int64_t stop, std::uintptr_t host, std::size_t nbytes);
   void copy_range_to_host(std::int64_t start, std::int64_t stop, std::uintptr_t host, std::size_t nbytes) const;
 
+  // For an array an algorithm allocated larger than its result (separate storage, before
+  // anyone else holds it): shard i now holds its first sizes[i] elements (at most its size).
+  // A shard that keeps at least a quarter of its elements keeps its allocation (freed whole
+  // later); one that keeps fewer is copied to an allocation of its new size and the old one
+  // freed, both stream-ordered on the shard's place, so memory stays within four times the
+  // elements kept.
+  void shrink_shards(const std::vector<std::int64_t>& sizes);
+
   // Releases device memory now (owned storage); later use raises ValueError. Idempotent.
   // Waits for calls that hold a lease on the array (ArrayLeases) to finish queueing their
   // work; the memory itself is released stream-ordered, after that work.
