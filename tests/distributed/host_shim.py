@@ -242,7 +242,7 @@ def select_libraries(op, algorithm, arg_kinds, out_request, archs, spec=None):
     return None, (op, spec)
 
 
-def select(libraries, impl, outputs):
+def select(libraries, impl, outputs, single_pass=True):  # one engine on the host: single_pass unused
     from cuda_sharded_jit.compiler import SELECT_KINDS
 
     first, (kind, second) = libraries
