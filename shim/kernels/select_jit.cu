@@ -171,11 +171,6 @@ extern "C" __global__ void __launch_bounds__(kSelectBlock)
 // has started, so the look-back ends), the kept elements before a tile found by decoupled
 // look-back over the tiles' counts (integers: the same positions whatever its timing), the
 // shard's count written by the last tile for the host (select.cpp allocates the output at the
-// shard's size and shrinks it to that count).
-// A select in one pass: tiles taken in order from a counter (every tile before a running one
-// has started, so the look-back ends), the kept elements before a tile found by decoupled
-// look-back over the tiles' counts (integers: the same positions whatever its timing), the
-// shard's count written by the last tile for the host (select.cpp allocates the output at the
 // shard's size and shrinks it to that count). At most 48 registers, 5 blocks a multiprocessor.
 // (Tiles by blockIdx.x, as CUB's single passes take them, saved nothing: 695-715 against
 // 695-696 us for 2^28 float32 on an H200.)
@@ -203,4 +198,3 @@ extern "C" __global__ void __launch_bounds__(kSelectBlock, 5)
     return base_shared;
   });
 }
-

@@ -118,11 +118,10 @@ unsigned grid_for(long long pieces, bool warp) {
 // route's check verdict comes back to): an asynchronous copy, where pageable memory costs
 // the driver a staged copy the host waits for. Buffers are reused across calls through a
 // SpareList; each carries an event recorded after the copy that uses it and is handed out
-// again only once that event has completed,
-// so a call never overwrites positions that an earlier call's copy has still to read (the
-// host may run many calls ahead of the device: past kMaxBuffers buffers made, a call waits
-// for a busy one rather than pinning more). A buffer whose context a device reset destroyed
-// is dropped, never reused.
+// again only once that event has completed, so a call never overwrites positions that an
+// earlier call's copy has still to read (the host may run many calls ahead of the device:
+// past kMaxBuffers buffers made, a call waits for a busy one rather than pinning more). A
+// buffer whose context a device reset destroyed is dropped, never reused.
 class PositionsStaging {
  public:
   // A buffer of at least `bytes` for the current device.

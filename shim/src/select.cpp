@@ -54,6 +54,9 @@ struct SelectPlace {
 // Per place (in group order), after the counting half: the element count of each class.
 using ClassTotals = std::vector<std::array<std::int64_t, k::kSelectClasses>>;
 
+// Tiles of `tile` elements covering `n`.
+long long tiles_of(long long n, long long tile) { return (n + tile - 1) / tile; }
+
 // `queue(p, place)` on every place with elements (its device current), which queues that
 // place's work and returns where on the device its totals (one SelectCounts) will be; then
 // the host read of every place's totals, each stream synchronised once.
@@ -89,7 +92,7 @@ ClassTotals read_totals(const PlaceGroup& group, std::vector<SelectPlace>& place
 // The counting half on every place, then the host read of the totals.
 ClassTotals count_classes(const PlaceGroup& group, std::vector<SelectPlace>& places, long long tile) {
   return read_totals(group, places, [&](std::size_t p, SelectPlace& place) {
-    const long long tiles = (place.params.n + tile - 1) / tile;
+    const long long tiles = tiles_of(place.params.n, tile);
     const auto pool = reinterpret_cast<cudaMemPool_t>(group.memory_pool(p));
     place.params.tiles = tiles;
     place.scratch = detail::StreamScratch(static_cast<std::size_t>(tiles + 1) * sizeof(k::SelectCounts),
@@ -154,7 +157,7 @@ bool single_pass_fits(const ShardedArray& in, long long tile) {
   const PlaceGroup& group = *in.group();
   const auto item = static_cast<std::uint64_t>(in.itemsize());
   for (std::size_t p = 0; p < group.size(); ++p) {
-    if ((in.shard_size(p) + tile - 1) / tile > kMaxSinglePassTiles) return false;
+    if (tiles_of(in.shard_size(p), tile) > kMaxSinglePassTiles) return false;
   }
   for (int device : group.unique_devices()) {
     std::uint64_t need = 0;
@@ -165,7 +168,7 @@ bool single_pass_fits(const ShardedArray& in, long long tile) {
       if (group.device(p) != device || n == 0) continue;
       if (!any) first = p;
       any = true;
-      const long long tiles = (static_cast<long long>(n) + tile - 1) / tile;
+      const long long tiles = tiles_of(static_cast<long long>(n), tile);
       need += n * item + (n / 4 + 1) * item + k::count_lookback_scratch(tiles) + 1024;
     }
     if (!any || need < kCheckedOutputs) continue;
@@ -185,7 +188,7 @@ ArrayList select_single_pass(const ShardedArray& in, std::vector<SelectPlace>& p
   std::shared_ptr<ShardedArray> kept = allocate_like(in, in.shard_sizes());
   for (std::size_t p = 0; p < places.size(); ++p) places[p].params.out[0] = reinterpret_cast<void*>(kept->shard_pointer(p));
   const ClassTotals totals = read_totals(group, places, [&](std::size_t p, SelectPlace& place) {
-    const long long tiles = (place.params.n + tile - 1) / tile;
+    const long long tiles = tiles_of(place.params.n, tile);
     place.params.tiles = tiles;
     place.scratch = detail::StreamScratch(kStatesAt + k::count_lookback_scratch(tiles), place.stream,
                                           reinterpret_cast<cudaMemPool_t>(group.memory_pool(p)));
