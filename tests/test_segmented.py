@@ -281,6 +281,11 @@ def test_bad_device_positions_raise_the_host_messages(places):
     for where in (given(a, offsets, "host"), given(a, offsets, "device")):
         with pytest.raises(ValueError, match=r"offsets\[70001\] = 3 comes after offsets\[70000\] = 1000"):
             sharded.segmented_reduce(a, where, "sum", 0.0)
+    # an empty array: no fold runs, the check runs alone
+    empty = sharded.ShardedArray.from_numpy(places, np.zeros(0, np.float32))
+    for where in (given(empty, [0, 0, 1], "host"), given(empty, [0, 0, 1], "device")):
+        with pytest.raises(ValueError, match=r"\[0, len\(a\)\] = \[0, 0\]; offsets\[2\] is 1"):
+            sharded.segmented_reduce(empty, where, "sum", 0.0)
     # nothing was left behind: the next call is right
     good = random_offsets(len(host), 40, seed=24)
     np.testing.assert_allclose(sharded.segmented_reduce(a, given(a, good, "device"), "sum", 0.0).to_numpy(),

@@ -208,6 +208,26 @@ def test_select_many_tiles(engine, places, threshold):
 
 
 @pytest.mark.gpu
+def test_select_many_waves_of_tiles(engine, one_place):
+    """A long shard: some 6000 tiles, many waves of blocks, look-backs across them."""
+    n = 4096 * 6000 + 101
+    host = uniform(n, seed=26)
+    a = sharded.ShardedArray.from_numpy(one_place, host)
+    for threshold in (0.5, 0.001):
+        check_per_shard(sharded.select(a, lambda x: x < threshold), host, [n], host < np.float32(threshold))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [np.int32, np.int64])
+def test_select_unaligned_shards(engine, three_places, dtype):
+    """Shards of one address range start at odd elements, not 16-byte aligned."""
+    sizes = [4096 * 700 + 3, 4096 * 300 + 1, 4096 * 500 + 7]
+    host = sample(dtype, sum(sizes), seed=27)
+    a = sharded.ShardedArray.from_numpy(three_places, host, sizes=sizes, contiguous=True)
+    check_per_shard(sharded.select(a, lambda x: x % 2 == 0), host, sizes, host % 2 == 0)
+
+
+@pytest.mark.gpu
 def test_select_many_tiles_8_byte(engine, places):
     host = sample(np.int64, MANY_TILES, seed=22)
     sizes = uneven(places, MANY_TILES)

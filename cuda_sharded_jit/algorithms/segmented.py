@@ -61,11 +61,12 @@ def segmented_reduce(a: ShardedArray, offsets, op, init, *, map_op=None,
     element order: result[s] = init op a[offsets[s]] op ... op a[offsets[s + 1] - 1].
 
     `offsets`: S + 1 non-decreasing global positions in [0, len(a)], a numpy integer array or
-    an int64 ShardedArray on a's group. A ShardedArray's positions stay on the device: a
-    kernel checks them while the folds, which read them there, run behind it (they never
-    read outside `a`, whatever the positions), and the call waits for the check's verdict,
-    so bad positions raise ValueError instead of returning a result; numpy positions are
-    checked on the host, before anything runs, and copied to the places from pinned memory. Segments may be empty (they give init) and may span shards. `op`:
+    an int64 ShardedArray on a's group. A ShardedArray's positions stay on the device: the
+    first blocks of the folds, which read them there, check them (the folds never read
+    outside `a`, whatever the positions), and the call waits for the check's verdict, so
+    bad positions raise ValueError instead of returning a result; numpy positions are
+    checked on the host, before anything runs, and copied to the places from pinned memory.
+    Segments may be empty (they give init) and may span shards. `op`:
     an operator of two accumulators, or "sum", "min", "max". The accumulator is a's dtype (or
     init's when init is a wider numpy value); with `map_op`, each element is mapped first
     (`map_op(x)`, or `map_op(x, global_index)` with `with_index`), and a map returning a tuple

@@ -41,8 +41,9 @@ struct BuiltinReduceKernels {
 };
 BuiltinReduceKernels builtin_reduce_kernels(BuiltinReduction op, int dtype);
 
-// segmented_reduce's check of device positions; launch with cudaLaunchKernel, grid-stride,
-// kPositionsCheckBlock threads, and one PositionsCheckParams (params.hpp) argument.
+// segmented_reduce's check of device positions where no fold runs; launch with
+// cudaLaunchKernel, a part a block, kPositionsCheckBlock threads, and one
+// PositionsCheckParams (params.hpp) argument.
 const void* builtin_positions_check_kernel();
 
 // count: elements equal to ReduceParams::map_value (the dtype's bytes), as int64, with the

@@ -99,6 +99,9 @@ struct FoldParams {
 // With `bare` (positions read on the device by several places, every segment a piece of
 // each place): a non-empty piece stores its bare fold and an empty one stores nothing; the
 // places' pieces are then combined by SegmentedFoldParams's kernel.
+// With `verdicts` (device positions: the kernel of one place, its pieces every segment), blocks
+// [0, check_parts) first check the count + 1 positions against [0, size] (check_positions_part,
+// reduce.cuh), so the call needs no check kernel ahead of the folds.
 struct SegmentedParams {
   const void* in;
   long long n;
@@ -106,6 +109,9 @@ struct SegmentedParams {
   const long long* offsets;  // count + 1 global positions, non-decreasing
   long long count;           // pieces
   void* pieces;              // count accumulators
+  unsigned long long* verdicts;  // check_parts words of mapped pinned host memory, or null
+  long long size;                // len(a), for the check
+  int check_parts;
   int per_warp;
   int head;
   int bare;
@@ -131,16 +137,22 @@ struct SegmentedFoldParams {
 };
 constexpr int kSegmentedFoldBlock = 256;
 
-// Checks S + 1 positions for a segmented reduce from device memory: `first_bad` (set to all
-// ones before the launch) ends as the least code of a violation: k for offsets[k] <
-// offsets[k - 1] (1 <= k <= S), S + 1 for offsets[0] < 0, S + 2 for offsets[S] > size, so
-// a fall is reported before the ends, and the first fall before the later ones (the order
-// of the host check's messages). Non-decreasing positions lie in range when both ends do.
+// Checks S + 1 positions for a segmented reduce from device memory, in `parts` parts, one a
+// block: part c writes to verdicts[c] the least code of a violation among its positions, or
+// kPositionsGood: k for offsets[k] < offsets[k - 1] (1 <= k <= S), S + 1 for offsets[0] < 0,
+// S + 2 for offsets[S] > size, so the least code over the parts reports a fall before the
+// ends, and the first fall before the later ones (the order of the host check's messages).
+// Non-decreasing positions lie in range when both ends do. The host sets every word to
+// kPositionsPending before the launch and reads the verdict once none is left pending.
+// Used by the segmented reduce's first blocks (SegmentedParams) and, where no fold runs, by a
+// kernel of its own.
+constexpr unsigned long long kPositionsGood = ~0ULL;
+constexpr unsigned long long kPositionsPending = ~0ULL - 1;
 struct PositionsCheckParams {
   const long long* offsets;
   long long count;  // S + 1
   long long size;   // len(a)
-  unsigned long long* first_bad;
+  unsigned long long* verdicts;  // gridDim.x words
 };
 constexpr int kPositionsCheckBlock = 256;
 

@@ -372,10 +372,36 @@ struct Reduction {
   }
 };
 
+// Part `part` of `parts` of the positions' check (PositionsCheckParams' codes), by every thread
+// of the block: its positions are read once, coalesced; only a violation costs an atomic (on
+// shared memory). Thread 0 stores the part's verdict to host memory when the block is done.
+__device__ __forceinline__ void check_positions_part(const long long* offsets, long long count, long long size,
+                                                     int part, int parts, unsigned long long* verdicts) {
+  __shared__ unsigned long long least;
+  if (threadIdx.x == 0) least = kPositionsGood;
+  __syncthreads();
+  const long long stride = static_cast<long long>(parts) * blockDim.x;
+  for (long long k = static_cast<long long>(part) * blockDim.x + threadIdx.x; k < count; k += stride) {
+    const long long position = offsets[k];
+    unsigned long long code = kPositionsGood;
+    if (k > 0 && position < offsets[k - 1]) {
+      code = static_cast<unsigned long long>(k);
+    } else if (k == 0 && position < 0) {
+      code = static_cast<unsigned long long>(count);
+    } else if (k == count - 1 && position > size) {
+      code = static_cast<unsigned long long>(count) + 1;
+    }
+    if (code != kPositionsGood) atomicMin(&least, code);
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) *static_cast<volatile unsigned long long*>(verdicts + part) = least;
+}
+
 // One accumulator per segment piece of a shard (SegmentedParams): a block folds its piece
 // with Reduction::block_range (block tiles of 16-byte vectors, the reduce's association), or
 // for short pieces each warp folds one with Reduction::warp_range. An empty piece costs its
 // block (or warp) two loads of positions: it stores init (or, `bare`, nothing) and leaves.
+// The first check_parts blocks check the positions first, when asked (SegmentedParams).
 template <class Map, class Op, int InSize, int AccSize>
 struct SegmentedReduction {
   using R = Reduction<Map, Op, InSize, AccSize>;
@@ -396,6 +422,10 @@ struct SegmentedReduction {
     __shared__ typename R::TempStorage temp;
     Acc* pieces = static_cast<Acc*>(s.pieces);
     long long begin, end;
+    if (s.verdicts && static_cast<int>(blockIdx.x) < s.check_parts) {  // uniform across the block
+      check_positions_part(s.offsets, s.count + 1, s.size, static_cast<int>(blockIdx.x), s.check_parts,
+                           s.verdicts);
+    }
     if (s.per_warp) {
       const long long piece = static_cast<long long>(blockIdx.x) * kReduceWarps + threadIdx.x / 32;
       if (piece >= s.count) return;  // the whole warp leaves together

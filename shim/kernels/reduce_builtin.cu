@@ -93,23 +93,12 @@ BuiltinReduceKernels count_kernels_for() {
           reinterpret_cast<const void*>(&fold_kernel<Sum, long long>), nullptr};
 }
 
-// segmented_reduce's check of device positions (PositionsCheckParams): only a violation
-// costs an atomic, so good positions are one coalesced read.
+// segmented_reduce's check of device positions where no fold runs (PositionsCheckParams):
+// a part a block.
 __global__ void __launch_bounds__(kPositionsCheckBlock)
     positions_check_kernel(const __grid_constant__ PositionsCheckParams p) {
-  const long long stride = static_cast<long long>(gridDim.x) * blockDim.x;
-  for (long long k = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x; k < p.count; k += stride) {
-    const long long position = p.offsets[k];
-    unsigned long long code = ~0ULL;
-    if (k > 0 && position < p.offsets[k - 1]) {
-      code = static_cast<unsigned long long>(k);
-    } else if (k == 0 && position < 0) {
-      code = static_cast<unsigned long long>(p.count);
-    } else if (k == p.count - 1 && position > p.size) {
-      code = static_cast<unsigned long long>(p.count) + 1;
-    }
-    if (code != ~0ULL) atomicMin(p.first_bad, code);
-  }
+  check_positions_part(p.offsets, p.count, p.size, static_cast<int>(blockIdx.x), static_cast<int>(gridDim.x),
+                       p.verdicts);
 }
 
 }  // namespace

@@ -11,9 +11,9 @@
 // deterministic.
 //
 // Device positions (an int64 ShardedArray): nothing about the positions is known on the
-// host, so no place can be told which segments it holds. A check kernel reads them once,
-// the folds queued behind it (they clamp positions to the shard), and the call waits for
-// the check's verdict at its end, so bad positions raise before a result is handed back. On one
+// host, so no place can be told which segments it holds. The first blocks of one place's
+// fold check them (the folds clamp positions to the shard), and the call waits for the check's
+// verdict at its end, so bad positions raise before a result is handed back. On one
 // place the kernel reads them where they are, a block (or warp) a segment, and writes the
 // result. On several, each place gets a copy of every position and folds every segment's
 // piece of its shard (the blocks of segments that miss it leave at once) into S slots of its
@@ -115,7 +115,7 @@ unsigned grid_for(long long pieces, bool warp) {
 }
 
 // Pinned host memory that one place's host positions reach its device from (and the device
-// route's check verdict comes back to): an asynchronous copy, where pageable memory costs
+// route's check stores its verdicts into): an asynchronous copy, where pageable memory costs
 // the driver a staged copy the host waits for. Buffers are reused across calls through a
 // SpareList; each carries an event recorded after the copy that uses it and is handed out
 // again only once that event has completed, so a call never overwrites positions that an
@@ -163,14 +163,26 @@ class PositionsStaging {
   PositionsStaging& operator=(const PositionsStaging&) = delete;
 
   std::int64_t* data() const { return reinterpret_cast<std::int64_t*>(spare_.data); }
-
-  // Queues the copy of `bytes` from `source` (the current device's memory) into the buffer
-  // on `stream`; wait() returns once it has landed.
-  void copy_from(const void* source, std::size_t bytes, cudaStream_t stream) {
-    check(cudaMemcpyAsync(spare_.data, source, bytes, cudaMemcpyDeviceToHost, stream), "cudaMemcpyAsync (verdict)");
-    mark_busy(stream);
+  volatile unsigned long long* data_words() const {
+    return reinterpret_cast<volatile unsigned long long*>(spare_.data);
   }
-  void wait() const { check(cudaEventSynchronize(spare_.done), "cudaEventSynchronize (verdict)"); }
+
+  // The buffer as the current device addresses it (pinned memory is mapped under unified
+  // addressing), for kernels that store into it (the device route's check verdicts).
+  void* mapped() const {
+    void* device = nullptr;
+    check(cudaHostGetDevicePointer(&device, spare_.data, 0), "cudaHostGetDevicePointer (verdict)");
+    return device;
+  }
+  // What `stream` holds now may write the buffer: it stays busy until that is done.
+  void written_by(cudaStream_t stream) { mark_busy(stream); }
+  // Whether everything the buffer was last marked busy for is done (throws on a device error).
+  bool settled() const {
+    const cudaError_t state = cudaEventQuery(spare_.done);
+    if (state == cudaErrorNotReady) return false;
+    check(state, "cudaEventQuery (verdict)");
+    return true;
+  }
 
   // Queues the copy of the first `bytes` to `target` (the current device's memory) on
   // `stream`; the buffer stays busy until it is done.
@@ -239,42 +251,73 @@ void fill_with_init(const PlaceGroup& group, const ShardedArray& out, const std:
 }
 
 // The device route's check of the S + 1 positions at `positions` (memory of `place`'s
-// device), queued on that place's stream: a kernel finds the first bad position, and its
-// verdict comes back to pinned memory. The folds are queued behind it without waiting for
-// the verdict (they clamp every position to the shard, so bad positions give wrong sums,
-// never a read outside `a`), and `settle()`, the route's one host wait, reads the verdict
-// once everything is queued: the wait overlaps the folds, and bad positions raise before
-// the call hands back a result. (Waiting before the folds left the device idle for the
-// host's wake-up and the next launch: 362 against 275 us for 2^16 segments on an H200.)
+// device): the first blocks of that place's fold (SegmentedParams::verdicts) or, where no
+// fold runs, a kernel of its own check them in parts, each part's verdict stored into pinned
+// host memory. Nothing is queued ahead of the folds (they clamp every position to the shard,
+// so bad positions give wrong sums, never a read outside `a`), and `settle()`, the route's one
+// host wait, polls the parts' words once everything is queued: it returns as soon as the
+// checking blocks are done, with the folds still running, and bad positions raise before the
+// call hands back a result. (A check kernel, its memset and its verdict's copy queued ahead of
+// the folds cost their launches on the device; waiting for the verdict before queuing the
+// folds left the device idle for the host's wake-up: 362 against 275 us for 2^16 segments
+// on an H200.)
 class DevicePositionsCheck {
  public:
+  static constexpr unsigned kMaxParts = 64;  // 2^16 + 1 positions: 1025 a part, 4-5 loads a thread
+
   DevicePositionsCheck(const PlaceGroup& group, std::size_t place, const long long* positions, long long count,
                        long long size)
       : positions_(positions), count_(count), size_(size), device_(group.device(place)) {
-    const cudaStream_t stream = stream_of(group, place);
     detail::DeviceGuard guard(device_);
-    verdict_.emplace(sizeof(unsigned long long));
-    word_ = detail::StreamScratch(sizeof(unsigned long long), stream, pool_of(group, place));
-    check(cudaMemsetAsync(word_.get(), 0xff, sizeof(unsigned long long), stream), "cudaMemsetAsync (offsets check)");
-    k::PositionsCheckParams params{};
-    params.offsets = positions;
-    params.count = count;
-    params.size = size;
-    params.first_bad = static_cast<unsigned long long*>(word_.get());
-    const long long wanted = (count + k::kPositionsCheckBlock - 1) / k::kPositionsCheckBlock;
-    const unsigned grid = static_cast<unsigned>(std::min<long long>(wanted, 8LL * detail::multiprocessors(device_)));
-    detail::launch(detail::KernelHandle::builtin(k::builtin_positions_check_kernel()), grid, k::kPositionsCheckBlock,
-                   stream, params, "launching the offsets check");
-    verdict_->copy_from(word_.get(), sizeof(unsigned long long), stream);
+    verdict_.emplace(kMaxParts * sizeof(unsigned long long));
+    words_ = static_cast<unsigned long long*>(verdict_->mapped());
   }
 
-  // Waits for the verdict; bad positions raise ValueError naming the first one.
+  // Hands the check to the fold about to be launched on `place` with `grid` blocks.
+  void into(k::SegmentedParams& params, unsigned grid) {
+    params.verdicts = words_;
+    params.size = size_;
+    params.check_parts = static_cast<int>(arm(grid));
+  }
+  // After the launch that checks: the words stay busy until it is done.
+  void launched(cudaStream_t stream) { verdict_->written_by(stream); }
+
+  // Where no fold runs on `place`: the check's own kernel.
+  void run_alone(cudaStream_t stream) {
+    detail::DeviceGuard guard(device_);
+    const long long wanted = (count_ + k::kPositionsCheckBlock - 1) / k::kPositionsCheckBlock;
+    k::PositionsCheckParams params{};
+    params.offsets = positions_;
+    params.count = count_;
+    params.size = size_;
+    params.verdicts = words_;
+    const unsigned grid = arm(static_cast<unsigned>(std::min<long long>(wanted, kMaxParts)));
+    detail::launch(detail::KernelHandle::builtin(k::builtin_positions_check_kernel()), grid, k::kPositionsCheckBlock,
+                   stream, params, "launching the offsets check");
+    launched(stream);
+  }
+
+  // Waits for every part's verdict; bad positions raise ValueError naming the first one.
   void settle() {
     detail::DeviceGuard guard(device_);
-    verdict_->wait();
-    unsigned long long code = 0;
-    std::memcpy(&code, verdict_->data(), sizeof(code));
-    if (code == ~0ULL) return;
+    const volatile unsigned long long* words = verdict_->data_words();
+    unsigned long long code = k::kPositionsGood;
+    for (bool done = false;;) {
+      unsigned part = 0;
+      code = k::kPositionsGood;
+      for (; part < parts_; ++part) {
+        const unsigned long long word = words[part];
+        if (word == k::kPositionsPending) break;
+        code = std::min(code, word);
+      }
+      if (part == parts_) break;
+      // A launch that never ran leaves its words pending: after its event has completed,
+      // one more look settles it.
+      if (done) throw std::runtime_error("segmented_reduce: the offsets check left no verdict");
+      done = verdict_->settled();
+    }
+    std::atomic_thread_fence(std::memory_order_acquire);
+    if (code == k::kPositionsGood) return;
     // Bad positions (an error path, so plain synchronous reads of the ones the message quotes).
     const auto read = [&](long long k) {
       long long value = 0;
@@ -288,12 +331,23 @@ class DevicePositionsCheck {
   }
 
  private:
+  // Parts for a launch of `grid` blocks, their words set pending (the buffer is idle: no
+  // launch has it yet).
+  unsigned arm(unsigned grid) {
+    parts_ = std::max(1u, std::min(grid, kMaxParts));
+    volatile unsigned long long* words = verdict_->data_words();
+    for (unsigned part = 0; part < parts_; ++part) words[part] = k::kPositionsPending;
+    std::atomic_thread_fence(std::memory_order_release);
+    return parts_;
+  }
+
   const long long* positions_;
   long long count_;
   long long size_;
   int device_;
+  unsigned parts_ = 0;
   std::optional<PositionsStaging> verdict_;  // pinned, reused across calls
-  detail::StreamScratch word_;
+  unsigned long long* words_ = nullptr;      // verdict_ as the device addresses it
 };
 
 }  // namespace
@@ -550,6 +604,7 @@ void segmented_reduce(const std::vector<const KernelLibrary*>& libraries, const 
   }
   const std::size_t checker = holding.empty() ? 0 : holding.front();
   DevicePositionsCheck verdict(group, checker, positions_on(checker), offsets.size(), in.size());
+  if (segments == 0 || holding.empty()) verdict.run_alone(stream_of(group, checker));
   if (segments == 0) return verdict.settle();
   if (holding.empty()) {  // len(a) == 0: every segment is empty
     fill_with_init(group, out, init);
@@ -582,8 +637,10 @@ void segmented_reduce(const std::vector<const KernelLibrary*>& libraries, const 
       const std::uintptr_t base = in.global_base(place);
       std::memcpy(params.map_value, &base, sizeof(base));
     }
+    if (place == checker) verdict.into(params, grid);
     const KernelHandle kernel = KernelHandle::linked(libraries[place]->kernel("csj_segmented_reduce", device));
     detail::launch(kernel, grid, k::kReduceBlock, stream, params, "launching segmented_reduce");
+    if (place == checker) verdict.launched(stream);
   }
   if (alone) return verdict.settle();
 
