@@ -5,9 +5,10 @@ on its own shards, told what lies beyond them.
 - unique_by_key / unique: the head flags take the halo of adjacent_difference (a rank's
   first key meets the last key of the nearest earlier rank holding any); the compaction is
   per rank, its outputs' shard sizes allgathered.
-- the scans by key and reduce_by_key: the shim's by-key engine with edges. Its neighbouring
-  keys come from the nearest ranks holding any (allgathered before the call); between its
-  two passes it hands back its shards' totals (64-byte records), which are allgathered, and
+- the scans by key and reduce_by_key: the shim's by-key engine with edges (its single pass,
+  as in one process). Its neighbouring keys come from the nearest ranks holding any
+  (allgathered before the call); after the pass it hands back its shards' totals (64-byte
+  records), which are allgathered, and
   every carry folds the earlier ranks' totals in front of the rank's own, on the GPU, in
   place order: the records and the folds one process makes over every place. So the results
   are by_devices' bit for bit, floats included, and reduce_by_key's outputs have its shard
@@ -26,7 +27,7 @@ from ._sorting import local
 def edges(keys, values, name: str) -> tuple:
     """The engine's edges for this rank (a collective): the last key of the nearest earlier
     rank holding any, the first key of the nearest later one (b"" for none), and the totals'
-    exchange, which the engine calls between its passes (every rank calls it)."""
+    exchange, which the engine calls once its shards' totals are in (every rank calls it)."""
     group, part = keys.group, local(keys)
     signature = (name, ("shard sizes", keys.shard_sizes), ("keys", keys.dtype.str), ("values", values.dtype.str))
     mine = None

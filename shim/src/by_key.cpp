@@ -1,16 +1,17 @@
 // Scans by key and reduce_by_key across places (csj/by_key.hpp), on the by-key engine
 // (kernels/by_key_params.hpp says what each kernel does).
 //
-// In one process every non-empty shard takes the single pass on its own place (the section
-// "the single pass" below); across ranks, and where reduce_by_key's outputs at the shard's size
-// do not fit, the two passes: every non-empty shard is reduced to chunk records and a total
-// on its own place, then swept again. Either way the only cross-place steps are small copies:
-// each shard's neighbouring keys (the last key of the shard before, the first of the shard
-// after, so runs crossing shards are seen) and, for every shard after the first, the earlier
-// shards' totals, which its carry kernel folds in place order. reduce_by_key then reads each
-// place's count of run ends to size its outputs; the scans need no host read. Across ranks
+// Every non-empty shard takes the single pass on its own place (the section "the single
+// pass" below), in one process and across ranks alike, so a from_mpi group folds what
+// by_devices folds; where reduce_by_key's outputs at the shard's size do not fit, the two
+// passes: every non-empty shard is reduced to chunk records and a total on its own place,
+// then swept again. Either way the only cross-place steps are small copies: each shard's
+// neighbouring keys (the last key of the shard before, the first of the shard after, so runs
+// crossing shards are seen) and, for every shard after the first, the earlier shards'
+// totals, which its carry kernel folds in place order. reduce_by_key then reads each place's
+// count of run ends to size its outputs; the scans need no host read. Across ranks
 // (ByKeyEdges) the neighbouring keys come from the nearest ranks holding any, and the carries
-// fold the earlier ranks' totals first: the first pass's totals go to the host once, for the
+// fold the earlier ranks' totals first: the shards' totals go to the host once, for the
 // caller to exchange. Before returning, every place's stream waits for the others (events, no
 // host wait), so the scratch and the arrays they read across places stay until the copies are
 // done.
@@ -61,6 +62,17 @@ void check_arguments(const std::vector<const KernelLibrary*>& libraries, const S
   if (values.group() != keys.group()) throw std::invalid_argument("values: belongs to another PlaceGroup");
   if (values.shard_sizes() != keys.shard_sizes()) {
     throw std::invalid_argument("values: shard sizes differ from the keys'");
+  }
+}
+
+// Across ranks: the neighbouring keys must be keys' size (or absent).
+void check_edges(const ByKeyEdges* edges, const ShardedArray& keys) {
+  if (!edges) return;
+  for (const std::string* key : {&edges->prev_key, &edges->next_key}) {
+    if (!key->empty() && key->size() != keys.itemsize()) {
+      throw std::invalid_argument("edges: a neighbouring key of " + std::to_string(key->size()) +
+                                  " bytes, the keys have " + std::to_string(keys.itemsize()));
+    }
   }
 }
 
@@ -148,6 +160,48 @@ void wait_for_each_other(const std::vector<ByKeyPlace>& places) {
   }
 }
 
+// Across ranks (edges with a totals exchange; every rank calls it, whether it holds elements
+// or not): this rank's shard totals go to the host and out, the earlier ranks' come back into
+// each place's params.sources, ahead of the room for this rank's earlier shards, and every
+// place, its first included, gets a carry. Returns how many earlier records there are.
+std::size_t take_earlier_totals(std::vector<ByKeyPlace>& places, const PlaceGroup& group, const ByKeyEdges* edges) {
+  constexpr std::size_t kRecord = sizeof(k::ByKeyRecord);
+  if (!edges || !edges->totals) return 0;
+  std::string prior;
+  {
+    detail::PinnedBuffer pinned(std::max<std::size_t>(places.size(), 1) * kRecord);
+    const detail::SyncOnUnwind drain(group);  // after `pinned`: on a throw, its copies end before it goes back
+    for (std::size_t i = 0; i < places.size(); ++i) {
+      DeviceGuard guard(places[i].device);
+      detail::check(cudaMemcpyAsync(pinned.data + i * kRecord, places[i].params.total, kRecord,
+                                    cudaMemcpyDeviceToHost, places[i].stream),
+                    "reading a shard's total");
+    }
+    for (const ByKeyPlace& item : places) {
+      DeviceGuard guard(item.device);
+      detail::check(cudaStreamSynchronize(item.stream), "synchronising the shards' totals");
+    }
+    prior = edges->totals(std::string(reinterpret_cast<const char*>(pinned.data), places.size() * kRecord));
+  }
+  if (prior.size() % kRecord) {
+    throw std::invalid_argument("edges: the earlier ranks' totals are not whole 64-byte records");
+  }
+  const std::size_t earlier = prior.size() / kRecord;
+  if (earlier) {  // the earlier ranks' totals first, then this rank's shards before each
+    for (std::size_t i = 0; i < places.size(); ++i) {
+      ByKeyPlace& item = places[i];
+      DeviceGuard guard(item.device);
+      item.sources = detail::StreamScratch((earlier + i) * kRecord, item.stream,
+                                           reinterpret_cast<cudaMemPool_t>(group.memory_pool(item.place)));
+      detail::check(cudaMemcpyAsync(item.sources.get(), prior.data(), prior.size(), cudaMemcpyHostToDevice, item.stream),
+                    "cudaMemcpyAsync (the earlier ranks' totals)");
+      item.params.sources = static_cast<k::ByKeyRecord*>(item.sources.get());
+      item.params.carry = item.params.total + 1;
+    }
+  }
+  return earlier;
+}
+
 // The first half on every non-empty place: the neighbouring keys copied in, the chunk
 // records and the shard's total; then each later place's carry.
 std::vector<ByKeyPlace> reduce_places(const std::vector<const KernelLibrary*>& libraries, const ShardedArray& keys,
@@ -160,14 +214,6 @@ std::vector<ByKeyPlace> reduce_places(const std::vector<const KernelLibrary*>& l
   std::vector<ByKeyPlace> places = non_empty_places(libraries, keys);
   const detail::SyncOnUnwind settle(group);  // after `places`: on a throw, queued copies finish first
   constexpr std::size_t kRecord = sizeof(k::ByKeyRecord);
-  if (edges) {
-    for (const std::string* key : {&edges->prev_key, &edges->next_key}) {
-      if (!key->empty() && key->size() != key_size) {
-        throw std::invalid_argument("edges: a neighbouring key of " + std::to_string(key->size()) +
-                                    " bytes, the keys have " + std::to_string(key_size));
-      }
-    }
-  }
   for (std::size_t i = 0; i < places.size(); ++i) {
     ByKeyPlace& item = places[i];
     const std::size_t p = item.place;
@@ -205,38 +251,7 @@ std::vector<ByKeyPlace> reduce_places(const std::vector<const KernelLibrary*>& l
     detail::launch(KernelHandle::linked(item.library->kernel("csj_by_key_groups", item.device)), 1,
                    k::kByKeyGroupThreads, item.stream, item.params, "launching by-key group scan");
   }
-  std::string prior;  // across ranks: the earlier ranks' totals, folded in front of this rank's
-  if (edges && edges->totals) {
-    detail::PinnedBuffer pinned(std::max<std::size_t>(places.size(), 1) * kRecord);
-    const detail::SyncOnUnwind drain(group);  // after `pinned`: on a throw, its copies end before it goes back
-    for (std::size_t i = 0; i < places.size(); ++i) {
-      DeviceGuard guard(places[i].device);
-      detail::check(cudaMemcpyAsync(pinned.data + i * kRecord, places[i].params.total, kRecord,
-                                    cudaMemcpyDeviceToHost, places[i].stream),
-                    "reading a shard's total");
-    }
-    for (const ByKeyPlace& item : places) {
-      DeviceGuard guard(item.device);
-      detail::check(cudaStreamSynchronize(item.stream), "synchronising the shards' totals");
-    }
-    prior = edges->totals(std::string(reinterpret_cast<const char*>(pinned.data), places.size() * kRecord));
-    if (prior.size() % kRecord) {
-      throw std::invalid_argument("edges: the earlier ranks' totals are not whole 64-byte records");
-    }
-  }
-  const std::size_t earlier = prior.size() / kRecord;
-  if (earlier) {  // the earlier ranks' totals first, then this rank's shards before each
-    for (std::size_t i = 0; i < places.size(); ++i) {
-      ByKeyPlace& item = places[i];
-      DeviceGuard guard(item.device);
-      item.sources = detail::StreamScratch((earlier + i) * kRecord, item.stream,
-                                           reinterpret_cast<cudaMemPool_t>(group.memory_pool(item.place)));
-      detail::check(cudaMemcpyAsync(item.sources.get(), prior.data(), prior.size(), cudaMemcpyHostToDevice, item.stream),
-                    "cudaMemcpyAsync (the earlier ranks' totals)");
-      item.params.sources = static_cast<k::ByKeyRecord*>(item.sources.get());
-      item.params.carry = item.params.total + 1;
-    }
-  }
+  const std::size_t earlier = take_earlier_totals(places, group, edges);
   queue_carries(places, earlier);
   return places;
 }
@@ -255,17 +270,19 @@ void sweep(std::vector<ByKeyPlace>& places) {
 }
 
 // ---- the single pass ------------------------------------------------------------------------
-// In one process every non-empty shard takes the single pass on its own place (each tile read
+// Every non-empty shard takes the single pass on its own place (each tile read
 // once, joined to the tiles before it by a look-back in the kernel), with no carry in; the
 // neighbouring keys say which runs cross its edges. Then each later shard's carry (the earlier
 // shards' totals folded in place order, as in the two passes) is applied to its first run by a
 // fix-up kernel: for the scans, to the elements of that run (all of them only where a run
 // spans the shard); for reduce_by_key, to its first output. reduce_by_key's outputs, whose
 // size only the pass finds, are written to scratch of the shard's size, then copied to arrays
-// of their size. Across ranks, or where a device has no room for that scratch, the two passes.
+// of their size. Where a device has no room for that scratch, the two passes. Across ranks the
+// same, the carries folding the earlier ranks' totals first (take_earlier_totals), the first
+// shard's included.
 
-// CSJ_X_BY_KEY=two_pass makes one process take the two passes too, which otherwise serve only
-// ranks and devices without room (an A/B and test switch; docs/performance.md).
+// CSJ_X_BY_KEY=two_pass makes every call take the two passes, which otherwise serve only
+// devices without room (an A/B and test switch; docs/performance.md).
 bool two_pass_forced() {
   const char* text = std::getenv("CSJ_X_BY_KEY");
   return text != nullptr && std::strcmp(text, "two_pass") == 0;
@@ -335,7 +352,8 @@ bool fits(const ShardedArray& keys, const std::vector<ByKeyPlace>& places, const
 // Queues the single pass on every place of `places`, then the carries and fix-ups of the
 // shards after the first. `out`: the scans' output (reduce_by_key's go to the scratch).
 void one_pass(std::vector<ByKeyPlace>& places, const std::vector<OnePassLayout>& layouts, const ShardedArray& keys,
-              const ShardedArray& values, const ShardedArray* out, int mode, const std::string& init) {
+              const ShardedArray& values, const ShardedArray* out, int mode, const std::string& init,
+              const ByKeyEdges* edges) {
   const PlaceGroup& group = *keys.group();
   for (std::size_t i = 0; i < places.size(); ++i) {
     ByKeyPlace& item = places[i];
@@ -356,7 +374,7 @@ void one_pass(std::vector<ByKeyPlace>& places, const std::vector<OnePassLayout>&
     params.tile_flags = reinterpret_cast<int*>(base + 16);
     params.tile_records = base + layout.records;
     auto* totals = reinterpret_cast<k::ByKeyRecord*>(base + layout.totals);
-    params.total = places.size() > 1 ? totals : nullptr;  // only the carries read it
+    params.total = places.size() > 1 || edges ? totals : nullptr;  // only the carries read it
     params.carry = i > 0 ? totals + 1 : nullptr;
     params.sources = totals + 2;
     if (mode == k::kByKeyReduce) {
@@ -365,7 +383,7 @@ void one_pass(std::vector<ByKeyPlace>& places, const std::vector<OnePassLayout>&
     } else {
       params.out_values = reinterpret_cast<void*>(out->shard_pointer(item.place));
     }
-    copy_neighbour_keys(places, i, keys, nullptr, base + layout.neighbours);
+    copy_neighbour_keys(places, i, keys, edges, base + layout.neighbours);
     detail::check(cudaMemsetAsync(base, 0, layout.zeroed, item.stream), "cudaMemsetAsync (the by-key tile flags)");
     if (mode == k::kByKeyReduce) {  // the run ends' tile states (count_lookback.cuh)
       params.tails_state = base + layout.tails;
@@ -383,9 +401,10 @@ void one_pass(std::vector<ByKeyPlace>& places, const std::vector<OnePassLayout>&
                    static_cast<unsigned>(item.params.num_tiles), k::kByKeyBlock, item.stream, item.params,
                    "launching the by-key single pass");
   }
-  if (places.size() < 2) return;
-  queue_carries(places, 0);
-  for (std::size_t i = 1; i < places.size(); ++i) {
+  const std::size_t earlier = take_earlier_totals(places, group, edges);
+  if (places.size() < 2 && earlier == 0) return;
+  queue_carries(places, earlier);
+  for (std::size_t i = earlier ? 0 : 1; i < places.size(); ++i) {
     ByKeyPlace& item = places[i];
     DeviceGuard guard(item.device);
     const bool reduce = item.params.mode == k::kByKeyReduce;
@@ -405,6 +424,7 @@ void scan_by_key(const std::vector<const KernelLibrary*>& libraries, const Shard
                  const ShardedArray& values, ShardedArray& out, bool exclusive, const std::string& init,
                  const ByKeyEdges* edges) {
   check_arguments(libraries, keys, values);
+  check_edges(edges, keys);
   if (out.group() != keys.group()) throw std::invalid_argument("out: belongs to another PlaceGroup");
   if (out.shard_sizes() != values.shard_sizes()) throw std::invalid_argument("out: shard sizes differ from the values'");
   if (out.itemsize() != values.itemsize()) throw std::invalid_argument("out: element size differs from the values'");
@@ -418,14 +438,14 @@ void scan_by_key(const std::vector<const KernelLibrary*>& libraries, const Shard
   }
   const ArrayLeases leases({{&keys, "keys"}, {&values, "values"}, {&out, "out"}});
   const int mode = exclusive ? k::kByKeyExclusive : k::kByKeyInclusive;
-  if (edges == nullptr && !two_pass_forced()) {
+  if (!two_pass_forced()) {
     std::vector<ByKeyPlace> places = non_empty_places(libraries, keys);
     const detail::SyncOnUnwind settle(*keys.group());  // after `places`: queued work drains first
     std::vector<OnePassLayout> layouts;
     for (std::size_t i = 0; i < places.size(); ++i) {
       layouts.push_back(one_pass_layout(keys, values, places[i].place, i, false));
     }
-    one_pass(places, layouts, keys, values, &out, mode, exclusive ? init : std::string());
+    one_pass(places, layouts, keys, values, &out, mode, exclusive ? init : std::string(), edges);
     wait_for_each_other(places);  // see the file's opening comment
     return;
   }
@@ -439,10 +459,11 @@ void scan_by_key(const std::vector<const KernelLibrary*>& libraries, const Shard
 ArrayList reduce_by_key(const std::vector<const KernelLibrary*>& libraries, const ShardedArray& keys,
                         const ShardedArray& values, const ByKeyEdges* edges) {
   check_arguments(libraries, keys, values);
+  check_edges(edges, keys);
   const ArrayLeases leases({{&keys, "keys"}, {&values, "values"}});
   const PlaceGroup& group = *keys.group();
   detail::PinnedBuffer pinned(group.size() * sizeof(long long));
-  if (edges == nullptr && !two_pass_forced()) {
+  if (!two_pass_forced()) {
     std::vector<ByKeyPlace> places = non_empty_places(libraries, keys);
     std::vector<OnePassLayout> layouts;
     for (std::size_t i = 0; i < places.size(); ++i) {
@@ -452,7 +473,7 @@ ArrayList reduce_by_key(const std::vector<const KernelLibrary*>& libraries, cons
     // no room for that, the two passes, which size the outputs before writing them
     if (fits(keys, places, layouts)) {
       const detail::SyncOnUnwind settle(group);  // after `places` and `pinned`: queued work drains first
-      one_pass(places, layouts, keys, values, nullptr, k::kByKeyReduce, std::string());
+      one_pass(places, layouts, keys, values, nullptr, k::kByKeyReduce, std::string(), edges);
       auto* runs = reinterpret_cast<long long*>(pinned.data);
       for (std::size_t i = 0; i < places.size(); ++i) {
         DeviceGuard guard(places[i].device);
