@@ -15,6 +15,8 @@ rank never skips a collective the other ranks still make.
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 try:
@@ -30,8 +32,22 @@ SIZE = WORLD.Get_size() if WORLD is not None else 1
 _failures: list[tuple[str, str, str]] = []
 
 
+def _launched_ranks() -> int:
+    """How many ranks the launcher started, by its environment (1 where it says nothing)."""
+    for name in ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE"):  # MPICH's hydra; Open MPI's mpirun
+        text = os.environ.get(name, "")
+        if text.isdigit():
+            return int(text)
+    return 1
+
+
 @pytest.hookimpl(trylast=True)  # after the terminal plugin has made its reporter
 def pytest_configure(config):
+    if WORLD is not None and SIZE == 1 and _launched_ranks() > 1:
+        # mpi4py loaded another MPI than the launcher's: every rank would run alone and pass
+        pytest.exit(f"mpiexec started {_launched_ranks()} ranks, but each sees a world of one: mpi4py "
+                    f"loaded {MPI.Get_library_version().splitlines()[0]!r}, not the launcher's MPI "
+                    "(set MPI4PY_MPIABI, and make that library findable; docs/distributed.md)", returncode=4)
     if SIZE > 1 and RANK != 0:
         reporter = config.pluginmanager.get_plugin("terminalreporter")
         if reporter is not None:
