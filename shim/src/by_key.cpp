@@ -349,8 +349,10 @@ bool fits(const ShardedArray& keys, const std::vector<ByKeyPlace>& places, const
   return true;
 }
 
-// Queues the single pass on every place of `places`, then the carries and fix-ups of the
-// shards after the first. `out`: the scans' output (reduce_by_key's go to the scratch).
+// Queues the single pass on every place of `places`; across ranks, exchanges the shards'
+// totals (take_earlier_totals); then the carries and fix-ups of the shards after the first
+// (across ranks, of the first too where earlier ranks hold elements). `out`: the scans'
+// output (reduce_by_key's go to the scratch).
 void one_pass(std::vector<ByKeyPlace>& places, const std::vector<OnePassLayout>& layouts, const ShardedArray& keys,
               const ShardedArray& values, const ShardedArray* out, int mode, const std::string& init,
               const ByKeyEdges* edges) {

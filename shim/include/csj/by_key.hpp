@@ -16,9 +16,10 @@ namespace csj {
 // Across the ranks of a from_mpi group: what lies beyond this rank's shards. `prev_key` and
 // `next_key`: the last key of the nearest earlier rank holding any, the first key of the
 // nearest later one (a key's bytes; empty: none). `totals`: called once, after the single
-// pass (or the two passes' first), with the totals of this rank's non-empty shards (64-byte records, in place order);
-// it answers the earlier ranks' totals, in place order, which every carry folds in front of
-// this rank's own: the folds one process makes over every place, in the same order.
+// pass (or the two passes' first), with the totals of this rank's non-empty shards (64-byte
+// records, in place order); it answers the earlier ranks' totals, in place order, which
+// every carry folds in front of this rank's own: the folds one process makes over every
+// place, in the same order.
 struct ByKeyEdges {
   std::string prev_key;
   std::string next_key;
