@@ -280,7 +280,7 @@ _ENTRY_POINTS = {
                "csj_by_key_sweep_exclusive", "csj_by_key_sweep_reduce", "csj_by_key_heads_count",
                "csj_by_key_heads_scatter", "csj_by_key_one_pass_inclusive", "csj_by_key_one_pass_exclusive",
                "csj_by_key_one_pass_reduce", "csj_by_key_one_pass_fix_inclusive", "csj_by_key_one_pass_fix_exclusive",
-               "csj_by_key_one_pass_fix_reduce"],
+               "csj_by_key_one_pass_fix_reduce", "csj_by_key_one_pass_gather"],
 }
 
 

@@ -86,6 +86,10 @@ SelectFlagKernels builtin_select_flag_kernels(int flag_size);
 struct SelectCounts;  // select_params.hpp
 cudaError_t scan_select_counts(SelectCounts* counts, long long tiles, cudaStream_t stream, cudaMemPool_t pool);
 
+// reduce_by_key's step between its single pass and the gather: `ends` (tiles + 1 run-end
+// counts, the last zero) replaced by their exclusive prefix the same way.
+cudaError_t scan_tile_ends(long long* ends, long long tiles, cudaStream_t stream, cudaMemPool_t pool);
+
 // The tile states of a look-back over one count per tile (count_lookback.cuh): their bytes for
 // `tiles` tiles (CUB aligns them: give them 256-byte aligned memory), and their initialisation,
 // queued on `stream` before the pass that reads them.

@@ -13,7 +13,6 @@
 #include <cub/block/block_store.cuh>
 
 #include "by_key_params.hpp"
-#include "count_lookback.cuh"
 #include "select.cuh"
 #include "transform.cuh"
 
@@ -33,6 +32,9 @@ using Value = Word<CSJ_VALUE_SIZE>::type;
 constexpr int kItems = by_key_items(CSJ_KEY_SIZE, CSJ_VALUE_SIZE);
 constexpr int kTile = kByKeyBlock * kItems;
 constexpr int kSweepBlocks = by_key_sweep_blocks(CSJ_KEY_SIZE, CSJ_VALUE_SIZE);
+constexpr int kLaneItems = by_key_lane_items(CSJ_KEY_SIZE, CSJ_VALUE_SIZE);  // the single pass's
+constexpr int kPassTile = 32 * kLaneItems;
+constexpr int kPassBlocks = 4;
 
 // One element, or the fold of a range: whether it holds an element (kValid: else it is the
 // empty range, the identity) and whether a run starts in it (kHead), the fold of its last
@@ -440,19 +442,21 @@ extern "C" __global__ void __launch_bounds__(kByKeyBlock, kSweepBlocks)
 // (CUB's look-back combines a window of aggregates as a tree whose shape depends on timing).
 // Under the segmented combine a tile with a run head resets the fold, so a head tile
 // publishes its aggregate as its inclusive fold at once and its successors stop there.
-// reduce_by_key also needs the run ends before a tile (its output position). They are looked
-// back apart from the pairs, by CUB's look-back over integers (any association is exact):
-// folded into the pairs' record, they would keep a head tile from publishing its inclusive
-// record before its predecessors had theirs, and every look-back would walk far back (5x
-// slower on an H200).
+// reduce_by_key writes each tile's outputs from the tile's first element's position (scratch
+// at the shard's size) and its count of run ends; the counts' exclusive prefix, taken after the
+// pass, places them (csj_by_key_one_pass_gather). Looked back with the pairs, the counts would
+// keep a head tile from publishing its inclusive record before its predecessors had theirs
+// (5x slower on an H200); looked back apart, at a warp's tiles the frontier of inclusive counts
+// fell further behind than a window of 32 tiles reaches (1.7-1.8 ms against the scans' 1.25 for
+// 2^28 int32 keys).
 
 namespace {
 
-// A tile's pair with the run ends before it, as the shard's total (ByKeyRecord: the scans'
-// pairs have no key).
+// The last tile's inclusive pair as the shard's total (ByKeyRecord: the scans' pairs have no
+// key; the single pass counts a shard's run ends apart, so the record's count stays 0).
 template <class P>
-__device__ __forceinline__ Tally as_tally(long long tails, const P& pair) {
-  Tally tally = {tails, empty_pair<Pair>()};
+__device__ __forceinline__ Tally as_tally(const P& pair) {
+  Tally tally = {0, empty_pair<Pair>()};
   tally.pair.flags = pair.flags;
   if constexpr (P::kKeyed) {
     tally.pair.key = pair.key;
@@ -539,20 +543,15 @@ __device__ __forceinline__ bool inclusive_has_head(const ByKeyParams& p, long lo
   }
 }
 
-// The block scan's prefix callback (called by warp 0 with the tile's aggregate pair): publishes
-// the tile's pair, looks back and returns the exclusive pair. For reduce_by_key it looks back
-// over the run ends in between (after publishing the pair, so that successors see it early)
-// and leaves the count before the tile in `*tails_before` (shared memory, read after the scan).
+// The single pass's look-back (called by the tile's warp with the tile's fold): publishes the
+// tile's pair, looks back and returns the exclusive pair (lane 0's).
 template <bool kReduce>
 struct LookBack {
   using P = PairOf<kReduce>;
   const ByKeyParams& p;
   long long tile;
-  int tile_ends;
-  long long* tails_before;
   P* stage;                               // 32 records in shared memory
   P* found;                               // packed: the nearest inclusive record (shared memory)
-  CountPrefix::TempStorage* tails_storage;  // reduce_by_key only
 
   __device__ __forceinline__ P* aggregates() const { return static_cast<P*>(p.tile_records); }
   __device__ __forceinline__ P* inclusives() const { return static_cast<P*>(p.tile_records) + p.num_tiles; }
@@ -571,19 +570,11 @@ struct LookBack {
     }
   }
 
-  // The run ends before the tile (lane 0's), the tile's own published for its successors.
-  __device__ __forceinline__ long long tails_before_tile() const {
-    return static_cast<long long>(
-        count_before_tile(p.tails_state, tile, static_cast<unsigned long long>(tile_ends), *tails_storage));
-  }
-
   __device__ __forceinline__ P operator()(const P& tile_fold) {
     const int lane = static_cast<int>(threadIdx.x) & 31;
     // A tile with a head, or the first tile, has its inclusive fold already.
     const bool complete = tile == 0 || (tile_fold.flags & kHead);
     if (lane == 0) publish(tile, tile_fold, complete ? kByKeyTileInclusive : kByKeyTileAggregate);
-    long long tails = 0;
-    if constexpr (kReduce) tails = tails_before_tile();
     P exclusive;
     if constexpr (PackedSlots<P>::kFits) {
       exclusive = look_back_packed(lane);
@@ -593,9 +584,9 @@ struct LookBack {
     if (lane == 0) {
       const P inclusive = complete ? tile_fold : Segmented()(exclusive, tile_fold);
       if (!complete) publish(tile, inclusive, kByKeyTileInclusive);
-      // the shard's total, which the carries of the shards after it fold
-      if (tile == p.num_tiles - 1 && p.total != nullptr) write_record(*p.total, as_tally(tails + tile_ends, inclusive));
-      if constexpr (kReduce) *tails_before = tails;
+      // the shard's total, which the carries of the shards after it fold (its run ends are
+      // counted apart: the tiles' counts, scanned after the pass)
+      if (tile == p.num_tiles - 1 && p.total != nullptr) write_record(*p.total, as_tally(inclusive));
     }
     return exclusive;  // lane 0's is the one the scan uses
   }
@@ -680,92 +671,205 @@ struct LookBack {
   }
 };
 
+// Moves a value between the lanes of a warp, a 4-byte word at a time (pairs, keys of either
+// size, records of any).
+template <class T, class Move>
+__device__ __forceinline__ T move_words(const T& value, Move move) {
+  static_assert(sizeof(T) % 4 == 0, "lanes exchange whole words");
+  unsigned words[sizeof(T) / 4];
+  memcpy(words, &value, sizeof(T));
+#pragma unroll
+  for (int w = 0; w < int(sizeof(T) / 4); ++w) words[w] = move(words[w]);
+  T out;
+  memcpy(&out, words, sizeof(T));
+  return out;
+}
+template <class T>
+__device__ __forceinline__ T from_lane_before(const T& value, int delta) {
+  return move_words(value, [delta](unsigned w) { return __shfl_up_sync(0xffffffffu, w, delta); });
+}
+template <class T>
+__device__ __forceinline__ T from_lane(const T& value, int lane) {
+  return move_words(value, [lane](unsigned w) { return __shfl_sync(0xffffffffu, w, lane); });
+}
+
+// A warp's tile of one array in shared memory, one element of padding every 32 so that
+// neither the striped nor the blocked accesses of 4-byte elements meet in a bank.
+template <class T>
+struct WarpTile {
+  T items[kPassTile + kPassTile / 32];
+  static __device__ __forceinline__ int slot(int i) { return i + i / 32; }
+  // element lane + 32 k from striped[k]; a __syncwarp() before the blocked reads
+  __device__ __forceinline__ void put_striped(int lane, const T (&striped)[kLaneItems]) {
+#pragma unroll
+    for (int k = 0; k < kLaneItems; ++k) items[slot(lane + 32 * k)] = striped[k];
+  }
+  __device__ __forceinline__ T& blocked(int lane, int j) { return items[slot(lane * kLaneItems + j)]; }
+  __device__ __forceinline__ void get_striped(int lane, T (&striped)[kLaneItems]) const {
+#pragma unroll
+    for (int k = 0; k < kLaneItems; ++k) striped[k] = items[slot(lane + 32 * k)];
+  }
+};
+
+// The single pass over one warp's tile: a coalesced striped load of its keys and values into
+// the warp's shared memory, where lane l reads the elements l * kLaneItems ... (blocked); each
+// lane folds its pairs and the warp scans the lanes' folds by shuffles in a fixed tree; the
+// tile's fold goes to the look-back, whose exclusive fold each lane then folds its own elements
+// from, left to right, reading them from shared memory again (so that nothing but the lane's
+// heads and folds stays in registers across the look-back). No block barrier after the tile
+// is taken: each warp runs on its own. Every association (lane, warp tree, tiles from the
+// left) is fixed for a shard size.
 template <int kMode>
 __device__ __forceinline__ void one_pass(const ByKeyParams& p) {
   constexpr bool kReduce = kMode == kByKeyReduce;
   constexpr bool kExclusive = kMode == kByKeyExclusive;
+  constexpr int kI = kLaneItems;
   using P = PairOf<kReduce>;
-  using ScanPairs = cub::BlockScan<P, kByKeyBlock>;
-  __shared__ union {
-    typename LoadKeys::TempStorage load_keys;
-    typename LoadValues::TempStorage load_values;
-    typename StoreValues::TempStorage store;
-    typename ScanPairs::TempStorage scan;
-    typename ScanInts::TempStorage scan_ints;
-  } temp;
-  __shared__ Neighbours neighbours;
-  __shared__ long long tile_shared;
-  __shared__ long long tails_before;
-  __shared__ P stage[32];
-  __shared__ P found;
-  __shared__ std::conditional_t<kReduce, CountPrefix::TempStorage, char> tails_storage;
-  const int t = static_cast<int>(threadIdx.x);
-  if (t == 0) tile_shared = static_cast<long long>(atomicAdd(p.tile_counter, 1ULL));
+  __shared__ WarpTile<Key> key_tiles[kByKeyPassWarps];
+  __shared__ WarpTile<Value> value_tiles[kByKeyPassWarps];
+  __shared__ P stage[kByKeyPassWarps][32];
+  __shared__ P found[kByKeyPassWarps];
+  __shared__ long long first_tile;
+  const int warp = static_cast<int>(threadIdx.x) / 32;
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  if (threadIdx.x == 0) first_tile = static_cast<long long>(atomicAdd(p.tile_counter, 1ULL)) * kByKeyPassWarps;
   __syncthreads();
-  const long long tile = tile_shared;
-  const long long tile_start = tile * kTile;
-  const int valid = static_cast<int>(min(p.n - tile_start, static_cast<long long>(kTile)));
-  Key keys[kItems];
-  load_keys(p, temp.load_keys, tile_start, valid, keys);
-  int heads[kItems + 1];
-  run_heads(p, keys, tile_start, neighbours, heads);  // syncs: the key load's storage is free
-  Value values[kItems];
-  const Value* in = static_cast<const Value*>(p.values) + tile_start;
-  if (valid == kTile) {
-    LoadValues(temp.load_values).Load(in, values);
-  } else {
-    LoadValues(temp.load_values).Load(in, values, valid);
+  const long long tile = first_tile + warp;
+  if (tile >= p.num_tiles) return;
+  const long long tile_start = tile * kPassTile;
+  const int valid = static_cast<int>(min(p.n - tile_start, static_cast<long long>(kPassTile)));
+  const Key* shard_keys = static_cast<const Key*>(p.keys);
+  WarpTile<Key>& key_tile = key_tiles[warp];
+  WarpTile<Value>& value_tile = value_tiles[warp];
+  {
+    Key keys[kI];
+    Value values[kI];
+    const Value* in = static_cast<const Value*>(p.values) + tile_start;
+    if (valid == kPassTile) {
+      cub::LoadDirectStriped<32>(lane, shard_keys + tile_start, keys);
+      cub::LoadDirectStriped<32>(lane, in, values);
+    } else {
+      cub::LoadDirectStriped<32>(lane, shard_keys + tile_start, keys, valid);
+      cub::LoadDirectStriped<32>(lane, in, values, valid);
+    }
+    key_tile.put_striped(lane, keys);
+    value_tile.put_striped(lane, values);
   }
-  P pairs[kItems];
+  // the keys either side of the tile, for the heads of its first and after its last element
+  Key before_tile{}, after_tile{};
+  if (lane == 0 && tile_start > 0) before_tile = shard_keys[tile_start - 1];
+  if (lane == 31 && tile_start + kPassTile < p.n) after_tile = shard_keys[tile_start + kPassTile];
+  __syncwarp();
+
+  // heads, bit j (j = 0 .. kI - 1): a run starts at item j; bit kI: one starts after the lane's
+  // last item, so bit j + 1 says whether item j ends its run (the shard's rules as run_heads')
+  const long long first = tile_start + static_cast<long long>(lane) * kI;
+  Key keys[kI];
 #pragma unroll
-  for (int j = 0; j < kItems; ++j) {
-    pairs[j] = t * kItems + j < valid ? element_pair<P>(p, kExclusive, heads[j], keys[j], values[j]) : empty_pair<P>();
+  for (int j = 0; j < kI; ++j) keys[j] = key_tile.blocked(lane, j);
+  const Key lane_before = from_lane_before(keys[kI - 1], 1);
+  unsigned heads = 0;
+#pragma unroll
+  for (int j = 0; j < kI; ++j) {
+    const long long at = first + j;
+    if (at < p.n) {
+      bool head;
+      if (j > 0) {
+        head = !same_run(keys[j - 1], keys[j]);
+      } else if (at == 0) {
+        head = p.prev_key == nullptr || !same_run(*static_cast<const Key*>(p.prev_key), keys[0]);
+      } else {
+        head = !same_run(lane == 0 ? before_tile : lane_before, keys[0]);
+      }
+      heads |= static_cast<unsigned>(head) << j;
+    } else if (at == p.n && j > 0) {
+      heads |= static_cast<unsigned>(p.next_key == nullptr ||
+                                     !same_run(keys[j - 1], *static_cast<const Key*>(p.next_key)))
+               << j;
+    }
   }
-  __syncthreads();
-  int rank = 0, tile_ends = 0;
+  const unsigned next_lane_head = __shfl_down_sync(0xffffffffu, heads, 1) & 1u;
+  const long long after = first + kI;
+  if (after < p.n) {
+    heads |= (lane < 31 ? next_lane_head : static_cast<unsigned>(!same_run(keys[kI - 1], after_tile))) << kI;
+  } else if (after == p.n) {
+    heads |= static_cast<unsigned>(p.next_key == nullptr || !same_run(keys[kI - 1], *static_cast<const Key*>(p.next_key)))
+             << kI;
+  }
+
+  // the lane's fold, then the lanes' inclusive folds across the warp
+  P lane_fold = empty_pair<P>();
+#pragma unroll
+  for (int j = 0; j < kI; ++j) {
+    if (first + j < p.n) {
+      lane_fold = Segmented()(
+          lane_fold, element_pair<P>(p, kExclusive, (heads >> j) & 1u, keys[j], value_tile.blocked(lane, j)));
+    }
+  }
+  P inclusive = lane_fold;
+#pragma unroll
+  for (int delta = 1; delta < 32; delta *= 2) {
+    const P earlier = from_lane_before(inclusive, delta);
+    if (lane >= delta) inclusive = Segmented()(earlier, inclusive);
+  }
+  P lane_prefix = from_lane_before(inclusive, 1);
+  if (lane == 0) lane_prefix = empty_pair<P>();
+  const P tile_fold = from_lane(inclusive, 31);
+
+  LookBack<kReduce> look_back{p, tile, stage[warp], &found[warp]};
+  const P tile_prefix = from_lane(look_back(tile_fold), 0);
+  P running = Segmented()(tile_prefix, lane_prefix);
+
   if constexpr (kReduce) {
-    int ends = 0;
+    // the run ends in the lanes before (the lane's first output) and in the tile (lane 31's)
+    const int ends = __popc(heads >> 1);  // no item past the shard's end has bit j + 1
+    int sum = ends;
 #pragma unroll
-    for (int j = 0; j < kItems; ++j) ends += t * kItems + j < valid ? heads[j + 1] : 0;
-    ScanInts(temp.scan_ints).ExclusiveSum(ends, rank, tile_ends);
-    __syncthreads();
-  }
-  CountPrefix::TempStorage* tails_storage_pointer = nullptr;
-  if constexpr (kReduce) tails_storage_pointer = &tails_storage;
-  LookBack<kReduce> prefix{p, tile, tile_ends, &tails_before, stage, &found, tails_storage_pointer};
-  if constexpr (kExclusive) {
-    ScanPairs(temp.scan).ExclusiveScan(pairs, pairs, Segmented(), prefix);
-  } else {
-    ScanPairs(temp.scan).InclusiveScan(pairs, pairs, Segmented(), prefix);
-  }
-  __syncthreads();
-  if constexpr (kReduce) {
-    const long long out_base = tails_before;
-    if (t == 0 && tile == p.num_tiles - 1) *p.run_count = out_base + tile_ends;
-    Key* out_keys = static_cast<Key*>(p.out_keys);
-    Value* out_values = static_cast<Value*>(p.out_values);
+    for (int delta = 1; delta < 32; delta *= 2) {
+      const int earlier = __shfl_up_sync(0xffffffffu, sum, delta);
+      if (lane >= delta) sum += earlier;
+    }
+    const int rank = sum - ends;
+    if (lane == 31) p.tile_ends[tile] = sum;
+    Key* out_keys = static_cast<Key*>(p.tile_keys);
+    Value* out_values = static_cast<Value*>(p.tile_values);
+    long long at = tile_start + rank;
 #pragma unroll
-    for (int j = 0; j < kItems; ++j) {
-      if (t * kItems + j < valid && heads[j + 1]) {
-        out_keys[out_base + rank] = pairs[j].key;
-        out_values[out_base + rank] = pairs[j].value;
-        ++rank;
+    for (int j = 0; j < kI; ++j) {
+      if (first + j < p.n) {
+        running = Segmented()(running, element_pair<P>(p, false, (heads >> j) & 1u, key_tile.blocked(lane, j),
+                                                       value_tile.blocked(lane, j)));
+        if ((heads >> (j + 1)) & 1u) {  // the run's first key (the pair's) and its fold
+          out_keys[at] = running.key;
+          out_values[at] = running.value;
+          ++at;
+        }
       }
     }
   } else {
-    if constexpr (kExclusive) {
-      const Value init = *reinterpret_cast<const Value*>(p.init);
+    const Value init = *reinterpret_cast<const Value*>(p.init);
 #pragma unroll
-      for (int j = 0; j < kItems; ++j) values[j] = heads[j] ? init : pairs[j].value;
-    } else {
-#pragma unroll
-      for (int j = 0; j < kItems; ++j) values[j] = pairs[j].value;
+    for (int j = 0; j < kI; ++j) {
+      if (first + j < p.n) {
+        const bool head = (heads >> j) & 1u;
+        Value& slot = value_tile.blocked(lane, j);  // the lane's own: it takes the result
+        const Value before = running.value;
+        running = Segmented()(running, element_pair<P>(p, kExclusive, head, Key{}, slot));
+        if constexpr (kExclusive) {
+          slot = head ? init : before;  // a run's head: init (its pair held op(init, value))
+        } else {
+          slot = running.value;
+        }
+      }
     }
+    __syncwarp();  // every lane's results are in the tile
+    Value values[kI];
+    value_tile.get_striped(lane, values);
     Value* out = static_cast<Value*>(p.out_values) + tile_start;
-    if (valid == kTile) {
-      StoreValues(temp.store).Store(out, values);
+    if (valid == kPassTile) {
+      cub::StoreDirectStriped<32>(lane, out, values);
     } else {
-      StoreValues(temp.store).Store(out, values, valid);
+      cub::StoreDirectStriped<32>(lane, out, values, valid);
     }
   }
 }
@@ -777,42 +881,35 @@ __device__ __forceinline__ void one_pass(const ByKeyParams& p) {
 // it has a head (the inclusive record of tile t - 1 says), so the blocks stop at the first
 // tile with one.
 struct Earliest {
-  __device__ __forceinline__ int operator()(int a, int b) const { return a < b ? a : b; }
+  __device__ __forceinline__ long long operator()(long long a, long long b) const { return a < b ? a : b; }
 };
 
 template <bool kExclusive>
 __device__ __forceinline__ void fix_first_run(const ByKeyParams& p) {
   using R = PairOf<false>;
-  using ReduceInts = cub::BlockReduce<int, kByKeyBlock>;
-  __shared__ union {
-    typename LoadKeys::TempStorage load;
-    typename ReduceInts::TempStorage reduce;
-  } temp;
-  __shared__ Neighbours neighbours;
-  __shared__ int first_head;
+  using ReduceFirst = cub::BlockReduce<long long, kByKeyBlock>;
+  __shared__ typename ReduceFirst::TempStorage temp;
+  __shared__ long long first_head;
   const Pair carry = read_record(*p.carry).pair;
   if (!(carry.flags & kValid)) return;
   const int t = static_cast<int>(threadIdx.x);
+  const Key* keys = static_cast<const Key*>(p.keys);
   Value* out = static_cast<Value*>(p.out_values);
   for (long long tile = blockIdx.x; tile < p.num_tiles; tile += gridDim.x) {
     if (tile > 0 && inclusive_has_head<R>(p, tile - 1)) return;
-    const long long tile_start = tile * kTile;
-    const int valid = static_cast<int>(min(p.n - tile_start, static_cast<long long>(kTile)));
-    Key keys[kItems];
-    load_keys(p, temp.load, tile_start, valid, keys);
-    int heads[kItems + 1];
-    run_heads(p, keys, tile_start, neighbours, heads);  // syncs: the load's storage is free
-    int mine = kTile;
-#pragma unroll
-    for (int j = kItems - 1; j >= 0; --j) {
-      if (t * kItems + j < valid && heads[j]) mine = t * kItems + j;
+    const long long tile_start = tile * kPassTile;
+    const long long end = min(p.n, tile_start + kPassTile);
+    long long mine = end;  // the tile's first head, block-striped
+    for (long long at = tile_start + t; at < end; at += kByKeyBlock) {
+      const bool head = at == 0 ? p.prev_key == nullptr || !same_run(*static_cast<const Key*>(p.prev_key), keys[0])
+                                : !same_run(keys[at - 1], keys[at]);
+      if (head && at < mine) mine = at;
     }
-    const int first = ReduceInts(temp.reduce).Reduce(mine, Earliest());
-    if (t == 0) first_head = first;
+    const long long block_first = ReduceFirst(temp).Reduce(mine, Earliest());
+    if (t == 0) first_head = block_first;
     __syncthreads();
-    const int end = min(first_head, valid);
-    for (int local = t; local < end; local += kByKeyBlock) {  // block-striped: coalesced
-      const long long at = tile_start + local;
+    const long long stop = first_head;
+    for (long long at = tile_start + t; at < stop; at += kByKeyBlock) {  // coalesced
       if (kExclusive && at == 0) {
         out[at] = carry.value;  // the pass had nothing before it
       } else {
@@ -821,6 +918,7 @@ __device__ __forceinline__ void fix_first_run(const ByKeyParams& p) {
         out[at] = fixed;
       }
     }
+    if (stop < end) return;  // the first run ends in this tile
     __syncthreads();
   }
 }
@@ -854,17 +952,36 @@ extern "C" __global__ void csj_by_key_one_pass_fix_reduce(const __grid_constant_
   out_values[0] = fixed;
 }
 
-extern "C" __global__ void __launch_bounds__(kByKeyBlock, kSweepBlocks)
+// reduce_by_key after its single pass and the scan of the tiles' counts: each tile's outputs
+// from its place in the scratch to their place in the result, a warp a tile.
+extern "C" __global__ void __launch_bounds__(kByKeyBlock)
+    csj_by_key_one_pass_gather(const __grid_constant__ ByKeyParams p) {
+  const long long tile = static_cast<long long>(blockIdx.x) * kByKeyPassWarps + threadIdx.x / 32;
+  if (tile >= p.num_tiles) return;
+  const long long to = p.tile_ends[tile];
+  const int count = static_cast<int>(p.tile_ends[tile + 1] - to);
+  const long long from = tile * kPassTile;
+  const Key* tile_keys = static_cast<const Key*>(p.tile_keys) + from;
+  const Value* tile_values = static_cast<const Value*>(p.tile_values) + from;
+  Key* out_keys = static_cast<Key*>(p.out_keys) + to;
+  Value* out_values = static_cast<Value*>(p.out_values) + to;
+  for (int i = static_cast<int>(threadIdx.x & 31); i < count; i += 32) {
+    out_keys[i] = tile_keys[i];
+    out_values[i] = tile_values[i];
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(kByKeyBlock, kPassBlocks)
     csj_by_key_one_pass_inclusive(const __grid_constant__ ByKeyParams p) {
   one_pass<kByKeyInclusive>(p);
 }
 
-extern "C" __global__ void __launch_bounds__(kByKeyBlock, kSweepBlocks)
+extern "C" __global__ void __launch_bounds__(kByKeyBlock, kPassBlocks)
     csj_by_key_one_pass_exclusive(const __grid_constant__ ByKeyParams p) {
   one_pass<kByKeyExclusive>(p);
 }
 
-extern "C" __global__ void __launch_bounds__(kByKeyBlock, kSweepBlocks)
+extern "C" __global__ void __launch_bounds__(kByKeyBlock, kPassBlocks)
     csj_by_key_one_pass_reduce(const __grid_constant__ ByKeyParams p) {
   one_pass<kByKeyReduce>(p);
 }

@@ -6,25 +6,31 @@
 // combine, (h1, v1) . (h2, v2) = (h1 | h2, h2 ? v2 : op(v1, v2)), which is associative (not
 // commutative) whatever op is, as long as op is associative.
 //
-// In one process a shard takes a single pass, one kernel per mode:
+// Every shard takes a single pass, one kernel per mode:
 //   csj_by_key_one_pass_inclusive, _exclusive, _reduce
-//                       tiles taken in order from a counter (every predecessor of a running
-//                       tile has started, so the look-back cannot deadlock); each tile's keys
-//                       and values read once, its pairs scanned by a block scan, joined to the
+//                       a tile is a warp's (32 x by_key_lane_items elements), each block's
+//                       warps taking consecutive tiles from a counter (every predecessor of a
+//                       running tile has started, so the look-back cannot deadlock); each
+//                       tile's keys and values read once, its pairs folded in each lane and
+//                       scanned across the warp by shuffles (no block barrier), joined to the
 //                       tiles before it by a decoupled look-back whose fold is a fixed left
 //                       fold over tiles (by_key_jit.cu says why that keeps the bits fixed);
-//                       a tile with a run head publishes its inclusive pair at once. For
-//                       reduce_by_key, a second look-back (CUB's, over integers) finds the
-//                       run ends before the tile (its outputs' position). Writes the scan or,
-//                       at every run's end, its first key and fold; the last tile writes the
-//                       shard's total and run count.
+//                       a tile with a run head publishes its inclusive pair at once. Writes
+//                       the scan or, at every run's end, its first key and fold from the tile's
+//                       first element's position, and the tile's count of run ends; the last
+//                       tile writes the shard's total.
+//   (reduce_by_key)     the tiles' counts replaced by their exclusive prefix (CUB's device
+//                       scan, compiled into the shim), the last one the shard's run count;
+//   csj_by_key_one_pass_gather
+//                       each tile's outputs moved to their place in the result;
 //   csj_by_key_carry    as below, over the single passes' totals;
 //   csj_by_key_one_pass_fix_inclusive, _exclusive, _reduce
 //                       on shards after the first: the carry applied to the shard's first run
 //                       (each of its elements; reduce_by_key: its first output), which the
-//                       pass, started with no carry, left without it.
-// Across ranks (and where a device lacks the room for reduce_by_key's outputs at the shard's
-// size) a shard takes two passes over chunks of kByKeyChunkTiles tiles, one block a chunk:
+//                       pass, started with no carry, left without it (reduce_by_key: after
+//                       the gather).
+// Where a device lacks the room for reduce_by_key's outputs at the shard's size (or under
+// CSJ_X_BY_KEY=two_pass) a shard takes two passes over chunks of kByKeyChunkTiles tiles, one block a chunk:
 //   csj_by_key_reduce   each chunk's record: the fold of its pairs (only the values of its
 //                       last run are read) and its count of run ends (tails);
 //   csj_by_key_chunks   one block a group of kByKeyGroup chunks: the chunks' records replaced
@@ -62,6 +68,18 @@ constexpr int by_key_items(int key_size, int value_size) {
 constexpr int by_key_sweep_blocks(int key_size, int value_size) {
   return key_size <= 4 && value_size <= 4 ? 4 : 1;
 }
+// The single pass: a tile a warp, kByKeyPassWarps warps a block. 16 items a lane for keys and
+// values of up to 4 bytes, 8 up to 8, 4 up to 16, else 2 (a lane's 64 bytes of either).
+constexpr int kByKeyPassWarps = 8;
+static_assert(kByKeyBlock == 32 * kByKeyPassWarps, "the single pass's blocks are kByKeyBlock threads");
+constexpr int by_key_lane_items(int key_size, int value_size) {
+  const int widest = key_size > value_size ? key_size : value_size;
+  return widest <= 4 ? 16 : widest <= 8 ? 8 : widest <= 16 ? 4 : 2;
+}
+constexpr long long by_key_pass_tile(int key_size, int value_size) {
+  return 32LL * by_key_lane_items(key_size, value_size);
+}
+
 // The chunk records' scan, in two levels: csj_by_key_chunks' blocks of kByKeyGroupThreads
 // threads each fold kByKeyGroupRun consecutive records a thread and scan the runs, one group
 // of kByKeyGroup chunks a block; csj_by_key_groups does the same over the groups in one
@@ -112,9 +130,11 @@ struct ByKeyParams {
   unsigned long long* tile_counter;  // zeroed before the launch
   int* tile_flags;                   // num_tiles, zeroed before the launch (kByKeyTile*)
   void* tile_records;                // 2 * num_tiles pairs of at most kByKeyTileRecord bytes each
-  long long* run_count;              // mode 2: the shard's run ends, written by its last tile
-  void* tails_state;                 // mode 2: the run ends' look-back, cub::ScanTileState's words
-                                     // (count_lookback_scratch bytes, 256-byte aligned)
+  long long* run_count;              // mode 2: the shard's run ends (tile_ends + num_tiles)
+  long long* tile_ends;              // mode 2: each tile's run ends (num_tiles + 1, the last zero),
+                                     // then their exclusive prefix (each tile's first output)
+  void* tile_keys;                   // mode 2: each tile's outputs from its first element's
+  void* tile_values;                 // position (scratch at the shard's size)
 };
 
 // A tile's state in the single pass: nothing yet, its own fold published (the aggregate),

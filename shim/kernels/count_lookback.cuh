@@ -1,7 +1,8 @@
 // Decoupled look-back over one integer count per tile (CUB's tile states and prefix callback),
-// for single passes whose tiles need the sum of their predecessors' counts: reduce_by_key's
-// single pass takes the run ends before each tile (its output position) from it, select's
-// single pass the kept elements before each tile (its output position too). The sums are
+// for single passes whose tiles are blocks and need the sum of their predecessors' counts:
+// select's single pass takes the kept elements before each tile (its output position) from it.
+// (reduce_by_key's tiles are warps, which CUB's callback, run by a block's first warp, does not
+// serve: by_key_jit.cu has its own.) The sums are
 // integers, so whatever grouping the look-back's timing gives them, the result is the same:
 // deterministic. The host sizes and initialises the states with count_lookback_scratch and
 // init_count_lookback (builtin_kernels.hpp), on the stream of the pass that reads them.

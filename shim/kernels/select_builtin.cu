@@ -5,9 +5,10 @@
 // element size (a multiple of 4 bytes, copied a 4-byte word at a time). The by-key
 // algorithms compact their run heads with it across ranks (one process classifies by the
 // keys themselves, by_key_jit.cu). Also here, for every selection: the scan of the tiles'
-// counts between the two passes (CUB's device scan); and the initialisation of the tile
-// states of a look-back over counts (count_lookback.cuh), which reduce_by_key's single pass
-// takes its run ends from.
+// counts between the two passes (CUB's device scan), and reduce_by_key's of its tiles' run
+// ends after its single pass; and the initialisation of the tile
+// states of a look-back over counts (count_lookback.cuh), which select's single pass takes
+// its output positions from.
 #include <cub/device/device_scan.cuh>
 
 #include "builtin_kernels.hpp"
@@ -66,18 +67,37 @@ SelectFlagKernels builtin_select_flag_kernels(int flag_size) {
           reinterpret_cast<const void*>(&select_flags_scatter<unsigned>)};
 }
 
-cudaError_t scan_select_counts(SelectCounts* counts, long long tiles, cudaStream_t stream, cudaMemPool_t pool) {
-  const SelectCounts zero = {{0, 0, 0}};
+namespace {
+
+// `tiles + 1` counts replaced by their exclusive prefix in place, CUB's scratch from `pool`.
+template <class Count, class Add>
+cudaError_t scan_counts_in_place(Count* counts, long long tiles, Add add, Count zero, cudaStream_t stream,
+                                 cudaMemPool_t pool) {
   const int items = static_cast<int>(tiles + 1);
   std::size_t bytes = 0;
-  cudaError_t status = cub::DeviceScan::ExclusiveScan(nullptr, bytes, counts, counts, AddCounts(), zero, items, stream);
+  cudaError_t status = cub::DeviceScan::ExclusiveScan(nullptr, bytes, counts, counts, add, zero, items, stream);
   if (status != cudaSuccess) return status;
   void* temp = nullptr;
   status = cudaMallocFromPoolAsync(&temp, bytes, pool, stream);
   if (status != cudaSuccess) return status;
-  status = cub::DeviceScan::ExclusiveScan(temp, bytes, counts, counts, AddCounts(), zero, items, stream);
+  status = cub::DeviceScan::ExclusiveScan(temp, bytes, counts, counts, add, zero, items, stream);
   const cudaError_t freed = cudaFreeAsync(temp, stream);
   return status != cudaSuccess ? status : freed;
+}
+
+struct AddEnds {
+  __device__ __forceinline__ long long operator()(long long a, long long b) const { return a + b; }
+};
+
+}  // namespace
+
+cudaError_t scan_select_counts(SelectCounts* counts, long long tiles, cudaStream_t stream, cudaMemPool_t pool) {
+  const SelectCounts zero = {{0, 0, 0}};
+  return scan_counts_in_place(counts, tiles, AddCounts(), zero, stream, pool);
+}
+
+cudaError_t scan_tile_ends(long long* ends, long long tiles, cudaStream_t stream, cudaMemPool_t pool) {
+  return scan_counts_in_place(ends, tiles, AddEnds(), 0LL, stream, pool);
 }
 
 }  // namespace csj::kernels

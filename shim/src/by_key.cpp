@@ -290,14 +290,14 @@ bool two_pass_forced() {
 
 constexpr std::size_t round_up(std::size_t bytes) { return (bytes + 255) / 256 * 256; }
 
-// A place's single-pass scratch: tile counter and run count | tile flags | tile records
-// (aggregates, inclusives) | reduce_by_key's run-end tile states | total, carry, earlier
-// totals | neighbouring keys | reduce_by_key's keys and values at the shard's size.
+// A place's single-pass scratch: tile counter | tile flags | reduce_by_key's run ends a tile |
+// tile records (aggregates, inclusives) | total, carry, earlier totals | neighbouring keys |
+// reduce_by_key's keys and values at the shard's size.
 struct OnePassLayout {
   long long num_tiles = 0;
-  std::size_t zeroed = 0;   // the counter, the run count, the flags, the packed records: cleared before the launch
+  std::size_t zeroed = 0;   // the counter, the flags, the run ends, the packed records: cleared before the launch
+  std::size_t ends = 0;     // reduce_by_key: its tiles' run ends (num_tiles + 1 counts)
   std::size_t records = 0;  // where the tile records start
-  std::size_t tails = 0;    // reduce_by_key: its run ends' look-back (count_lookback_scratch)
   std::size_t totals = 0;   // where the total, the carry and the earlier totals start
   std::size_t neighbours = 0;
   std::size_t keys = 0;     // reduce_by_key: where its keys and values go
@@ -308,15 +308,16 @@ struct OnePassLayout {
 OnePassLayout one_pass_layout(const ShardedArray& keys, const ShardedArray& values, std::size_t place,
                               std::size_t index, bool reduce) {
   const long long n = keys.shard_size(place);
-  const long long tile = k::by_key_chunk(static_cast<int>(keys.itemsize()), static_cast<int>(values.itemsize()), 1);
+  const long long tile = k::by_key_pass_tile(static_cast<int>(keys.itemsize()), static_cast<int>(values.itemsize()));
+  const auto tiles = static_cast<std::size_t>((n + tile - 1) / tile);
   OnePassLayout layout;
-  layout.num_tiles = (n + tile - 1) / tile;
-  layout.records = round_up(16 + static_cast<std::size_t>(layout.num_tiles) * sizeof(int));
+  layout.num_tiles = static_cast<long long>(tiles);
+  layout.ends = round_up(16 + tiles * sizeof(int));
+  layout.records = layout.ends + (reduce ? round_up((tiles + 1) * sizeof(long long)) : 0);
   // the records' first 2 x 16 bytes a tile too: records of up to 16 bytes are packed with
   // their state (by_key_jit.cu's PackedSlots), all zero meaning "none yet"
-  layout.zeroed = layout.records + 2 * static_cast<std::size_t>(layout.num_tiles) * 16;
-  layout.tails = layout.records + round_up(2 * static_cast<std::size_t>(layout.num_tiles) * k::kByKeyTileRecord);
-  layout.totals = layout.tails + (reduce ? round_up(k::count_lookback_scratch(layout.num_tiles)) : 0);
+  layout.zeroed = layout.records + 2 * tiles * 16;
+  layout.totals = layout.records + round_up(2 * tiles * k::kByKeyTileRecord);
   layout.neighbours = layout.totals + (2 + index) * sizeof(k::ByKeyRecord);
   layout.keys = round_up(layout.neighbours + 16);
   layout.values = layout.keys + (reduce ? round_up(static_cast<std::size_t>(n) * keys.itemsize()) : 0);
@@ -349,11 +350,36 @@ bool fits(const ShardedArray& keys, const std::vector<ByKeyPlace>& places, const
   return true;
 }
 
-// Queues the single pass on every place of `places`; across ranks, exchanges the shards'
-// totals (take_earlier_totals); then the carries and fix-ups of the shards after the first
-// (across ranks, of the first too where earlier ranks hold elements). `out`: the scans'
-// output (reduce_by_key's go to the scratch).
-void one_pass(std::vector<ByKeyPlace>& places, const std::vector<OnePassLayout>& layouts, const ShardedArray& keys,
+// The single pass's fix-ups on every place after the first (across ranks with earlier totals,
+// the first too), behind their carries.
+void queue_fix_ups(std::vector<ByKeyPlace>& places, std::size_t earlier) {
+  for (std::size_t i = earlier ? 0 : 1; i < places.size(); ++i) {
+    ByKeyPlace& item = places[i];
+    DeviceGuard guard(item.device);
+    const bool reduce = item.params.mode == k::kByKeyReduce;
+    const char* name = item.params.mode == k::kByKeyInclusive   ? "csj_by_key_one_pass_fix_inclusive"
+                       : item.params.mode == k::kByKeyExclusive ? "csj_by_key_one_pass_fix_exclusive"
+                                                                : "csj_by_key_one_pass_fix_reduce";
+    // the scans' blocks stop at the first tile with a head, so a grid of a few waves costs little
+    const unsigned grid = reduce ? 1 : static_cast<unsigned>(std::min<long long>(item.params.num_tiles, 1024));
+    detail::launch(KernelHandle::linked(item.library->kernel(name, item.device)), grid,
+                   reduce ? 32 : k::kByKeyBlock, item.stream, item.params, "launching the by-key fix-up");
+  }
+}
+
+// What one_pass leaves to reduce_by_key's gather_runs: whether the fix-ups are due, and
+// after how many earlier ranks' totals.
+struct FixUps {
+  bool due = false;
+  std::size_t earlier = 0;
+};
+
+// Queues the single pass on every place of `places` (reduce_by_key: and the scan of its
+// tiles' run ends); across ranks, exchanges the shards' totals (take_earlier_totals); then
+// the carries and, for the scans, the fix-ups of the shards after the first (across ranks, of
+// the first too where earlier ranks hold elements), which reduce_by_key queues after its
+// gather. `out`: the scans' output (reduce_by_key's go to the scratch).
+FixUps one_pass(std::vector<ByKeyPlace>& places, const std::vector<OnePassLayout>& layouts, const ShardedArray& keys,
               const ShardedArray& values, const ShardedArray* out, int mode, const std::string& init,
               const ByKeyEdges* edges) {
   const PlaceGroup& group = *keys.group();
@@ -372,26 +398,22 @@ void one_pass(std::vector<ByKeyPlace>& places, const std::vector<OnePassLayout>&
                                          reinterpret_cast<cudaMemPool_t>(group.memory_pool(item.place)));
     unsigned char* base = item.scratch.bytes();
     params.tile_counter = reinterpret_cast<unsigned long long*>(base);
-    params.run_count = reinterpret_cast<long long*>(base + 8);
     params.tile_flags = reinterpret_cast<int*>(base + 16);
     params.tile_records = base + layout.records;
     auto* totals = reinterpret_cast<k::ByKeyRecord*>(base + layout.totals);
     params.total = places.size() > 1 || edges ? totals : nullptr;  // only the carries read it
     params.carry = i > 0 ? totals + 1 : nullptr;
     params.sources = totals + 2;
-    if (mode == k::kByKeyReduce) {
-      params.out_keys = base + layout.keys;
-      params.out_values = base + layout.values;
+    if (mode == k::kByKeyReduce) {  // the result's pointers come once its size is known
+      params.tile_ends = reinterpret_cast<long long*>(base + layout.ends);
+      params.run_count = params.tile_ends + layout.num_tiles;
+      params.tile_keys = base + layout.keys;
+      params.tile_values = base + layout.values;
     } else {
       params.out_values = reinterpret_cast<void*>(out->shard_pointer(item.place));
     }
     copy_neighbour_keys(places, i, keys, edges, base + layout.neighbours);
     detail::check(cudaMemsetAsync(base, 0, layout.zeroed, item.stream), "cudaMemsetAsync (the by-key tile flags)");
-    if (mode == k::kByKeyReduce) {  // the run ends' tile states (count_lookback.cuh)
-      params.tails_state = base + layout.tails;
-      detail::check(k::init_count_lookback_states(params.tails_state, layout.num_tiles, item.stream),
-                    "initialising reduce_by_key's look-back");
-    }
   }
   // launched once every neighbour copy is queued, so no place's pass waits for another's
   for (ByKeyPlace& item : places) {
@@ -399,25 +421,36 @@ void one_pass(std::vector<ByKeyPlace>& places, const std::vector<OnePassLayout>&
     const char* name = item.params.mode == k::kByKeyInclusive   ? "csj_by_key_one_pass_inclusive"
                        : item.params.mode == k::kByKeyExclusive ? "csj_by_key_one_pass_exclusive"
                                                                 : "csj_by_key_one_pass_reduce";
-    detail::launch(KernelHandle::linked(item.library->kernel(name, item.device)),
-                   static_cast<unsigned>(item.params.num_tiles), k::kByKeyBlock, item.stream, item.params,
-                   "launching the by-key single pass");
+    // a tile a warp, each block's warps taking consecutive tiles
+    const long long blocks = (item.params.num_tiles + k::kByKeyPassWarps - 1) / k::kByKeyPassWarps;
+    detail::launch(KernelHandle::linked(item.library->kernel(name, item.device)), static_cast<unsigned>(blocks),
+                   32 * k::kByKeyPassWarps, item.stream, item.params, "launching the by-key single pass");
+    if (item.params.mode == k::kByKeyReduce) {
+      detail::check(k::scan_tile_ends(item.params.tile_ends, item.params.num_tiles, item.stream,
+                                      reinterpret_cast<cudaMemPool_t>(group.memory_pool(item.place))),
+                    "scanning reduce_by_key's run ends");
+    }
   }
   const std::size_t earlier = take_earlier_totals(places, group, edges);
-  if (places.size() < 2 && earlier == 0) return;
+  if (places.size() < 2 && earlier == 0) return {};
   queue_carries(places, earlier);
-  for (std::size_t i = earlier ? 0 : 1; i < places.size(); ++i) {
-    ByKeyPlace& item = places[i];
+  if (mode != k::kByKeyReduce) queue_fix_ups(places, earlier);
+  return {true, earlier};
+}
+
+// reduce_by_key after one_pass, once its result is allocated: each place's outputs gathered
+// into its shard of the result's keys and values, then the fix-ups one_pass left.
+void gather_runs(std::vector<ByKeyPlace>& places, const ArrayList& result, const FixUps& fix_ups) {
+  for (ByKeyPlace& item : places) {
     DeviceGuard guard(item.device);
-    const bool reduce = item.params.mode == k::kByKeyReduce;
-    const char* name = item.params.mode == k::kByKeyInclusive   ? "csj_by_key_one_pass_fix_inclusive"
-                       : item.params.mode == k::kByKeyExclusive ? "csj_by_key_one_pass_fix_exclusive"
-                                                                : "csj_by_key_one_pass_fix_reduce";
-    // the scans' blocks stop at the first tile with a head, so a grid of a few waves costs little
-    const unsigned grid = reduce ? 1 : static_cast<unsigned>(std::min<long long>(item.params.num_tiles, 1024));
-    detail::launch(KernelHandle::linked(item.library->kernel(name, item.device)), grid,
-                   reduce ? 32 : k::kByKeyBlock, item.stream, item.params, "launching the by-key fix-up");
+    item.params.out_keys = reinterpret_cast<void*>(result[0]->shard_pointer(item.place));
+    item.params.out_values = reinterpret_cast<void*>(result[1]->shard_pointer(item.place));
+    const long long blocks = (item.params.num_tiles + k::kByKeyPassWarps - 1) / k::kByKeyPassWarps;
+    detail::launch(KernelHandle::linked(item.library->kernel("csj_by_key_one_pass_gather", item.device)),
+                   static_cast<unsigned>(blocks), k::kByKeyBlock, item.stream, item.params,
+                   "launching reduce_by_key's gather");
   }
+  if (fix_ups.due) queue_fix_ups(places, fix_ups.earlier);
 }
 
 }  // namespace
@@ -471,11 +504,11 @@ ArrayList reduce_by_key(const std::vector<const KernelLibrary*>& libraries, cons
     for (std::size_t i = 0; i < places.size(); ++i) {
       layouts.push_back(one_pass_layout(keys, values, places[i].place, i, true));
     }
-    // the outputs at the shard's size, then copies the size of the result: where a device has
+    // the outputs at the shard's size, then gathered into the result: where a device has
     // no room for that, the two passes, which size the outputs before writing them
     if (fits(keys, places, layouts)) {
       const detail::SyncOnUnwind settle(group);  // after `places` and `pinned`: queued work drains first
-      one_pass(places, layouts, keys, values, nullptr, k::kByKeyReduce, std::string(), edges);
+      const FixUps fix_ups = one_pass(places, layouts, keys, values, nullptr, k::kByKeyReduce, std::string(), edges);
       auto* runs = reinterpret_cast<long long*>(pinned.data);
       for (std::size_t i = 0; i < places.size(); ++i) {
         DeviceGuard guard(places[i].device);
@@ -492,19 +525,7 @@ ArrayList reduce_by_key(const std::vector<const KernelLibrary*>& libraries, cons
       ArrayList result{ShardedArray::allocate(keys.group(), sizes, keys.dtype(), 0),
                        ShardedArray::allocate(values.group(), sizes, values.dtype(),
                                               values.is_record() ? values.itemsize() : 0)};
-      for (std::size_t i = 0; i < places.size(); ++i) {
-        const ByKeyPlace& item = places[i];
-        DeviceGuard guard(item.device);
-        const auto count = static_cast<std::size_t>(runs[i]);
-        detail::check(cudaMemcpyAsync(reinterpret_cast<void*>(result[0]->shard_pointer(item.place)),
-                                      item.params.out_keys, count * keys.itemsize(), cudaMemcpyDeviceToDevice,
-                                      item.stream),
-                      "cudaMemcpyAsync (reduce_by_key's keys)");
-        detail::check(cudaMemcpyAsync(reinterpret_cast<void*>(result[1]->shard_pointer(item.place)),
-                                      item.params.out_values, count * values.itemsize(), cudaMemcpyDeviceToDevice,
-                                      item.stream),
-                      "cudaMemcpyAsync (reduce_by_key's values)");
-      }
+      gather_runs(places, result, fix_ups);
       wait_for_each_other(places);  // see the file's opening comment
       return result;
     }
