@@ -12,6 +12,7 @@
 // written) takes csj_select_keep or, in one pass, csj_select_single: no shared staging, see
 // select_keep.
 #include <cub/block/block_load.cuh>
+#include <cuda_pipeline.h>
 
 #include "count_lookback.cuh"
 #include "select.cuh"
@@ -197,4 +198,122 @@ extern "C" __global__ void __launch_bounds__(kSelectBlock, 5)
     __syncthreads();
     return base_shared;
   });
+}
+
+// A select in one pass with each block's next tile loaded during its current tile's look-back.
+// csj_select_single's blocks each take one tile, so while a block waits on the look-back (and
+// its two barriers) none of its loads are in flight. Here a resident grid of blocks walks the
+// tiles: each block copies the tile it takes next into shared memory by asynchronous copies
+// (cp.async) before it counts, looks back for and writes the one it holds, and waits for that
+// copy only when the next step reads it. (Loaded into a second set of registers instead, the
+// compiler charges both tiles' loads to one scoreboard, so counting the current tile waits for
+// the next one: no overlap.) Tiles still come from the counter in order and a block publishes
+// its current tile's count before it looks back, so the smallest unpublished tile is always
+// some block's current one: the look-backs end. 32 KB of staging a block, 4 blocks a
+// multiprocessor.
+__device__ __forceinline__ void classify_span(const SelectParams& params, long long first, WarpKept& warp) {
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  const long long left = params.n - first;
+  warp.kept = 0;
+  warp.count = 0;
+#pragma unroll
+  for (int item = 0; item < kItems; ++item) {
+    const int offset = item * 32 + lane;
+    if (offset < left) {
+      warp.kept |= static_cast<unsigned>(csj_select_class(&warp.items[item], params.index_base + first + offset) == 0)
+                   << item;
+    }
+  }
+#pragma unroll
+  for (int item = 0; item < kItems; ++item) warp.count += __popc(__ballot_sync(0xffffffffu, (warp.kept >> item) & 1u));
+}
+
+// The warp's span of the shard from `first` copied to `stage` (the same offsets), each lane its
+// own elements, as one committed group of asynchronous copies (empty past the shard's end).
+__device__ __forceinline__ void stage_span(const SelectParams& params, long long first, Element* stage) {
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  const long long left = params.n - first;
+  const Element* in = static_cast<const Element*>(params.in) + first;
+#pragma unroll
+  for (int item = 0; item < kItems; ++item) {
+    const int offset = item * 32 + lane;
+    if (offset < left) {
+      if constexpr (sizeof(Element) == 4 || sizeof(Element) == 8 || sizeof(Element) == 16) {
+        __pipeline_memcpy_async(stage + offset, in + offset, sizeof(Element));
+      } else {  // records of 12, 24 or 32 bytes: 4-byte aligned, copied by words
+        auto* to = reinterpret_cast<unsigned*>(stage + offset);
+        const auto* from = reinterpret_cast<const unsigned*>(in + offset);
+#pragma unroll
+        for (int w = 0; w < int(sizeof(Element) / 4); ++w) __pipeline_memcpy_async(to + w, from + w, 4);
+      }
+    }
+  }
+  __pipeline_commit();
+}
+
+struct PipelineShared {
+  int warp_kept[kWarps];
+  unsigned long long taken;  // the tile taken during this step (by thread 32)
+  long long base;            // the current tile's first output position
+  CountPrefix::TempStorage lookback;
+  Element stage[2][kTile];   // the current tile and the next
+};
+
+extern "C" __global__ void __launch_bounds__(kSelectBlock, 4)
+    csj_select_pipelined(const __grid_constant__ SelectParams params) {
+  __shared__ PipelineShared shared;
+  const int warp_index = static_cast<int>(threadIdx.x) >> 5;
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  const long long span = static_cast<long long>(warp_index) * kWarpSpan;
+  if (threadIdx.x == 0) shared.taken = atomicAdd(params.next_tile, 1ULL);
+  __syncthreads();
+  long long tile = static_cast<long long>(shared.taken);
+  __syncthreads();  // every thread has read `taken` before thread 32 writes it below
+  if (tile >= params.tiles) return;
+  stage_span(params, tile * kTile + span, shared.stage[0] + span);
+  // Thread 32 takes the next tile at the start of each step; the answer, stored between the
+  // barriers and read after the second, becomes the following step's next tile.
+  unsigned long long following = 0;
+  if (threadIdx.x == 32) following = atomicAdd(params.next_tile, 1ULL);
+  if (threadIdx.x == 32) shared.taken = following;
+  __syncthreads();
+  long long next = static_cast<long long>(shared.taken);
+  for (int buffer = 0;; buffer ^= 1) {
+    if (next < params.tiles) {
+      stage_span(params, next * kTile + span, shared.stage[buffer ^ 1] + span);
+    } else {
+      __pipeline_commit();  // an empty group: the wait below still means "all but the newest"
+    }
+    unsigned long long taken = 0;
+    if (threadIdx.x == 32 && next < params.tiles) taken = atomicAdd(params.next_tile, 1ULL);
+    __pipeline_wait_prior(1);  // this lane's copies of the current tile have landed
+    WarpKept current;
+    const long long first = tile * kTile + span;
+    const long long left = params.n - first;
+#pragma unroll
+    for (int item = 0; item < kItems; ++item) {
+      if (item * 32 + lane < left) current.items[item] = shared.stage[buffer][span + item * 32 + lane];
+    }
+    classify_span(params, first, current);
+    if (lane == 0) shared.warp_kept[warp_index] = current.count;
+    __syncthreads();
+    long long position = 0;  // the kept elements of the warps before this one in the tile
+    for (int w = 0; w < warp_index; ++w) position += shared.warp_kept[w];
+    if (threadIdx.x < 32) {
+      unsigned long long mine = 0;
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) mine += static_cast<unsigned long long>(shared.warp_kept[w]);
+      const unsigned long long before = count_before_tile(params.tile_state, tile, mine, shared.lookback);
+      if (threadIdx.x == 0) {
+        shared.base = static_cast<long long>(before);
+        if (tile == params.tiles - 1) params.totals->count[0] = static_cast<long long>(before + mine);
+      }
+    }
+    if (threadIdx.x == 32) shared.taken = next < params.tiles ? taken : static_cast<unsigned long long>(params.tiles);
+    __syncthreads();
+    write_kept(params, shared.base + position, current);
+    if (next >= params.tiles) break;
+    tile = next;
+    next = static_cast<long long>(shared.taken);
+  }
 }
