@@ -21,7 +21,6 @@
 
 #include <algorithm>
 #include <array>
-#include <cstdlib>
 #include <stdexcept>
 #include <string>
 
@@ -179,16 +178,6 @@ bool single_pass_fits(const ShardedArray& in, long long tile) {
   return true;
 }
 
-// A/B switch (CSJ_SELECT_PIPELINED=1): the single pass whose blocks load their next tile
-// during the current one's look-back (csj_select_pipelined).
-bool pipelined_select() {
-  static const bool on = [] {
-    const char* value = std::getenv("CSJ_SELECT_PIPELINED");
-    return value != nullptr && value[0] == '1';
-  }();
-  return on;
-}
-
 // A select's single pass on every place (its kernel found): the output allocated at the
 // shards' sizes, every place's pass queued, the counts read, the output shrunk to them.
 // Scratch per place: the tile counter, the shard's count (one SelectCounts), the look-back's
@@ -210,12 +199,7 @@ ArrayList select_single_pass(const ShardedArray& in, std::vector<SelectPlace>& p
     detail::check(cudaMemsetAsync(base, 0, kStatesAt, place.stream), "clearing select's tile counter");
     detail::check(k::init_count_lookback_states(place.params.tile_state, tiles, place.stream),
                   "initialising select's look-back");
-    long long grid = tiles;
-    if (pipelined_select()) {  // a resident grid walks the tiles
-      grid = std::min<long long>((tiles + 1) / 2, static_cast<long long>(detail::multiprocessors(place.device)) *
-                                            detail::blocks_per_multiprocessor(place.kernels.single, k::kSelectBlock));
-    }
-    detail::launch(place.kernels.single, static_cast<unsigned>(grid), k::kSelectBlock, place.stream, place.params,
+    detail::launch(place.kernels.single, static_cast<unsigned>(tiles), k::kSelectBlock, place.stream, place.params,
                    "launching select");
     return static_cast<const k::SelectCounts*>(place.params.totals);
   });
@@ -246,8 +230,7 @@ ArrayList select(const std::vector<const KernelLibrary*>& libraries, const Shard
     const int device = places[p].device;
     const KernelLibrary& library = *libraries[p];
     if (one_pass) {
-      places[p].kernels.single =
-          KernelHandle::linked(library.kernel(pipelined_select() ? "csj_select_pipelined" : "csj_select_single", device));
+      places[p].kernels.single = KernelHandle::linked(library.kernel("csj_select_single", device));
     } else {
       // a select writes one class: its scatter needs no staging (select_jit.cu)
       places[p].kernels.count = KernelHandle::linked(library.kernel("csj_select_count", device));
