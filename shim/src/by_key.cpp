@@ -350,6 +350,12 @@ bool fits(const ShardedArray& keys, const std::vector<ByKeyPlace>& places, const
   return true;
 }
 
+// The grid of the single pass and of reduce_by_key's gather, which finds each tile's outputs
+// where the pass's warp wrote them: a tile a warp, kByKeyPassWarps consecutive tiles a block.
+unsigned pass_blocks(const k::ByKeyParams& params) {
+  return static_cast<unsigned>((params.num_tiles + k::kByKeyPassWarps - 1) / k::kByKeyPassWarps);
+}
+
 // The single pass's fix-ups on every place after the first (across ranks with earlier totals,
 // the first too), behind their carries.
 void queue_fix_ups(std::vector<ByKeyPlace>& places, std::size_t earlier) {
@@ -421,10 +427,8 @@ FixUps one_pass(std::vector<ByKeyPlace>& places, const std::vector<OnePassLayout
     const char* name = item.params.mode == k::kByKeyInclusive   ? "csj_by_key_one_pass_inclusive"
                        : item.params.mode == k::kByKeyExclusive ? "csj_by_key_one_pass_exclusive"
                                                                 : "csj_by_key_one_pass_reduce";
-    // a tile a warp, each block's warps taking consecutive tiles
-    const long long blocks = (item.params.num_tiles + k::kByKeyPassWarps - 1) / k::kByKeyPassWarps;
-    detail::launch(KernelHandle::linked(item.library->kernel(name, item.device)), static_cast<unsigned>(blocks),
-                   32 * k::kByKeyPassWarps, item.stream, item.params, "launching the by-key single pass");
+    detail::launch(KernelHandle::linked(item.library->kernel(name, item.device)), pass_blocks(item.params),
+                   k::kByKeyBlock, item.stream, item.params, "launching the by-key single pass");
     if (item.params.mode == k::kByKeyReduce) {
       detail::check(k::scan_tile_ends(item.params.tile_ends, item.params.num_tiles, item.stream,
                                       reinterpret_cast<cudaMemPool_t>(group.memory_pool(item.place))),
@@ -445,9 +449,8 @@ void gather_runs(std::vector<ByKeyPlace>& places, const ArrayList& result, const
     DeviceGuard guard(item.device);
     item.params.out_keys = reinterpret_cast<void*>(result[0]->shard_pointer(item.place));
     item.params.out_values = reinterpret_cast<void*>(result[1]->shard_pointer(item.place));
-    const long long blocks = (item.params.num_tiles + k::kByKeyPassWarps - 1) / k::kByKeyPassWarps;
     detail::launch(KernelHandle::linked(item.library->kernel("csj_by_key_one_pass_gather", item.device)),
-                   static_cast<unsigned>(blocks), k::kByKeyBlock, item.stream, item.params,
+                   pass_blocks(item.params), k::kByKeyBlock, item.stream, item.params,
                    "launching reduce_by_key's gather");
   }
   if (fix_ups.due) queue_fix_ups(places, fix_ups.earlier);
