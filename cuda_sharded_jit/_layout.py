@@ -156,9 +156,11 @@ class NumberLayout(Layout):
         if isinstance(value, tuple):
             raise TypeError(f"init: a tuple, but the accumulator is a single {self.dtype}; a tuple "
                             f"accumulator comes from a map that returns tuples (transform_reduce)")
+        kind = type(value)
         packer = self._struct
         if packer is not None:  # the bytes exact_cast's would have, without numpy
-            kind = type(value)
+            if kind is self.dtype.type:  # a numpy scalar of the accumulator's own type: its bytes
+                return value.tobytes()
             if kind is float and self.dtype.kind == "f":
                 try:
                     return packer.pack(value)

@@ -51,6 +51,8 @@ def _accumulator(dtype: np.dtype, layout: Layout, init) -> np.dtype:
     """
     if type(init) in _WEAK_TYPES:  # the common call, reduce(a, op, 0.0): a weak Python scalar
         return dtype
+    if type(init) is dtype.type and not layout.is_record:  # np.float32(0) for float32: nothing to promote
+        return dtype
     init_dtype = None if layout.is_record else _init_request(init)
     if init_dtype is None:
         return dtype

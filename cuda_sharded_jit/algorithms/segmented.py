@@ -19,13 +19,16 @@ from ..compiler import kernel_libraries
 from .reduce import _PYTHON_OPS, _accumulator, _init_request, _map_operator, _operator, _refuse_tuples
 
 
+_INT64 = np.dtype(np.int64)
+
+
 def _positions(offsets, a: ShardedArray):
     """offsets as the shim takes them, TypeError or ValueError naming it: an int64
     ShardedArray on a's group stays on the device (the shim checks its positions there,
     before anything runs); numpy positions come back as checked int64 on the host, as do a
     ShardedArray's on a from_mpi group (whose route cuts pieces on the host)."""
     if isinstance(offsets, ShardedArray):
-        if offsets.dtype != np.dtype(np.int64):
+        if offsets.dtype != _INT64:
             raise TypeError(f"offsets: a ShardedArray of offsets must hold int64, not {offsets.dtype}")
         if offsets.group is not a.group:
             raise ValueError("offsets: belongs to another PlaceGroup than a")
