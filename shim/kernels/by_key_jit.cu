@@ -709,7 +709,56 @@ struct WarpTile {
 #pragma unroll
     for (int k = 0; k < kLaneItems; ++k) striped[k] = items[slot(lane + 32 * k)];
   }
+  // Whether a lane's share of a tile is whole 16-byte vectors (every size but 4- and 8-byte
+  // keys beside 32-byte values, whose lanes hold 2 keys).
+  static constexpr bool kVectors = sizeof(T) <= 16 && (kLaneItems * sizeof(T)) % 16 == 0;
+  // The tile's elements from `in` (16-byte aligned) in 16-byte vectors, lane l loading
+  // vectors l, l + 32, ... (each a warp's coalesced 512 bytes), all of them before the first
+  // is placed: a quarter of the loads of 4-byte elements a lane issues one by one.
+  __device__ __forceinline__ void load_vectors(int lane, const T* in) {
+    static_assert(kVectors, "a lane's share is whole vectors");
+    constexpr int kPer = 16 / static_cast<int>(sizeof(T));  // elements a vector
+    constexpr int kCount = kLaneItems / kPer;              // vectors a lane
+    const uint4* vectors = reinterpret_cast<const uint4*>(in);
+    uint4 words[kCount];
+#pragma unroll
+    for (int v = 0; v < kCount; ++v) words[v] = vectors[lane + 32 * v];
+#pragma unroll
+    for (int v = 0; v < kCount; ++v) {
+      T elements[kPer];
+      memcpy(elements, &words[v], 16);
+#pragma unroll
+      for (int c = 0; c < kPer; ++c) items[slot(kPer * (lane + 32 * v) + c)] = elements[c];
+    }
+  }
 };
+
+// The warps' tiles of keys and values, the look-back's staging, and the block's first tile:
+// the single pass's shared memory (one per kernel, whichever tile body a warp runs).
+template <class P>
+struct PassShared {
+  WarpTile<Key> keys[kByKeyPassWarps];
+  WarpTile<Value> values[kByKeyPassWarps];
+  P stage[kByKeyPassWarps][32];
+  P found[kByKeyPassWarps];
+  long long first_tile;
+};
+
+// A run of the lane's items folded from left to right with their heads known: a head starts
+// the fold again (its pair: element_pair's), any other item is folded into it. The same
+// association as Segmented's left fold of the items' pairs; for the items after the first
+// of a fold that already holds an element, whose pairs are all valid (full tiles).
+template <bool kExclusive, class P>
+__device__ __forceinline__ void fold_item(const ByKeyParams& p, P& fold, bool head, const Key& key,
+                                          const Value& value) {
+  if (head) {
+    fold = element_pair<P>(p, kExclusive, 1, key, value);
+  } else {
+    Value next;
+    csj_op(&fold.value, &value, &next);
+    fold.value = next;
+  }
+}
 
 // The single pass over one warp's tile: a coalesced striped load of its keys and values into
 // the warp's shared memory, where lane l reads the elements l * kLaneItems ... (blocked); each
@@ -718,33 +767,35 @@ struct WarpTile {
 // from, left to right, reading them from shared memory again (so that nothing but the lane's
 // heads and folds stays in registers across the look-back). No block barrier after the tile
 // is taken: each warp runs on its own. Every association (lane, warp tree, tiles from the
-// left) is fixed for a shard size.
-template <int kMode>
-__device__ __forceinline__ void one_pass(const ByKeyParams& p) {
+// left) is fixed for a shard size. kFull: a tile with every element in the shard and one
+// more after it (all but a shard's last tile), whose body has no bound checks (fewer than
+// half the instructions a lane issues otherwise); the last tile takes the checked body.
+template <int kMode, bool kFull>
+__device__ __forceinline__ void one_pass_tile(const ByKeyParams& p, PassShared<PairOf<kMode == kByKeyReduce>>& shared,
+                                              long long tile, int warp, int lane) {
   constexpr bool kReduce = kMode == kByKeyReduce;
   constexpr bool kExclusive = kMode == kByKeyExclusive;
   constexpr int kI = kLaneItems;
   using P = PairOf<kReduce>;
-  __shared__ WarpTile<Key> key_tiles[kByKeyPassWarps];
-  __shared__ WarpTile<Value> value_tiles[kByKeyPassWarps];
-  __shared__ P stage[kByKeyPassWarps][32];
-  __shared__ P found[kByKeyPassWarps];
-  __shared__ long long first_tile;
-  const int warp = static_cast<int>(threadIdx.x) / 32;
-  const int lane = static_cast<int>(threadIdx.x) & 31;
-  if (threadIdx.x == 0) first_tile = static_cast<long long>(atomicAdd(p.tile_counter, 1ULL)) * kByKeyPassWarps;
-  __syncthreads();
-  const long long tile = first_tile + warp;
-  if (tile >= p.num_tiles) return;
   const long long tile_start = tile * kPassTile;
-  const int valid = static_cast<int>(min(p.n - tile_start, static_cast<long long>(kPassTile)));
+  const int valid = kFull ? kPassTile : static_cast<int>(min(p.n - tile_start, static_cast<long long>(kPassTile)));
+  const auto in_shard = [&](long long at) { return kFull || at < p.n; };
   const Key* shard_keys = static_cast<const Key*>(p.keys);
-  WarpTile<Key>& key_tile = key_tiles[warp];
-  WarpTile<Value>& value_tile = value_tiles[warp];
-  {
+  WarpTile<Key>& key_tile = shared.keys[warp];
+  WarpTile<Value>& value_tile = shared.values[warp];
+  const Value* in = static_cast<const Value*>(p.values) + tile_start;
+  constexpr bool kVectors = kFull && WarpTile<Key>::kVectors && WarpTile<Value>::kVectors;
+  bool loaded = false;
+  if constexpr (kVectors) {
+    if (((reinterpret_cast<std::uintptr_t>(shard_keys) | reinterpret_cast<std::uintptr_t>(in)) & 15) == 0) {
+      key_tile.load_vectors(lane, shard_keys + tile_start);
+      value_tile.load_vectors(lane, in);
+      loaded = true;
+    }
+  }
+  if (!loaded) {
     Key keys[kI];
     Value values[kI];
-    const Value* in = static_cast<const Value*>(p.values) + tile_start;
     if (valid == kPassTile) {
       cub::LoadDirectStriped<32>(lane, shard_keys + tile_start, keys);
       cub::LoadDirectStriped<32>(lane, in, values);
@@ -758,7 +809,7 @@ __device__ __forceinline__ void one_pass(const ByKeyParams& p) {
   // the keys either side of the tile, for the heads of its first and after its last element
   Key before_tile{}, after_tile{};
   if (lane == 0 && tile_start > 0) before_tile = shard_keys[tile_start - 1];
-  if (lane == 31 && tile_start + kPassTile < p.n) after_tile = shard_keys[tile_start + kPassTile];
+  if (lane == 31 && in_shard(tile_start + kPassTile)) after_tile = shard_keys[tile_start + kPassTile];
   __syncwarp();
 
   // heads, bit j (j = 0 .. kI - 1): a run starts at item j; bit kI: one starts after the lane's
@@ -772,7 +823,7 @@ __device__ __forceinline__ void one_pass(const ByKeyParams& p) {
 #pragma unroll
   for (int j = 0; j < kI; ++j) {
     const long long at = first + j;
-    if (at < p.n) {
+    if (in_shard(at)) {
       bool head;
       if (j > 0) {
         head = !same_run(keys[j - 1], keys[j]);
@@ -790,7 +841,7 @@ __device__ __forceinline__ void one_pass(const ByKeyParams& p) {
   }
   const unsigned next_lane_head = __shfl_down_sync(0xffffffffu, heads, 1) & 1u;
   const long long after = first + kI;
-  if (after < p.n) {
+  if (in_shard(after)) {
     heads |= (lane < 31 ? next_lane_head : static_cast<unsigned>(!same_run(keys[kI - 1], after_tile))) << kI;
   } else if (after == p.n) {
     heads |= static_cast<unsigned>(p.next_key == nullptr || !same_run(keys[kI - 1], *static_cast<const Key*>(p.next_key)))
@@ -799,11 +850,17 @@ __device__ __forceinline__ void one_pass(const ByKeyParams& p) {
 
   // the lane's fold, then the lanes' inclusive folds across the warp
   P lane_fold = empty_pair<P>();
+  if constexpr (kFull) {
+    lane_fold = element_pair<P>(p, kExclusive, heads & 1u, keys[0], value_tile.blocked(lane, 0));
 #pragma unroll
-  for (int j = 0; j < kI; ++j) {
-    if (first + j < p.n) {
-      lane_fold = Segmented()(
-          lane_fold, element_pair<P>(p, kExclusive, (heads >> j) & 1u, keys[j], value_tile.blocked(lane, j)));
+    for (int j = 1; j < kI; ++j) fold_item<kExclusive>(p, lane_fold, (heads >> j) & 1u, keys[j], value_tile.blocked(lane, j));
+  } else {
+#pragma unroll
+    for (int j = 0; j < kI; ++j) {
+      if (first + j < p.n) {
+        lane_fold = Segmented()(
+            lane_fold, element_pair<P>(p, kExclusive, (heads >> j) & 1u, keys[j], value_tile.blocked(lane, j)));
+      }
     }
   }
   P inclusive = lane_fold;
@@ -816,7 +873,7 @@ __device__ __forceinline__ void one_pass(const ByKeyParams& p) {
   if (lane == 0) lane_prefix = empty_pair<P>();
   const P tile_fold = from_lane(inclusive, 31);
 
-  LookBack<kReduce> look_back{p, tile, stage[warp], &found[warp]};
+  LookBack<kReduce> look_back{p, tile, shared.stage[warp], &shared.found[warp]};
   const P tile_prefix = from_lane(look_back(tile_fold), 0);
   P running = Segmented()(tile_prefix, lane_prefix);
 
@@ -836,9 +893,15 @@ __device__ __forceinline__ void one_pass(const ByKeyParams& p) {
     long long at = tile_start + rank;
 #pragma unroll
     for (int j = 0; j < kI; ++j) {
-      if (first + j < p.n) {
-        running = Segmented()(running, element_pair<P>(p, false, (heads >> j) & 1u, key_tile.blocked(lane, j),
-                                                       value_tile.blocked(lane, j)));
+      if (in_shard(first + j)) {
+        const bool head = (heads >> j) & 1u;
+        if (kFull && j > 0) {  // running holds an element: its key is read only at a head
+          if (head) running.key = key_tile.blocked(lane, j);
+          fold_item<false>(p, running, head, running.key, value_tile.blocked(lane, j));
+        } else {
+          running = Segmented()(running, element_pair<P>(p, false, head, key_tile.blocked(lane, j),
+                                                         value_tile.blocked(lane, j)));
+        }
         if ((heads >> (j + 1)) & 1u) {  // the run's first key (the pair's) and its fold
           out_keys[at] = running.key;
           out_values[at] = running.value;
@@ -850,11 +913,15 @@ __device__ __forceinline__ void one_pass(const ByKeyParams& p) {
     const Value init = *reinterpret_cast<const Value*>(p.init);
 #pragma unroll
     for (int j = 0; j < kI; ++j) {
-      if (first + j < p.n) {
+      if (in_shard(first + j)) {
         const bool head = (heads >> j) & 1u;
         Value& slot = value_tile.blocked(lane, j);  // the lane's own: it takes the result
         const Value before = running.value;
-        running = Segmented()(running, element_pair<P>(p, kExclusive, head, Key{}, slot));
+        if (kFull && j > 0) {
+          fold_item<kExclusive>(p, running, head, Key{}, slot);
+        } else {
+          running = Segmented()(running, element_pair<P>(p, kExclusive, head, Key{}, slot));
+        }
         if constexpr (kExclusive) {
           slot = head ? init : before;  // a run's head: init (its pair held op(init, value))
         } else {
@@ -871,6 +938,33 @@ __device__ __forceinline__ void one_pass(const ByKeyParams& p) {
     } else {
       cub::StoreDirectStriped<32>(lane, out, values, valid);
     }
+  }
+}
+
+// A shard's last tile: the checked body, called (not inlined) so that the full tiles' body
+// keeps its registers (both inlined, reduce_by_key's spilled under the 64-register bound).
+template <int kMode>
+__device__ __noinline__ void one_pass_last_tile(const ByKeyParams& p,
+                                                PassShared<PairOf<kMode == kByKeyReduce>>& shared, long long tile,
+                                                int warp, int lane) {
+  one_pass_tile<kMode, false>(p, shared, tile, warp, lane);
+}
+
+// The single pass: a block takes kByKeyPassWarps consecutive tiles from the counter, a warp
+// each, and each warp runs the full tiles' body or, for a shard's last tile, the checked one.
+template <int kMode>
+__device__ __forceinline__ void one_pass(const ByKeyParams& p) {
+  __shared__ PassShared<PairOf<kMode == kByKeyReduce>> shared;
+  const int warp = static_cast<int>(threadIdx.x) / 32;
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  if (threadIdx.x == 0) shared.first_tile = static_cast<long long>(atomicAdd(p.tile_counter, 1ULL)) * kByKeyPassWarps;
+  __syncthreads();
+  const long long tile = shared.first_tile + warp;
+  if (tile >= p.num_tiles) return;
+  if ((tile + 1) * kPassTile < p.n) {
+    one_pass_tile<kMode, true>(p, shared, tile, warp, lane);
+  } else {
+    one_pass_last_tile<kMode>(p, shared, tile, warp, lane);
   }
 }
 

@@ -157,6 +157,13 @@ class PositionsStaging {
       check(allocated, "cudaMallocHost (offsets)");
     }
     spare_.capacity = bytes;
+    // the address kernels store verdicts through, asked for once per buffer (not per call)
+    const cudaError_t mapped = cudaHostGetDevicePointer(&spare_.mapped, spare_.data, 0);
+    if (mapped != cudaSuccess) {
+      cudaFreeHost(spare_.data);
+      cudaEventDestroy(spare_.done);
+      check(mapped, "cudaHostGetDevicePointer (verdict)");
+    }
   }
   ~PositionsStaging() { Spares::give(spare_); }
   PositionsStaging(const PositionsStaging&) = delete;
@@ -169,11 +176,7 @@ class PositionsStaging {
 
   // The buffer as the current device addresses it (pinned memory is mapped under unified
   // addressing), for kernels that store into it (the device route's check verdicts).
-  void* mapped() const {
-    void* device = nullptr;
-    check(cudaHostGetDevicePointer(&device, spare_.data, 0), "cudaHostGetDevicePointer (verdict)");
-    return device;
-  }
+  void* mapped() const { return spare_.mapped; }
   // What `stream` holds now may write the buffer: it stays busy until that is done.
   void written_by(cudaStream_t stream) { mark_busy(stream); }
   // Whether everything the buffer was last marked busy for is done (throws on a device error).
@@ -203,6 +206,7 @@ class PositionsStaging {
 
   struct Spare {
     unsigned char* data = nullptr;
+    void* mapped = nullptr;  // data as the device addresses it
     std::size_t capacity = 0;
     int device = -1;
     cudaEvent_t done = nullptr;
