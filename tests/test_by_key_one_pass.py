@@ -129,6 +129,32 @@ def test_int32_sums_by_key(engine, case, sizes):
 
 
 @gpu
+@pytest.mark.parametrize("value_dtype", [np.int32, np.int64])
+def test_shards_off_the_vector_alignment(value_dtype):
+    """A contiguous array whose first shard holds 3 elements starts its second 12 (or, for
+    int64 values, 24) bytes into a 16-byte word: that shard's full tiles take the single
+    pass's element-by-element loads instead of its 16-byte vectors. Both scans and
+    reduce_by_key against numpy, runs crossing the shard boundary and many tile edges."""
+    keys = _key_cases()[0][1]
+    n = keys.size
+    values = np.random.default_rng(43).integers(-100, 100, n).astype(value_dtype)
+    group = sharded.PlaceGroup.by_devices([0, 0])
+    sizes = [3, n - 3]
+    k = sharded.ShardedArray.from_numpy(group, keys, sizes=sizes, contiguous=True)
+    v = sharded.ShardedArray.from_numpy(group, values, sizes=sizes, contiguous=True)
+    for array in (k, v):  # the second shard is off the 16-byte alignment
+        assert array.shard(1).__cuda_array_interface__["data"][0] % 16 != 0
+    inclusive, exclusive, unique_keys, sums = _sum_answers(keys, values, init=3)
+    add = lambda x, y: x + y  # noqa: E731
+    np.testing.assert_array_equal(sharded.inclusive_scan_by_key(k, v, add).to_numpy(), inclusive.astype(value_dtype))
+    np.testing.assert_array_equal(sharded.exclusive_scan_by_key(k, v, add, value_dtype(3)).to_numpy(),
+                                  exclusive.astype(value_dtype))
+    got_keys, got_sums = sharded.reduce_by_key(k, v, add)
+    np.testing.assert_array_equal(got_keys.to_numpy(), unique_keys)
+    np.testing.assert_array_equal(got_sums.to_numpy(), sums.astype(value_dtype))
+
+
+@gpu
 @pytest.mark.parametrize("case", _key_cases()[:5], ids=lambda case: case[0])
 def test_non_commutative_records(engine, case):
     """16-byte records under an associative, non-commutative operator (tiles of 1024, so the key
