@@ -600,16 +600,22 @@ struct LookBack {
     long long nearest = -1;
     for (long long top = tile - 1; top >= 0; top -= 32) {
       const long long at = top - lane;
-      bool inclusive = true;  // before the shard: the empty fold
+      bool inclusive = at < 0;  // before the shard: the empty fold
+      bool published = at < 0;
       uint4 inclusive_word = make_uint4(0, 0, 0, 0);
       uint4 aggregate_word = make_uint4(0, 0, 0, 0);
-      if (at >= 0) {
-        do {
+      // Only the tiles up to the nearest inclusive one are waited for (the fold reads no
+      // further): lanes read again until those have published, a tile seen once stays seen.
+      for (;;) {
+        if (!published) {
           inclusive_word = Slots::load(Slots::inclusives(p) + at);
           aggregate_word = Slots::load(Slots::aggregates(p) + at);
-        } while (Slots::state(inclusive_word) != kByKeyTileInclusive &&
-                 Slots::state(aggregate_word) != kByKeyTileAggregate);
-        inclusive = Slots::state(inclusive_word) == kByKeyTileInclusive;
+          inclusive = Slots::state(inclusive_word) == kByKeyTileInclusive;
+          published = inclusive || Slots::state(aggregate_word) == kByKeyTileAggregate;
+        }
+        const unsigned inclusives = __ballot_sync(0xffffffffu, inclusive);
+        const unsigned needed = inclusives ? ((inclusives & (0u - inclusives)) << 1) - 1u : 0xffffffffu;
+        if ((__ballot_sync(0xffffffffu, published) & needed) == needed) break;
       }
       if (top == tile - 1) stage[lane] = Slots::record(aggregate_word);  // lane l: tile - 1 - l
       const unsigned done = __ballot_sync(0xffffffffu, inclusive);
