@@ -129,6 +129,34 @@ def test_int32_sums_by_key(engine, case, sizes):
 
 
 @gpu
+def test_twelve_byte_records(engine):
+    """12-byte records (two float32 and an int32) by int32 keys: elements that no 16-byte
+    vector holds whole, so even aligned full tiles load them one by one (tiles of 128). Sums
+    of small integers, exact in float32: the inclusive scan and reduce_by_key against numpy,
+    over many tiles and runs that cross them."""
+    record = np.dtype([("x", np.float32), ("y", np.float32), ("count", np.int32)], align=True)
+    assert record.itemsize == 12
+    keys = _key_cases()[0][1]
+    n = keys.size
+    rng = np.random.default_rng(44)
+    host = np.zeros(n, record)
+    host["x"] = rng.integers(-8, 8, n)
+    host["y"] = rng.integers(0, 4, n)
+    host["count"] = 1
+    group = sharded.PlaceGroup.by_devices([0])
+    k = sharded.ShardedArray.from_numpy(group, keys)
+    v = sharded.ShardedArray.from_numpy(group, host)
+    op = lambda p, q: (p.x + q.x, p.y + q.y, p.count + q.count)  # noqa: E731
+    got = sharded.inclusive_scan_by_key(k, v, op).to_numpy()
+    unique_keys, reduced = sharded.reduce_by_key(k, v, op)
+    for field in ("x", "y", "count"):
+        inclusive, _, expected_keys, sums = _sum_answers(keys, host[field].astype(np.int64))
+        np.testing.assert_array_equal(got[field].astype(np.int64), inclusive)
+        np.testing.assert_array_equal(reduced.to_numpy()[field].astype(np.int64), sums)
+        np.testing.assert_array_equal(unique_keys.to_numpy(), expected_keys)
+
+
+@gpu
 @pytest.mark.parametrize("value_dtype", [np.int32, np.int64])
 def test_shards_off_the_vector_alignment(value_dtype):
     """A contiguous array whose first shard holds 3 elements starts its second 12 (or, for

@@ -715,9 +715,10 @@ struct WarpTile {
 #pragma unroll
     for (int k = 0; k < kLaneItems; ++k) striped[k] = items[slot(lane + 32 * k)];
   }
-  // Whether a lane's share of a tile is whole 16-byte vectors (every size but 4- and 8-byte
-  // keys beside 32-byte values, whose lanes hold 2 keys).
-  static constexpr bool kVectors = sizeof(T) <= 16 && (kLaneItems * sizeof(T)) % 16 == 0;
+  // Whether a lane's share of a tile is whole 16-byte vectors of whole elements: elements of
+  // 4, 8 or 16 bytes (not 12, 24 or 32), and a lane's share a multiple of 16 bytes (not
+  // the 2 keys a lane holds beside 32-byte values).
+  static constexpr bool kVectors = 16 % sizeof(T) == 0 && (kLaneItems * sizeof(T)) % 16 == 0;
   // The tile's elements from `in` (16-byte aligned) in 16-byte vectors, lane l loading
   // vectors l, l + 32, ... (each a warp's coalesced 512 bytes), all of them before the first
   // is placed: a quarter of the loads of 4-byte elements a lane issues one by one.
