@@ -108,7 +108,7 @@ class NumberLayout(Layout):
     # where numpy's casts cost a few µs per call; anything else goes through numpy.
     _FORMATS = {"float32": "=f", "float64": "=d", "int32": "=i", "int64": "=q", "uint32": "=I",
                 "uint64": "=Q"}
-    __slots__ = ("_struct", "_int_range")
+    __slots__ = ("_struct", "_int_range", "_scalar", "_packs_own")
 
     def __init__(self, dtype: np.dtype):
         self.dtype = dtype
@@ -121,6 +121,11 @@ class NumberLayout(Layout):
         self.field_names = None
         layout = self._FORMATS.get(dtype.name) if dtype.isnative else None
         self._struct = None if layout is None else struct.Struct(layout)
+        self._scalar = dtype.type  # read on every unpack: dtype.type is a descriptor
+        # a numpy scalar of this type packs through struct bit for bit: integers exactly, a
+        # float64 is a Python float; a float32 goes through a double, exact but for a NaN's
+        # payload (a signalling NaN comes back quiet), so a float32 NaN takes tobytes
+        self._packs_own = dtype.kind in "iu" or dtype.itemsize == 8
         # the Python ints packed without numpy: the dtype's range, or for floats those exact
         # in a double (converted once, as numpy's cast from int64 rounds them)
         if dtype.kind in "iu":
@@ -159,7 +164,12 @@ class NumberLayout(Layout):
         kind = type(value)
         packer = self._struct
         if packer is not None:  # the bytes exact_cast's would have, without numpy
-            if kind is self.dtype.type:  # a numpy scalar of the accumulator's own type: its bytes
+            if kind is self._scalar:  # a numpy scalar of the accumulator's own type: its bytes
+                if self._packs_own:
+                    return packer.pack(value)
+                number = float(value)
+                if number == number:
+                    return packer.pack(number)
                 return value.tobytes()
             if kind is float and self.dtype.kind == "f":
                 try:
@@ -175,7 +185,7 @@ class NumberLayout(Layout):
         if packer is not None and len(raw) == self.itemsize:
             value = packer.unpack(raw)[0]
             if value == value:  # a NaN keeps its exact bits through numpy (float32's payload)
-                return self.dtype.type(value)
+                return self._scalar(value)
         return np.frombuffer(raw, dtype=self.dtype)[0]
 
     def interface_entries(self) -> dict:

@@ -515,6 +515,20 @@ class ShardedArray:
         return array
 
     @classmethod
+    def _new_even(cls, group: PlaceGroup, n: int, dtype: np.dtype) -> ShardedArray:
+        """Internal (the algorithms' outputs): `allocate(group, n, dtype)` on a one-process
+        group for an int `n` and a `dtype` the caller has already checked (a kernel's result
+        or accumulator dtype); no argument is re-checked, as in _new_like."""
+        sizes = _shim.ShardedArray.even_sizes(n, len(group))
+        array = object.__new__(cls)
+        array._impl = _allocate(group, sizes, dtype, False)
+        array._group = group
+        array._dtype = dtype
+        array._keepalive = None
+        array._shard_sizes = tuple(sizes)
+        return array
+
+    @classmethod
     def allocate_contiguous(cls, group: PlaceGroup, n, dtype) -> ShardedArray:
         """Like `allocate`, but all shards lie in one virtual address range (CUDA VMM).
 

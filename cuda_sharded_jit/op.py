@@ -122,15 +122,21 @@ def _code_names(code: types.CodeType) -> tuple[tuple[str, ...], tuple[str, ...]]
     return tuple(dict.fromkeys(loaded)), tuple(sorted(set(attributes)))
 
 
+_NO_DEFAULTS = ("tuple",)
+
+
 @functools.lru_cache(maxsize=4096)
-def _code_facts(code: types.CodeType) -> tuple[bool, bool, str, list]:
+def _code_facts(code: types.CodeType) -> tuple[bool, bool, str, list, int, tuple]:
     """(whether the code can be an operator's, _check_function's test: no generator or async,
     plain positional parameters; whether it loads a global; its static digest; a one-item
     list holding the last kernel_libraries memo of any operator of this code, which a new
-    operator of it starts from: a lambda written in the call is a new operator each time)."""
+    operator of it starts from: a lambda written in the call is a new operator each time;
+    its parameter count; the (code, static digest) pair Op._static_for starts from when the
+    function has no defaults)."""
     plain = not (code.co_flags & (_NOT_GENERATOR | inspect.CO_VARARGS | inspect.CO_VARKEYWORDS)
                  or code.co_kwonlyargcount)
-    return plain, bool(_code_names(code)[0]), _code_static_digest(code), [None]
+    digest = _code_static_digest(code)
+    return plain, bool(_code_names(code)[0]), digest, [None], code.co_argcount, (code, (digest, _NO_DEFAULTS))
 
 
 # ---- values -------------------------------------------------------------------------------
@@ -305,8 +311,6 @@ def _dispatcher_settings(dispatcher) -> tuple:
 
 # ---- functions ----------------------------------------------------------------------------
 
-_NO_DEFAULTS = ("tuple",)
-
 
 def _static_digest(func: types.FunctionType) -> tuple:
     defaults = func.__defaults__  # every call pays this: no defaults, no fingerprint to build
@@ -388,25 +392,27 @@ class Op:
     def _setup(self, func, argument: str) -> None:
         # the checks and the facts below depend on the code only: one cached lookup per call
         # of a new function object (a lambda written in the call makes one each time)
-        facts = _code_facts(func.__code__) if type(func) is types.FunctionType else None
-        if facts is None or not facts[0]:
+        if type(func) is not types.FunctionType:
+            _check_function(func, argument)  # raises
+        facts = _code_facts(func.__code__)
+        if not facts[0]:
             _check_function(func, argument)  # raises
         self.func = func
-        self.name = getattr(func, "__qualname__", func.__name__)
+        self.name = func.__qualname__  # a function always has one (a str)
         # Code that names no global and captures nothing has no dynamic part beyond its
         # defaults; anything else is re-read at every call (a global may be defined after
         # decoration).
         self._has_dynamic = bool(func.__closure__) or facts[1]
-        self._nparams = func.__code__.co_argcount
+        self._nparams = facts[4]
         # (code, static digest) of the last identity of a function with no defaults: the
         # digest depends on the code alone then, so it is reused while func.__code__ is that
-        # code (one tuple, read and written whole, so threads never see a mixed pair)
-        self._static_for = ((func.__code__, (facts[2], _NO_DEFAULTS)) if facts is not None and not func.__defaults__
-                            else (None, None))
+        # code (one tuple, read and written whole, so threads never see a mixed pair; the
+        # first is the code's own, shared by its operators and never written)
+        self._static_for = (None, None) if func.__defaults__ else facts[5]
         # compiler.kernel_libraries' memo of this operator's last call (checked against the
         # call's identity before use, so one of another operator of the same code is safe)
-        self._code_memo = facts[3]
-        self._last_libraries = facts[3][0]
+        memo = self._code_memo = facts[3]
+        self._last_libraries = memo[0]
 
     def __call__(self, *args):
         return self.func(*args)

@@ -145,24 +145,25 @@ def reduce(a: ShardedArray, op="sum", init=None, out=None):
     (np.float32(12.5), np.float32(-3.0))
     """
     check_array(a)
-    values = layout_of(a.dtype)
+    dtype = a._dtype  # a.dtype, read once
+    values = layout_of(dtype)
     op = _operator(op, 2, "reduce", values)
     if isinstance(init, tuple) and not values.is_record:
         raise TypeError("init: a tuple accumulator is built from each element by a map: use "
                         "sharded.transform_reduce(a, map_op, reduce_op, init)")
     if out is not None:
         return _reduce_into(a, op, init, out, values)
-    acc_dtype = _accumulator(a.dtype, values, init)
-    acc = values if acc_dtype is a.dtype else layout_of(acc_dtype)
+    acc_dtype = _accumulator(dtype, values, init)
+    acc = values if acc_dtype is dtype else layout_of(acc_dtype)
     packed = acc.pack_init(init)
     if isinstance(op, str):
-        if acc_dtype == a.dtype:
+        if acc_dtype == dtype:
             valid, raw = _reduce_call(a, acc.itemsize, packed, builtin=_BUILTIN[op])
             return _result(valid, raw, acc, op, "reduce")
         name, op = op, _PYTHON_OPS[op]
     else:
         name = None
-    _, libraries = kernel_libraries(op, "reduce", (("array", a.dtype),), acc_dtype, a.group.archs)
+    _, libraries = kernel_libraries(op, "reduce", (("array", dtype),), acc_dtype, a._group.archs)
     valid, raw = _reduce_call(a, acc.itemsize, packed, libraries)
     return _result(valid, raw, acc, name, "reduce")
 

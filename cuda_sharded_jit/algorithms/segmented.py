@@ -28,13 +28,14 @@ def _positions(offsets, a: ShardedArray):
     before anything runs); numpy positions come back as checked int64 on the host, as do a
     ShardedArray's on a from_mpi group (whose route cuts pieces on the host)."""
     if isinstance(offsets, ShardedArray):
-        if offsets.dtype != _INT64:
+        # the slots behind .dtype and .group (no subclass overrides them): every call asks
+        if offsets._dtype is not _INT64 and offsets._dtype != _INT64:
             raise TypeError(f"offsets: a ShardedArray of offsets must hold int64, not {offsets.dtype}")
-        if offsets.group is not a.group:
+        if offsets._group is not a._group:
             raise ValueError("offsets: belongs to another PlaceGroup than a")
         if offsets.size == 0:
             raise ValueError("offsets: expected S + 1 positions (at least one), got none")
-        if not a.group._distributed:
+        if not a._group._distributed:
             return offsets
         host = offsets.to_numpy(root=None)  # on every rank of a from_mpi group
     elif isinstance(offsets, np.ndarray):
@@ -87,7 +88,8 @@ def segmented_reduce(a: ShardedArray, offsets, op, init, *, map_op=None,
     ...                                  (0, 0.0), map_op=lambda x: (1, x))  # (count, sum)  # doctest: +SKIP
     """
     check_array(a)
-    values = layout_of(a.dtype)
+    dtype, group = a._dtype, a._group  # a.dtype and a.group, read once
+    values = layout_of(dtype)
     if map_op is None:
         if with_index:
             raise ValueError("with_index: needs a map_op (it receives each element's global index)")
@@ -105,29 +107,31 @@ def segmented_reduce(a: ShardedArray, offsets, op, init, *, map_op=None,
     if builtin:
         op = _PYTHON_OPS[builtin]
     if map_op is None:
-        acc_dtype = _accumulator(a.dtype, values, init)
-        acc_dtype, libraries = kernel_libraries(op, "reduce", (("array", a.dtype),), acc_dtype, a.group.archs)
+        acc_dtype = _accumulator(dtype, values, init)
+        acc_dtype, libraries = kernel_libraries(op, "reduce", (("array", dtype),), acc_dtype, group.archs)
     else:
         try:
-            acc_dtype, libraries = kernel_libraries(op, "reduce", (("array", a.dtype),), _init_request(init),
-                                                    a.group.archs,
+            acc_dtype, libraries = kernel_libraries(op, "reduce", (("array", dtype),), _init_request(init),
+                                                    group.archs,
                                                     ("call_index" if with_index else "call", map_op))
         except TypeError as error:
             if builtin and "tuple" in str(error):
                 raise TypeError(f"op: {builtin!r} combines single numbers, but the map returns tuples; "
                                 f"pass an operator that combines two tuples") from error
             raise
-    acc = layout_of(acc_dtype)
+    acc = values if acc_dtype is dtype else layout_of(acc_dtype)
     _refuse_tuples(builtin, acc, "op")
     if isinstance(init, tuple) and not acc.is_record:
         raise TypeError(f"init: a tuple, but the accumulator is a single {acc_dtype}")
     packed = acc.pack_init(init)
-    if a.group._distributed:
+    if group._distributed:
         from ..distributed import _algorithms
 
         return _algorithms.segmented_reduce(a, positions, libraries, acc_dtype, packed)
-    out = ShardedArray.allocate(a.group, len(positions) - 1 if isinstance(positions, np.ndarray)
-                                else positions.size - 1, acc_dtype)
+    # allocate(group, S, acc_dtype) less its checks: a one-process group, an int count and
+    # the kernel's accumulator dtype
+    out = ShardedArray._new_even(group, len(positions) - 1 if isinstance(positions, np.ndarray)
+                                 else positions.size - 1, acc_dtype)
     if isinstance(positions, ShardedArray):
         try:
             _shim.segmented_reduce_device(libraries, a._impl, positions._impl, out._impl, acc.itemsize, packed)

@@ -22,6 +22,10 @@ _PACK = {np.dtype(name): struct.Struct(layout) for name, layout in (
     ("uint32", "<I4x"), ("uint64", "<Q"))}
 
 
+# prepare's device scalars when there are none (slots, values): run tests the slots
+_NO_DEVICE = ((), ())
+
+
 def pack_scalars(values, dtypes) -> bytes:
     """One 8-byte slot per runtime scalar, in the dtype the operator sees."""
     if not values:
@@ -69,9 +73,10 @@ def transform(op, *args, out: ShardedArray | None = None, with_index: bool = Fal
 
 def prepare(op, args, out: ShardedArray | None, with_index: bool = False, request: np.dtype | None = None):
     """The checks and the compile of `transform`, nothing run: (arrays, packed scalars, out
-    dtype, libraries, indexed), for `run`. Algorithms that chain a transform with another
-    kernel compile both before either writes. `request`: the result dtype wanted when
-    `out` is None (None: the operator's return type)."""
+    dtype, libraries, indexed, (the DeviceScalars' slots, the DeviceScalars)), for `run`.
+    Algorithms that chain a transform with another kernel compile both before either
+    writes. `request`: the result dtype wanted when `out` is None (None: the operator's
+    return type)."""
     if with_index is not False and with_index is not True:
         with_index = as_flag(with_index, "with_index")
     op = as_op(op)
@@ -128,21 +133,21 @@ def prepare(op, args, out: ShardedArray | None, with_index: bool = False, reques
     out_dtype, libraries = kernel_libraries(op, "transform", tuple(kinds), out_request, group.archs,
                                             INDEX_MAP if with_index else VALUE_MAP)
     packed = pack_scalars(scalars, scalar_dtypes) if scalars else b""
-    device = ([slot for slot, _, _ in on_device], [value for _, _, value in on_device])
+    device = (([slot for slot, _, _ in on_device], [value for _, _, value in on_device]) if on_device
+              else _NO_DEVICE)
     # is_indexed_transform's answer, from what the loop saw (its cached form hashes the kinds)
     return arrays, packed, out_dtype, libraries, with_index or records or out_dtype.names is not None, device
 
 
 def run(prepared, out: ShardedArray | None) -> ShardedArray:
     """Launches a transform `prepare` checked and compiled; allocates `out` when None."""
-    arrays, packed, out_dtype, libraries, indexed, *device = prepared
+    arrays, packed, out_dtype, libraries, indexed, (slots, values) = prepared
     if out is None:
         out = ShardedArray._new_like(arrays[0], out_dtype)
     if out._group._distributed:  # every rank's checks passed, and it makes the same call
         begin(out.group, "transform", ("shard sizes", out.shard_sizes),
               ("dtypes", tuple(array.dtype.str for array in arrays) + (out.dtype.str,)))
-    if device and device[0][0]:
-        slots, values = device[0]
+    if slots:
         _shim.transform(libraries, [array._impl for array in arrays], out._impl, packed, indexed, slots,
                         [value._impl for value in values])
     else:
@@ -156,7 +161,8 @@ def launch(op: Op, arrays: list, kinds: tuple, packed: bytes, out: ShardedArray)
     operator's (kind, dtype) arguments in order, `packed` the scalars (pack_scalars), `out`
     is allocated. Compiles or fetches the kernel, launches it, returns `out`."""
     out_dtype, libraries = kernel_libraries(op, "transform", kinds, out.dtype, arrays[0].group.archs, VALUE_MAP)
-    return run((arrays, packed, out_dtype, libraries, is_indexed_transform(kinds, out_dtype, VALUE_MAP)), out)
+    return run((arrays, packed, out_dtype, libraries, is_indexed_transform(kinds, out_dtype, VALUE_MAP), _NO_DEVICE),
+               out)
 
 
 def launch_builtin(name: str, arrays: list, out: ShardedArray, scalars: bytes = b"") -> ShardedArray:
