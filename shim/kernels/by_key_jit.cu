@@ -767,6 +767,50 @@ __device__ __forceinline__ void fold_item(const ByKeyParams& p, P& fold, bool he
   }
 }
 
+// The lane's run heads, from its keys (blocked: items first ..., lane l's elements l * kLaneItems
+// ... of the tile) and the keys either side of the tile (lane 0's before_tile: the key before
+// the tile where there is one; lane 31's after_tile: the key after it where it is in the
+// shard): bit j (j = 0 .. kLaneItems - 1) where a run starts at item j; bit kLaneItems where
+// one starts after the lane's last item, so that bit j + 1 says whether item j ends its run
+// (the shard's rules as run_heads'). kFull: every item and the element after the tile are in
+// the shard.
+template <bool kFull>
+__device__ __forceinline__ unsigned lane_heads(const ByKeyParams& p, const Key (&keys)[kLaneItems], long long first,
+                                               int lane, const Key& before_tile, const Key& after_tile) {
+  constexpr int kI = kLaneItems;
+  const auto in_shard = [&](long long at) { return kFull || at < p.n; };
+  const Key lane_before = from_lane_before(keys[kI - 1], 1);
+  unsigned heads = 0;
+#pragma unroll
+  for (int j = 0; j < kI; ++j) {
+    const long long at = first + j;
+    if (in_shard(at)) {
+      bool head;
+      if (j > 0) {
+        head = !same_run(keys[j - 1], keys[j]);
+      } else if (at == 0) {
+        head = p.prev_key == nullptr || !same_run(*static_cast<const Key*>(p.prev_key), keys[0]);
+      } else {
+        head = !same_run(lane == 0 ? before_tile : lane_before, keys[0]);
+      }
+      heads |= static_cast<unsigned>(head) << j;
+    } else if (at == p.n && j > 0) {
+      heads |= static_cast<unsigned>(p.next_key == nullptr ||
+                                     !same_run(keys[j - 1], *static_cast<const Key*>(p.next_key)))
+               << j;
+    }
+  }
+  const unsigned next_lane_head = __shfl_down_sync(0xffffffffu, heads, 1) & 1u;
+  const long long after = first + kI;
+  if (in_shard(after)) {
+    heads |= (lane < 31 ? next_lane_head : static_cast<unsigned>(!same_run(keys[kI - 1], after_tile))) << kI;
+  } else if (after == p.n) {
+    heads |= static_cast<unsigned>(p.next_key == nullptr || !same_run(keys[kI - 1], *static_cast<const Key*>(p.next_key)))
+             << kI;
+  }
+  return heads;
+}
+
 // The single pass over one warp's tile: a coalesced striped load of its keys and values into
 // the warp's shared memory, where lane l reads the elements l * kLaneItems ... (blocked); each
 // lane folds its pairs and the warp scans the lanes' folds by shuffles in a fixed tree; the
@@ -777,6 +821,7 @@ __device__ __forceinline__ void fold_item(const ByKeyParams& p, P& fold, bool he
 // left) is fixed for a shard size. kFull: a tile with every element in the shard and one
 // more after it (all but a shard's last tile), whose body has no bound checks (fewer than
 // half the instructions a lane issues otherwise); the last tile takes the checked body.
+// reduce_by_key's full tiles take one_pass_reduce_full_tile instead, which folds once.
 template <int kMode, bool kFull>
 __device__ __forceinline__ void one_pass_tile(const ByKeyParams& p, PassShared<PairOf<kMode == kByKeyReduce>>& shared,
                                               long long tile, int warp, int lane) {
@@ -819,41 +864,11 @@ __device__ __forceinline__ void one_pass_tile(const ByKeyParams& p, PassShared<P
   if (lane == 31 && in_shard(tile_start + kPassTile)) after_tile = shard_keys[tile_start + kPassTile];
   __syncwarp();
 
-  // heads, bit j (j = 0 .. kI - 1): a run starts at item j; bit kI: one starts after the lane's
-  // last item, so bit j + 1 says whether item j ends its run (the shard's rules as run_heads')
   const long long first = tile_start + static_cast<long long>(lane) * kI;
   Key keys[kI];
 #pragma unroll
   for (int j = 0; j < kI; ++j) keys[j] = key_tile.blocked(lane, j);
-  const Key lane_before = from_lane_before(keys[kI - 1], 1);
-  unsigned heads = 0;
-#pragma unroll
-  for (int j = 0; j < kI; ++j) {
-    const long long at = first + j;
-    if (in_shard(at)) {
-      bool head;
-      if (j > 0) {
-        head = !same_run(keys[j - 1], keys[j]);
-      } else if (at == 0) {
-        head = p.prev_key == nullptr || !same_run(*static_cast<const Key*>(p.prev_key), keys[0]);
-      } else {
-        head = !same_run(lane == 0 ? before_tile : lane_before, keys[0]);
-      }
-      heads |= static_cast<unsigned>(head) << j;
-    } else if (at == p.n && j > 0) {
-      heads |= static_cast<unsigned>(p.next_key == nullptr ||
-                                     !same_run(keys[j - 1], *static_cast<const Key*>(p.next_key)))
-               << j;
-    }
-  }
-  const unsigned next_lane_head = __shfl_down_sync(0xffffffffu, heads, 1) & 1u;
-  const long long after = first + kI;
-  if (in_shard(after)) {
-    heads |= (lane < 31 ? next_lane_head : static_cast<unsigned>(!same_run(keys[kI - 1], after_tile))) << kI;
-  } else if (after == p.n) {
-    heads |= static_cast<unsigned>(p.next_key == nullptr || !same_run(keys[kI - 1], *static_cast<const Key*>(p.next_key)))
-             << kI;
-  }
+  const unsigned heads = lane_heads<kFull>(p, keys, first, lane, before_tile, after_tile);
 
   // the lane's fold, then the lanes' inclusive folds across the warp
   P lane_fold = empty_pair<P>();
@@ -948,6 +963,143 @@ __device__ __forceinline__ void one_pass_tile(const ByKeyParams& p, PassShared<P
   }
 }
 
+// reduce_by_key's full tiles (one_pass_tile's kFull body for the other modes), one fold of the
+// lane's items instead of two. A run that both starts (a head) and ends in the lane's items is
+// complete there: its first key and fold are written as the fold passes its end, before the
+// look-back, at the tile's output position tile_start + rank + (the outputs before it in the
+// lane), which the heads alone give. Only the lane's first run, where item 0 is no head,
+// needs what comes before the lane: its fold over items 0 .. e (e: the lane's first run end)
+// waits for the look-back in registers (values over 16 bytes: in the warp's shared memory),
+// with whether there is one (the run may also go on past the lane, and then the lanes after
+// hold its end); its output, the prefix's first key and op(prefix, that fold), is written
+// after it, at tile_start + rank. Nothing else is read again: no second pass. So that run's
+// values associate as prefix . (v0 . v1 ... ve), not ((prefix . v0) . v1) ... as the scans and
+// the checked tile fold them; the association is still fixed by the shard's size (where the
+// lanes and tiles fall), so the outputs are the same bits run after run. The lane's fold that
+// the warp scans and the look-back publishes is the same as the other bodies' (items left to
+// right, the same association). The keys and values are loaded striped into the warp's
+// shared-memory tiles (16-byte vectors where both arrays are aligned), as the scans load them,
+// and read from there blocked into registers once. (Loading each lane's share straight into
+// registers as blocked 16-byte vectors, half of each sector a load instruction, was slower on
+// an H100: 1.239 against 1.201 ms for 2^28 int32 keys in runs of 64.)
+__device__ __forceinline__ void one_pass_reduce_full_tile(const ByKeyParams& p, PassShared<Pair>& shared,
+                                                          long long tile, int warp, int lane) {
+  constexpr int kI = kLaneItems;
+  const long long tile_start = tile * kPassTile;
+  const long long first = tile_start + static_cast<long long>(lane) * kI;
+  const Key* shard_keys = static_cast<const Key*>(p.keys);
+  const Value* shard_values = static_cast<const Value*>(p.values);
+  Key keys[kI];
+  Value values[kI];
+  constexpr bool kVectors = WarpTile<Key>::kVectors && WarpTile<Value>::kVectors;
+  WarpTile<Key>& key_tile = shared.keys[warp];
+  WarpTile<Value>& value_tile = shared.values[warp];
+  bool loaded = false;
+  if constexpr (kVectors) {
+    if (((reinterpret_cast<std::uintptr_t>(shard_keys) | reinterpret_cast<std::uintptr_t>(shard_values)) & 15) == 0) {
+      key_tile.load_vectors(lane, shard_keys + tile_start);
+      value_tile.load_vectors(lane, shard_values + tile_start);
+      loaded = true;
+    }
+  }
+  if (!loaded) {
+    cub::LoadDirectStriped<32>(lane, shard_keys + tile_start, keys);
+    cub::LoadDirectStriped<32>(lane, shard_values + tile_start, values);
+    key_tile.put_striped(lane, keys);
+    value_tile.put_striped(lane, values);
+  }
+  __syncwarp();
+#pragma unroll
+  for (int j = 0; j < kI; ++j) {
+    keys[j] = key_tile.blocked(lane, j);
+    values[j] = value_tile.blocked(lane, j);
+  }
+  // the keys either side of the tile (a full tile has an element after it in the shard)
+  Key before_tile{}, after_tile{};
+  if (lane == 0 && tile_start > 0) before_tile = shard_keys[tile_start - 1];
+  if (lane == 31) after_tile = shard_keys[tile_start + kPassTile];
+  const unsigned heads = lane_heads<true>(p, keys, first, lane, before_tile, after_tile);
+
+  // the run ends (bit j: item j ends its run) in the lanes before (the lane's first output)
+  // and in the tile (lane 31's)
+  const unsigned ends = heads >> 1;
+  const int lane_ends = __popc(ends);
+  int sum = lane_ends;
+#pragma unroll
+  for (int delta = 1; delta < 32; delta *= 2) {
+    const int earlier = __shfl_up_sync(0xffffffffu, sum, delta);
+    if (lane >= delta) sum += earlier;
+  }
+  const int rank = sum - lane_ends;
+  if (lane == 31) p.tile_ends[tile] = sum;
+
+  // The lane's fold, writing each run that starts and ends in the lane: those are the run
+  // ends after a head, all of them where item 0 is one, else all but the first (`complete`);
+  // the first then ends the run that came in, whose fold is kept (`partial`). The lane's
+  // outputs are its rank's onwards, the partial run's first.
+  const unsigned complete = (heads & 1u) ? ends : ends & (ends - 1u);
+  const bool partial = complete != ends;
+  Key* const out_keys = static_cast<Key*>(p.tile_keys) + (tile_start + rank);
+  Value* const out_values = static_cast<Value*>(p.tile_values) + (tile_start + rank);
+  int written = partial ? 1 : 0;
+  Pair lane_fold = element_pair<Pair>(p, false, heads & 1u, keys[0], values[0]);
+  Value partial_value = values[0];
+#pragma unroll
+  for (int j = 0; j < kI; ++j) {
+    if (j > 0) fold_item<false>(p, lane_fold, (heads >> j) & 1u, keys[j], values[j]);
+    if ((ends >> j) & 1u) {  // rare where runs are long: one test an item on the way
+      if ((complete >> j) & 1u) {  // the run's first key (its head's) and its fold
+        out_keys[written] = lane_fold.key;
+        out_values[written] = lane_fold.value;
+        ++written;
+      } else {
+        partial_value = lane_fold.value;
+      }
+    }
+  }
+
+  // Values wider than 16 bytes wait for the look-back in the warp's value tile (the lane's
+  // slot; every lane has read its items from it), where registers would spill.
+  constexpr bool kStash = sizeof(Value) > 16;
+  Value& stash = shared.values[warp].items[lane];
+  if constexpr (kStash) {
+    __syncwarp();
+    if (partial) stash = partial_value;
+  }
+
+  // the lanes' inclusive folds across the warp, then the tiles' before it
+  Pair inclusive = lane_fold;
+#pragma unroll
+  for (int delta = 1; delta < 32; delta *= 2) {
+    const Pair earlier = from_lane_before(inclusive, delta);
+    if (lane >= delta) inclusive = Segmented()(earlier, inclusive);
+  }
+  Pair lane_prefix = from_lane_before(inclusive, 1);
+  if (lane == 0) lane_prefix = empty_pair<Pair>();
+  const Pair tile_fold = from_lane(inclusive, 31);
+  LookBack<true> look_back{p, tile, shared.stage[warp], &shared.found[warp]};
+  const Pair tile_prefix = from_lane(look_back(tile_fold), 0);
+
+  // The run that came into the lane: Segmented's combine of what comes before the lane with
+  // the partial run's pair (valid, no head), so the prefix's first key and op(prefix, partial);
+  // where nothing comes before it (the shard's first element continues the shard before's
+  // run, which the fix-up after the gather joins) the pair's own, item 0's key, read again.
+  if (partial) {
+    if constexpr (kStash) partial_value = stash;
+    Pair run = Segmented()(tile_prefix, lane_prefix);
+    if (run.flags & kValid) {
+      Value folded;
+      csj_op(&run.value, &partial_value, &folded);
+      run.value = folded;
+    } else {
+      run.key = shard_keys[first];
+      run.value = partial_value;
+    }
+    out_keys[0] = run.key;
+    out_values[0] = run.value;
+  }
+}
+
 // A shard's last tile: the checked body, called (not inlined) so that the full tiles' body
 // keeps its registers (both inlined, reduce_by_key's spilled under the 64-register bound).
 template <int kMode>
@@ -958,7 +1110,8 @@ __device__ __noinline__ void one_pass_last_tile(const ByKeyParams& p,
 }
 
 // The single pass: a block takes kByKeyPassWarps consecutive tiles from the counter, a warp
-// each, and each warp runs the full tiles' body or, for a shard's last tile, the checked one.
+// each, and each warp runs the full tiles' body (reduce_by_key's own) or, for a shard's last
+// tile, the checked one.
 template <int kMode>
 __device__ __forceinline__ void one_pass(const ByKeyParams& p) {
   __shared__ PassShared<PairOf<kMode == kByKeyReduce>> shared;
@@ -969,7 +1122,11 @@ __device__ __forceinline__ void one_pass(const ByKeyParams& p) {
   const long long tile = shared.first_tile + warp;
   if (tile >= p.num_tiles) return;
   if ((tile + 1) * kPassTile < p.n) {
-    one_pass_tile<kMode, true>(p, shared, tile, warp, lane);
+    if constexpr (kMode == kByKeyReduce) {
+      one_pass_reduce_full_tile(p, shared, tile, warp, lane);
+    } else {
+      one_pass_tile<kMode, true>(p, shared, tile, warp, lane);
+    }
   } else {
     one_pass_last_tile<kMode>(p, shared, tile, warp, lane);
   }
