@@ -7,6 +7,13 @@
 // Keys and values move as opaque words of their sizes; tiles are read and written through
 // CUB's warp-transposing block loads and stores, and folded with CUB's block reductions and
 // scans, whose association is fixed for a block size.
+//
+// CSJ_BY_KEY_PREFETCH (off: no build defines it yet) makes reduce_by_key's single pass
+// persistent, each warp copying its next tile in with cp.async while it works on the current
+// one (one_pass_persistent). On one H100, builds alternated in one call, 2^28 int32 keys in
+// runs of 64: 1889-1902 GB/s against 1776-1795 without it. Its GPU tests so far: the 4-byte
+// key and value module's single-pass cases only (37); it is to be the default once every
+// module's tests, compute-sanitizer's racecheck and the host's grid of resident blocks have run.
 #include <cub/block/block_load.cuh>
 #include <cub/block/block_reduce.cuh>
 #include <cub/block/block_scan.cuh>
@@ -744,12 +751,96 @@ struct WarpTile {
 // the single pass's shared memory (one per kernel, whichever tile body a warp runs).
 template <class P>
 struct PassShared {
+#ifdef CSJ_BY_KEY_PREFETCH
+  alignas(16) WarpTile<Key> keys[kByKeyPassWarps];  // 16-byte copies land in them (SwizzledTile)
+  alignas(16) WarpTile<Value> values[kByKeyPassWarps];
+#else
   WarpTile<Key> keys[kByKeyPassWarps];
   WarpTile<Value> values[kByKeyPassWarps];
+#endif
   P stage[kByKeyPassWarps][32];
   P found[kByKeyPassWarps];
   long long first_tile;
+#ifdef CSJ_BY_KEY_PREFETCH
+  Key edges[kByKeyPassWarps][2];  // a prefetched tile's key before it (where there is one) and after it
+  long long claims[2];            // the persistent pass's groups (first tiles), claimed a turn ahead
+  unsigned char turns[kByKeyBlock];  // each thread's turn (claims' slot of the next group), kept out of registers
+#endif
 };
+
+#ifdef CSJ_BY_KEY_PREFETCH
+// The persistent reduce_by_key pass's prefetch (one_pass_persistent): a warp's next tile is
+// copied global -> shared with cp.async (LDGSTS, through L2 only: .cg) while the warp works on
+// its current tile, so that a tile's HBM latency is hidden behind the previous tile's fold,
+// scan, look-back and writes; the copies hold no registers while in flight.
+[[maybe_unused]] __device__ __forceinline__ unsigned shared_address(const void* at) {
+  return static_cast<unsigned>(__cvta_generic_to_shared(at));
+}
+// (kOffset: bytes added to both addresses, as the instruction's immediate, so that a lane's
+// copies share one pair of address registers)
+template <int kOffset = 0>
+__device__ __forceinline__ void copy_async_16(void* to, const void* from) {
+  asm volatile("cp.async.cg.shared.global [%0+%2], [%1+%2], 16;" ::"r"(shared_address(to)), "l"(from), "n"(kOffset)
+               : "memory");
+}
+template <int kBytes, int kOffset = 0>
+__device__ __forceinline__ void copy_async(void* to, const void* from) {
+  static_assert(kBytes == 4 || kBytes == 8, "cp.async.ca copies 4, 8 or 16 bytes");
+  asm volatile("cp.async.ca.shared.global [%0+%3], [%1+%3], %2;" ::"r"(shared_address(to)), "l"(from), "n"(kBytes),
+               "n"(kOffset)
+               : "memory");
+}
+template <int kBytes, int kStart, int kCount, int kStride>  // kCount copies at kStart, kStart + kStride, ...
+__device__ __forceinline__ void copies_async(void* to, const void* from) {
+  if constexpr (kCount > 0) {
+    if constexpr (kBytes == 16) {
+      copy_async_16<kStart>(to, from);
+    } else {
+      copy_async<kBytes, kStart>(to, from);
+    }
+    copies_async<kBytes, kStart + kStride, kCount - 1, kStride>(to, from);
+  }
+}
+[[maybe_unused]] __device__ __forceinline__ void copy_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+[[maybe_unused]] __device__ __forceinline__ void copy_async_wait() { asm volatile("cp.async.wait_group 0;" ::: "memory"); }
+
+// A warp's tile of 16-byte-vector elements (WarpTile<T>::kVectors) laid out in its WarpTile's
+// storage as 16-byte chunks, chunk q at q ^ ((q >> 3) & 3): unpadded, so that whole chunks can
+// be copied in, and swizzled so that a lane's blocked chunks (lane l: chunks C l .. C l + C - 1,
+// C = 1, 2 or 4), read 16 bytes at a time, fall in 8 distinct 16-byte bank groups for each
+// 8 lanes (one wavefront of 128-bit accesses): conflict-free, as the striped copies are. A
+// lane's striped chunks q + 32 v land 32 v chunks apart (the swizzle takes bits 3-4 of q,
+// the lane's), so its copies take one address and immediate offsets.
+template <class T>
+struct SwizzledTile {
+  static_assert(WarpTile<T>::kVectors, "a lane's share is whole 16-byte chunks");
+  static_assert(sizeof(WarpTile<T>) % 16 == 0, "the warps' tiles stay 16-byte aligned");
+  static constexpr int kLaneChunks = kLaneItems * static_cast<int>(sizeof(T)) / 16;
+  static __device__ __forceinline__ int place(int q) { return q ^ ((q >> 3) & 3); }
+  // vectors: `in` is 16-byte aligned (else 4-byte words are copied, to the same places)
+  static __device__ __forceinline__ void prefetch(WarpTile<T>& tile, int lane, const T* in, bool vectors) {
+    // striped: chunk lane + 32 v, each 32 lanes' copies a coalesced 512 bytes, to place(lane) + 32 v
+    char* to = reinterpret_cast<char*>(tile.items) + 16 * place(lane);
+    const char* from = reinterpret_cast<const char*>(in) + 16 * lane;
+    if (vectors) {
+      copies_async<16, 0, kLaneChunks, 512>(to, from);
+    } else {  // the same chunks a word at a time (through L1: .ca, the 4 words of a chunk share its sector)
+      copies_async<4, 0, kLaneChunks, 512>(to, from);
+      copies_async<4, 4, kLaneChunks, 512>(to, from);
+      copies_async<4, 8, kLaneChunks, 512>(to, from);
+      copies_async<4, 12, kLaneChunks, 512>(to, from);
+    }
+  }
+  static __device__ __forceinline__ void blocked(const WarpTile<T>& tile, int lane, T (&out)[kLaneItems]) {
+    const uint4* chunks = reinterpret_cast<const uint4*>(tile.items);
+    uint4 words[kLaneChunks];
+#pragma unroll
+    for (int c = 0; c < kLaneChunks; ++c) words[c] = chunks[place(kLaneChunks * lane + c)];
+    static_assert(sizeof(words) == sizeof(out), "a lane's chunks are its items");
+    memcpy(out, words, sizeof(out));
+  }
+};
+#endif
 
 // A run of the lane's items folded from left to right with their heads known: a head starts
 // the fold again (its pair: element_pair's), any other item is folded into it. The same
@@ -982,8 +1073,35 @@ __device__ __forceinline__ void one_pass_tile(const ByKeyParams& p, PassShared<P
 // and read from there blocked into registers once. (Loading each lane's share straight into
 // registers as blocked 16-byte vectors, half of each sector a load instruction, was slower on
 // an H100: 1.239 against 1.201 ms for 2^28 int32 keys in runs of 64.)
+#ifdef CSJ_BY_KEY_PREFETCH
+// The next full tile `tile`'s keys, values and the keys either side of it, copied into the
+// warp's (swizzled) tiles and edges; the warp's one group of copies in flight.
+template <class K = Key, class V = Value>  // templates: instantiated only where a module prefetches
+__device__ __forceinline__ void prefetch_tile(const ByKeyParams& p, PassShared<Pair>& shared, long long tile, int warp,
+                                              int lane) {
+  const long long tile_start = tile * kPassTile;
+  const Key* shard_keys = static_cast<const Key*>(p.keys);
+  // 16-byte copies where both arrays are 16-byte aligned, else 4-byte ones (shards off the
+  // vector alignment; elements of 4 bytes or more are 4-byte aligned)
+  const bool vectors = ((reinterpret_cast<std::uintptr_t>(p.keys) | reinterpret_cast<std::uintptr_t>(p.values)) & 15) == 0;
+  SwizzledTile<K>::prefetch(shared.keys[warp], lane, shard_keys + tile_start, vectors);
+  SwizzledTile<V>::prefetch(shared.values[warp], lane, static_cast<const Value*>(p.values) + tile_start, vectors);
+  if (lane == 0 && tile_start > 0) copy_async<sizeof(Key)>(&shared.edges[warp][0], shard_keys + tile_start - 1);
+  if (lane == 31) copy_async<sizeof(Key)>(&shared.edges[warp][1], shard_keys + tile_start + kPassTile);
+  copy_async_commit();
+}
+
+// kPrefetched: the tile was copied in by prefetch_tile (swizzled, with its edges); once the
+// lanes have read it into registers, the warp's tile of the next group (`next`) is copied
+// into the same shared memory where it is a full tile: this body reads its tile no more
+// (values of at most 16 bytes: no stash). Otherwise today's loads (`next` unused).
+template <bool kPrefetched>
+__device__ __forceinline__ void one_pass_reduce_full_tile(const ByKeyParams& p, PassShared<Pair>& shared,
+                                                          long long tile, int warp, int lane, long long next) {
+#else
 __device__ __forceinline__ void one_pass_reduce_full_tile(const ByKeyParams& p, PassShared<Pair>& shared,
                                                           long long tile, int warp, int lane) {
+#endif
   constexpr int kI = kLaneItems;
   const long long tile_start = tile * kPassTile;
   const long long first = tile_start + static_cast<long long>(lane) * kI;
@@ -994,6 +1112,22 @@ __device__ __forceinline__ void one_pass_reduce_full_tile(const ByKeyParams& p, 
   constexpr bool kVectors = WarpTile<Key>::kVectors && WarpTile<Value>::kVectors;
   WarpTile<Key>& key_tile = shared.keys[warp];
   WarpTile<Value>& value_tile = shared.values[warp];
+  // the keys either side of the tile (a full tile has an element after it in the shard)
+  Key before_tile{}, after_tile{};
+#ifdef CSJ_BY_KEY_PREFETCH
+  if constexpr (kPrefetched) {
+    copy_async_wait();
+    __syncwarp();  // every lane's copies are in
+    SwizzledTile<std::conditional_t<kPrefetched, Key, Key>>::blocked(key_tile, lane, keys);
+    SwizzledTile<std::conditional_t<kPrefetched, Value, Value>>::blocked(value_tile, lane, values);
+    if (lane == 0 && tile_start > 0) before_tile = shared.edges[warp][0];
+    if (lane == 31) after_tile = shared.edges[warp][1];
+    __syncwarp();  // every lane has read the tile before the next one's copies land in it
+    if (next < p.num_tiles && (next + 1) * kPassTile < p.n) {
+      prefetch_tile<std::conditional_t<kPrefetched, Key, Key>>(p, shared, next, warp, lane);
+    }
+  } else {
+#endif
   bool loaded = false;
   if constexpr (kVectors) {
     if (((reinterpret_cast<std::uintptr_t>(shard_keys) | reinterpret_cast<std::uintptr_t>(shard_values)) & 15) == 0) {
@@ -1014,10 +1148,11 @@ __device__ __forceinline__ void one_pass_reduce_full_tile(const ByKeyParams& p, 
     keys[j] = key_tile.blocked(lane, j);
     values[j] = value_tile.blocked(lane, j);
   }
-  // the keys either side of the tile (a full tile has an element after it in the shard)
-  Key before_tile{}, after_tile{};
   if (lane == 0 && tile_start > 0) before_tile = shard_keys[tile_start - 1];
   if (lane == 31) after_tile = shard_keys[tile_start + kPassTile];
+#ifdef CSJ_BY_KEY_PREFETCH
+  }
+#endif
   const unsigned heads = lane_heads<true>(p, keys, first, lane, before_tile, after_tile);
 
   // the run ends (bit j: item j ends its run) in the lanes before (the lane's first output)
@@ -1112,8 +1247,89 @@ __device__ __noinline__ void one_pass_last_tile(const ByKeyParams& p,
 // The single pass: a block takes kByKeyPassWarps consecutive tiles from the counter, a warp
 // each, and each warp runs the full tiles' body (reduce_by_key's own) or, for a shard's last
 // tile, the checked one.
+#ifdef CSJ_BY_KEY_PREFETCH
+// reduce_by_key's single pass, persistent: a block of any grid size loops over groups of
+// kByKeyPassWarps consecutive tiles taken from the counter, a warp a tile of each group, and
+// claims its next group a turn ahead, so that each warp copies its next tile in
+// (prefetch_tile, cp.async) while it works on the current one (one shared buffer a warp: the
+// reduce body reads its tile into registers at once). Thread 0 claims, and the barrier each
+// turn needs anyway publishes the claim (claims[turn]; the other slot was read before the
+// last barrier). No deadlock: a warp takes its tiles in increasing order and every claimed
+// group is processed by a resident block (a block claims only while it runs, and leaves only
+// once its claimed group is past the shard). Take the smallest tile m that has not published
+// its aggregate: its block holds it either as the current group, whose warps publish before
+// they wait, or as the next, when the current group's tiles are all below m, so published,
+// and their look-backs (which wait for published tiles only, up to the nearest inclusive
+// one) end, the turn's barrier passes and m is processed. The shard's last group (its last
+// tile: the checked body, not prefetched) is a block's last turn, taken after the loop with
+// no claim and no barrier, as the grouped pass takes a group (which keeps the call's
+// registers: the checked body spilled when called from inside the loop). Any grid size is
+// correct: blocks beyond the groups claim one past the shard and leave; the host launches
+// min(groups, resident blocks) for speed. Nothing but the turn (in shared memory, each
+// thread's own) is carried across a tile's body: the 64-register bound holds with no stack.
+template <int kMode>  // kByKeyReduce (a template so that what a module cannot prefetch is discarded)
+__device__ __forceinline__ void one_pass_persistent(const ByKeyParams& p) {
+  __shared__ PassShared<Pair> shared;
+  const int warp = static_cast<int>(threadIdx.x) / 32;
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  // values over 16 bytes keep the stash in their tile; 12-, 24-, 32-byte elements are not
+  // whole 16-byte chunks: those modules loop without the prefetch
+  constexpr bool kPrefetch = WarpTile<Key>::kVectors && WarpTile<Value>::kVectors && sizeof(Value) <= 16;
+  // the first tile of the group a turn processes, read from its slot when needed (nothing is
+  // carried across a tile's body in registers)
+  const auto first_of = [&](int slot) { return *static_cast<volatile long long*>(&shared.claims[slot]); };
+  volatile unsigned char& turn = shared.turns[threadIdx.x];  // the thread's own: no barrier
+  turn = 0;
+  if (threadIdx.x == 0) shared.claims[0] = static_cast<long long>(atomicAdd(p.tile_counter, 1ULL)) * kByKeyPassWarps;
+  __syncthreads();
+  if (first_of(0) >= p.num_tiles) return;
+  if constexpr (kPrefetch) {
+    const long long tile = first_of(0) + warp;
+    if (tile < p.num_tiles && (tile + 1) * kPassTile < p.n) {
+      prefetch_tile<std::conditional_t<kMode == kByKeyReduce, Key, Key>>(p, shared, tile, warp, lane);
+    }
+  }
+  // every group but the shard's last, whose full tiles prefetch the warp's next ones
+  while (first_of(turn) + kByKeyPassWarps < p.num_tiles) {
+    const long long tile = first_of(turn) + warp;  // full: the shard's last tile is in the last group
+    turn ^= 1;
+    if (threadIdx.x == 0) shared.claims[turn] = static_cast<long long>(atomicAdd(p.tile_counter, 1ULL)) * kByKeyPassWarps;
+    __syncthreads();  // the claim is in; every warp has read claims[turn ^ 1]'s group
+    // prefetched by the warp's tile before it, or before the loop
+    one_pass_reduce_full_tile<kPrefetch>(p, shared, tile, warp, lane, first_of(turn) + warp);
+    if (first_of(turn) >= p.num_tiles) return;
+  }
+  // the shard's last group, the block's last: as without the prefetch, but for its full tiles'
+  // loads (prefetched, next: none)
+  const long long tile = first_of(turn) + warp;
+  if (tile >= p.num_tiles) return;
+  if ((tile + 1) * kPassTile < p.n) {
+    one_pass_reduce_full_tile<kPrefetch>(p, shared, tile, warp, lane, p.num_tiles);
+  } else {
+    one_pass_last_tile<kByKeyReduce>(p, shared, tile, warp, lane);
+  }
+}
+#endif
+
+#ifdef CSJ_BY_KEY_PREFETCH
+template <int kMode>
+__device__ __forceinline__ void one_pass_grouped(const ByKeyParams& p);
+
 template <int kMode>
 __device__ __forceinline__ void one_pass(const ByKeyParams& p) {
+  if constexpr (kMode == kByKeyReduce) {
+    one_pass_persistent<kMode>(p);
+  } else {
+    one_pass_grouped<kMode>(p);  // the scans: as without the prefetch
+  }
+}
+
+template <int kMode>
+__device__ __forceinline__ void one_pass_grouped(const ByKeyParams& p) {
+#else
+template <int kMode>
+__device__ __forceinline__ void one_pass(const ByKeyParams& p) {
+#endif
   __shared__ PassShared<PairOf<kMode == kByKeyReduce>> shared;
   const int warp = static_cast<int>(threadIdx.x) / 32;
   const int lane = static_cast<int>(threadIdx.x) & 31;
