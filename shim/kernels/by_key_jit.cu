@@ -8,7 +8,7 @@
 // CUB's warp-transposing block loads and stores, and folded with CUB's block reductions and
 // scans, whose association is fixed for a block size.
 //
-// CSJ_BY_KEY_PREFETCH (off: no build defines it yet) makes reduce_by_key's single pass
+// CSJ_BY_KEY_PREFETCH (by_key_params.hpp: 0, off) makes reduce_by_key's single pass
 // persistent, each warp copying its next tile in with cp.async while it works on the current
 // one (one_pass_persistent). On one H100, builds alternated in one call, 2^28 int32 keys in
 // runs of 64: 1889-1902 GB/s against 1776-1795 without it. Its GPU tests so far: the 4-byte
@@ -751,7 +751,7 @@ struct WarpTile {
 // the single pass's shared memory (one per kernel, whichever tile body a warp runs).
 template <class P>
 struct PassShared {
-#ifdef CSJ_BY_KEY_PREFETCH
+#if CSJ_BY_KEY_PREFETCH
   alignas(16) WarpTile<Key> keys[kByKeyPassWarps];  // 16-byte copies land in them (SwizzledTile)
   alignas(16) WarpTile<Value> values[kByKeyPassWarps];
 #else
@@ -761,14 +761,14 @@ struct PassShared {
   P stage[kByKeyPassWarps][32];
   P found[kByKeyPassWarps];
   long long first_tile;
-#ifdef CSJ_BY_KEY_PREFETCH
+#if CSJ_BY_KEY_PREFETCH
   Key edges[kByKeyPassWarps][2];  // a prefetched tile's key before it (where there is one) and after it
   long long claims[2];            // the persistent pass's groups (first tiles), claimed a turn ahead
   unsigned char turns[kByKeyBlock];  // each thread's turn (claims' slot of the next group), kept out of registers
 #endif
 };
 
-#ifdef CSJ_BY_KEY_PREFETCH
+#if CSJ_BY_KEY_PREFETCH
 // The persistent reduce_by_key pass's prefetch (one_pass_persistent): a warp's next tile is
 // copied global -> shared with cp.async (LDGSTS, through L2 only: .cg) while the warp works on
 // its current tile, so that a tile's HBM latency is hidden behind the previous tile's fold,
@@ -1073,7 +1073,7 @@ __device__ __forceinline__ void one_pass_tile(const ByKeyParams& p, PassShared<P
 // and read from there blocked into registers once. (Loading each lane's share straight into
 // registers as blocked 16-byte vectors, half of each sector a load instruction, was slower on
 // an H100: 1.239 against 1.201 ms for 2^28 int32 keys in runs of 64.)
-#ifdef CSJ_BY_KEY_PREFETCH
+#if CSJ_BY_KEY_PREFETCH
 // The next full tile `tile`'s keys, values and the keys either side of it, copied into the
 // warp's (swizzled) tiles and edges; the warp's one group of copies in flight.
 template <class K = Key, class V = Value>  // templates: instantiated only where a module prefetches
@@ -1114,7 +1114,7 @@ __device__ __forceinline__ void one_pass_reduce_full_tile(const ByKeyParams& p, 
   WarpTile<Value>& value_tile = shared.values[warp];
   // the keys either side of the tile (a full tile has an element after it in the shard)
   Key before_tile{}, after_tile{};
-#ifdef CSJ_BY_KEY_PREFETCH
+#if CSJ_BY_KEY_PREFETCH
   if constexpr (kPrefetched) {
     copy_async_wait();
     __syncwarp();  // every lane's copies are in
@@ -1150,7 +1150,7 @@ __device__ __forceinline__ void one_pass_reduce_full_tile(const ByKeyParams& p, 
   }
   if (lane == 0 && tile_start > 0) before_tile = shard_keys[tile_start - 1];
   if (lane == 31) after_tile = shard_keys[tile_start + kPassTile];
-#ifdef CSJ_BY_KEY_PREFETCH
+#if CSJ_BY_KEY_PREFETCH
   }
 #endif
   const unsigned heads = lane_heads<true>(p, keys, first, lane, before_tile, after_tile);
@@ -1247,7 +1247,7 @@ __device__ __noinline__ void one_pass_last_tile(const ByKeyParams& p,
 // The single pass: a block takes kByKeyPassWarps consecutive tiles from the counter, a warp
 // each, and each warp runs the full tiles' body (reduce_by_key's own) or, for a shard's last
 // tile, the checked one.
-#ifdef CSJ_BY_KEY_PREFETCH
+#if CSJ_BY_KEY_PREFETCH
 // reduce_by_key's single pass, persistent: a block of any grid size loops over groups of
 // kByKeyPassWarps consecutive tiles taken from the counter, a warp a tile of each group, and
 // claims its next group a turn ahead, so that each warp copies its next tile in
@@ -1311,7 +1311,7 @@ __device__ __forceinline__ void one_pass_persistent(const ByKeyParams& p) {
 }
 #endif
 
-#ifdef CSJ_BY_KEY_PREFETCH
+#if CSJ_BY_KEY_PREFETCH
 template <int kMode>
 __device__ __forceinline__ void one_pass_grouped(const ByKeyParams& p);
 

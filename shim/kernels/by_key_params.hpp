@@ -79,6 +79,16 @@ constexpr int by_key_lane_items(int key_size, int value_size) {
 constexpr long long by_key_pass_tile(int key_size, int value_size) {
   return 32LL * by_key_lane_items(key_size, value_size);
 }
+// reduce_by_key's single pass as persistent blocks whose warps copy their next tile in while
+// working on the current one (by_key_jit.cu, one_pass_persistent): off by default. Turned on
+// here, where the modules and the host both read it, the host launches only the blocks that
+// are resident at once (the persistent blocks loop over the groups; the grouped pass needs a
+// block a group, so the two must never disagree). Defining it for the modules alone is safe
+// (a block a group: the extra blocks find the groups taken and leave), for the host alone not.
+#ifndef CSJ_BY_KEY_PREFETCH
+#define CSJ_BY_KEY_PREFETCH 0
+#endif
+constexpr bool kByKeyPersistentReduce = CSJ_BY_KEY_PREFETCH != 0;
 
 // The chunk records' scan, in two levels: csj_by_key_chunks' blocks of kByKeyGroupThreads
 // threads each fold kByKeyGroupRun consecutive records a thread and scan the runs, one group

@@ -356,6 +356,16 @@ unsigned pass_blocks(const k::ByKeyParams& params) {
   return static_cast<unsigned>((params.num_tiles + k::kByKeyPassWarps - 1) / k::kByKeyPassWarps);
 }
 
+// The single pass's grid: pass_blocks, or, for reduce_by_key's persistent pass
+// (kByKeyPersistentReduce), no more blocks than are resident at once, which loop over the groups.
+unsigned single_pass_blocks(const KernelHandle& kernel, const k::ByKeyParams& params, int device) {
+  const unsigned groups = pass_blocks(params);
+  if (!k::kByKeyPersistentReduce || params.mode != k::kByKeyReduce) return groups;
+  const long long resident =
+      static_cast<long long>(detail::blocks_per_multiprocessor(kernel, k::kByKeyBlock)) * detail::multiprocessors(device);
+  return static_cast<unsigned>(std::min<long long>(groups, std::max<long long>(resident, 1)));
+}
+
 // The single pass's fix-ups on every place after the first (across ranks with earlier totals,
 // the first too), behind their carries.
 void queue_fix_ups(std::vector<ByKeyPlace>& places, std::size_t earlier) {
@@ -427,8 +437,9 @@ FixUps one_pass(std::vector<ByKeyPlace>& places, const std::vector<OnePassLayout
     const char* name = item.params.mode == k::kByKeyInclusive   ? "csj_by_key_one_pass_inclusive"
                        : item.params.mode == k::kByKeyExclusive ? "csj_by_key_one_pass_exclusive"
                                                                 : "csj_by_key_one_pass_reduce";
-    detail::launch(KernelHandle::linked(item.library->kernel(name, item.device)), pass_blocks(item.params),
-                   k::kByKeyBlock, item.stream, item.params, "launching the by-key single pass");
+    const KernelHandle pass = KernelHandle::linked(item.library->kernel(name, item.device));
+    detail::launch(pass, single_pass_blocks(pass, item.params, item.device), k::kByKeyBlock, item.stream, item.params,
+                   "launching the by-key single pass");
     if (item.params.mode == k::kByKeyReduce) {
       detail::check(k::scan_tile_ends(item.params.tile_ends, item.params.num_tiles, item.stream,
                                       reinterpret_cast<cudaMemPool_t>(group.memory_pool(item.place))),
