@@ -504,28 +504,25 @@ class ShardedArray:
         sizes = like._shard_sizes
         if group._distributed:  # a collective there: every rank allocates its part, then agrees
             return _distributed().allocate(group, list(sizes), dtype)
-        # __init__ less its checks, and with the sizes asked for (reading them back from the
-        # shim would convert its vector again): every call that returns a new array comes here
-        array = object.__new__(cls)
-        array._impl = _allocate(group, list(sizes), dtype, False)
-        array._group = group
-        array._dtype = dtype
-        array._keepalive = None
-        array._shard_sizes = sizes
-        return array
+        return cls._unchecked(group, sizes, dtype)
 
     @classmethod
     def _new_even(cls, group: PlaceGroup, n: int, dtype: np.dtype) -> ShardedArray:
         """Internal (the algorithms' outputs): `allocate(group, n, dtype)` on a one-process
         group for an int `n` and a `dtype` the caller has already checked (a kernel's result
         or accumulator dtype); no argument is re-checked, as in _new_like."""
-        sizes = _shim.ShardedArray.even_sizes(n, len(group))
+        return cls._unchecked(group, tuple(_shim.ShardedArray.even_sizes(n, len(group))), dtype)
+
+    @classmethod
+    def _unchecked(cls, group: PlaceGroup, sizes: tuple, dtype: np.dtype) -> ShardedArray:
+        """__init__ less its checks, and with the sizes asked for (reading them back from the
+        shim would convert its vector again): every call that returns a new array comes here."""
         array = object.__new__(cls)
-        array._impl = _allocate(group, sizes, dtype, False)
+        array._impl = _allocate(group, list(sizes), dtype, False)
         array._group = group
         array._dtype = dtype
         array._keepalive = None
-        array._shard_sizes = tuple(sizes)
+        array._shard_sizes = sizes
         return array
 
     @classmethod
