@@ -325,6 +325,58 @@ def test_reduce_by_key_look_backs(engine, layout, values_kind):
 
 
 @gpu
+@pytest.mark.parametrize("values_kind", ["int32", "int32_off_alignment", "affine", "twelve_bytes"])
+def test_reduce_by_key_with_more_groups_than_resident_blocks(values_kind):
+    """reduce_by_key's single pass launches only the blocks resident at once, which loop over
+    groups of tiles, each warp copying its next tile in while it works on the current one: a
+    shard of several times as many groups as an H100 or H200 holds blocks (about 530 groups of
+    4096 int32 pairs; 16- and 12-byte values take tiles of 128), runs of 1 to 200 crossing
+    every tile edge, against numpy. Also a shard off the 16-byte alignment (4-byte copies), a
+    non-commutative operator (the sequential answer), and 12-byte records (no prefetch)."""
+    rng = np.random.default_rng(49)
+    n = 6_000_000 + 333 if values_kind.startswith("int32") else 2_000_000 + 77
+    keys = np.repeat(np.arange(n, dtype=np.int64) * 3 - n, rng.integers(1, 200, n))[:n]
+    heads = _heads(keys)
+    if values_kind.startswith("int32"):
+        keys = keys.astype(np.int32)
+        host = rng.integers(-1000, 1000, n).astype(np.int32)
+    elif values_kind == "affine":
+        host = _affine_values(n, seed=50)
+    else:
+        keys = keys.astype(np.int32)
+        host = np.zeros(n, np.dtype([("x", np.float32), ("y", np.float32), ("count", np.int32)], align=True))
+        host["x"] = rng.integers(-8, 8, n)
+        host["y"] = rng.integers(0, 4, n)
+        host["count"] = 1
+    if values_kind == "int32_off_alignment":
+        group, sizes = sharded.PlaceGroup.by_devices([0, 0]), [3, n - 3]
+    else:
+        group, sizes = sharded.PlaceGroup.by_devices([0]), [n]
+    k = sharded.ShardedArray.from_numpy(group, keys, sizes=sizes, contiguous=True)
+    v = sharded.ShardedArray.from_numpy(group, host, sizes=sizes, contiguous=True)
+    if values_kind == "affine":
+        op = _then
+        _, expected = _affine_answers(keys, host)
+        fields = ("a", "b")
+    elif values_kind == "twelve_bytes":
+        op = lambda p, q: (p.x + q.x, p.y + q.y, p.count + q.count)  # noqa: E731
+        starts = np.flatnonzero(heads)
+        expected = {field: np.add.reduceat(host[field].astype(np.int64), starts) for field in host.dtype.names}
+        fields = host.dtype.names
+    else:
+        op = lambda x, y: x + y  # noqa: E731
+        expected = {None: _sum_answers(keys, host)[3]}
+        fields = (None,)
+    got_keys, got_values = sharded.reduce_by_key(k, v, op)
+    np.testing.assert_array_equal(got_keys.to_numpy(), keys[heads])
+    got = got_values.to_numpy()
+    for field in fields:
+        column = got if field is None else got[field]
+        np.testing.assert_array_equal(column.astype(np.int64), expected[field].astype(np.int64))
+    assert sum(got_values.shard_sizes) == int(heads.sum())
+
+
+@gpu
 def test_scan_in_place_over_values():
     """out=values: each tile reads its own values before writing them, the look-back reads only
     published records, so scanning into the values is safe."""

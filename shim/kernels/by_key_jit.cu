@@ -8,12 +8,10 @@
 // CUB's warp-transposing block loads and stores, and folded with CUB's block reductions and
 // scans, whose association is fixed for a block size.
 //
-// CSJ_BY_KEY_PREFETCH (by_key_params.hpp: 0, off) makes reduce_by_key's single pass
-// persistent, each warp copying its next tile in with cp.async while it works on the current
+// reduce_by_key's single pass is persistent: the blocks resident at once loop over the
+// shard's tiles, each warp copying its next tile in with cp.async while it works on the current
 // one (one_pass_persistent). On one H100, builds alternated in one call, 2^28 int32 keys in
-// runs of 64: 1889-1902 GB/s against 1776-1795 without it. Its GPU tests so far: the 4-byte
-// key and value module's single-pass cases only (37); it is to be the default once every
-// module's tests, compute-sanitizer's racecheck and the host's grid of resident blocks have run.
+// runs of 64: 1889-1902 GB/s against 1776-1795 with a block for each group of tiles.
 #include <cub/block/block_load.cuh>
 #include <cub/block/block_reduce.cuh>
 #include <cub/block/block_scan.cuh>
@@ -751,24 +749,16 @@ struct WarpTile {
 // the single pass's shared memory (one per kernel, whichever tile body a warp runs).
 template <class P>
 struct PassShared {
-#if CSJ_BY_KEY_PREFETCH
   alignas(16) WarpTile<Key> keys[kByKeyPassWarps];  // 16-byte copies land in them (SwizzledTile)
   alignas(16) WarpTile<Value> values[kByKeyPassWarps];
-#else
-  WarpTile<Key> keys[kByKeyPassWarps];
-  WarpTile<Value> values[kByKeyPassWarps];
-#endif
   P stage[kByKeyPassWarps][32];
   P found[kByKeyPassWarps];
   long long first_tile;
-#if CSJ_BY_KEY_PREFETCH
   Key edges[kByKeyPassWarps][2];  // a prefetched tile's key before it (where there is one) and after it
   long long claims[2];            // the persistent pass's groups (first tiles), claimed a turn ahead
   unsigned char turns[kByKeyBlock];  // each thread's turn (claims' slot of the next group), kept out of registers
-#endif
 };
 
-#if CSJ_BY_KEY_PREFETCH
 // The persistent reduce_by_key pass's prefetch (one_pass_persistent): a warp's next tile is
 // copied global -> shared with cp.async (LDGSTS, through L2 only: .cg) while the warp works on
 // its current tile, so that a tile's HBM latency is hidden behind the previous tile's fold,
@@ -840,7 +830,6 @@ struct SwizzledTile {
     memcpy(out, words, sizeof(out));
   }
 };
-#endif
 
 // A run of the lane's items folded from left to right with their heads known: a head starts
 // the fold again (its pair: element_pair's), any other item is folded into it. The same
@@ -902,6 +891,76 @@ __device__ __forceinline__ unsigned lane_heads(const ByKeyParams& p, const Key (
   return heads;
 }
 
+// A tile's `valid` keys and values into the warp's shared-memory tiles, striped: 16-byte
+// vectors where the tile is full and both arrays are 16-byte aligned, else element by element
+// (bounded by `valid` in a shard's last tile). A __syncwarp() before the blocked reads.
+template <bool kFull>
+__device__ __forceinline__ void load_tile(const ByKeyParams& p, WarpTile<Key>& key_tile, WarpTile<Value>& value_tile,
+                                          long long tile_start, int valid, int lane) {
+  const Key* keys_in = static_cast<const Key*>(p.keys) + tile_start;
+  const Value* values_in = static_cast<const Value*>(p.values) + tile_start;
+  if constexpr (kFull && WarpTile<Key>::kVectors && WarpTile<Value>::kVectors) {
+    if (((reinterpret_cast<std::uintptr_t>(p.keys) | reinterpret_cast<std::uintptr_t>(p.values)) & 15) == 0) {
+      key_tile.load_vectors(lane, keys_in);
+      value_tile.load_vectors(lane, values_in);
+      return;
+    }
+  }
+  Key keys[kLaneItems];
+  Value values[kLaneItems];
+  if (valid == kPassTile) {
+    cub::LoadDirectStriped<32>(lane, keys_in, keys);
+    cub::LoadDirectStriped<32>(lane, values_in, values);
+  } else {
+    cub::LoadDirectStriped<32>(lane, keys_in, keys, valid);
+    cub::LoadDirectStriped<32>(lane, values_in, values, valid);
+  }
+  key_tile.put_striped(lane, keys);
+  value_tile.put_striped(lane, values);
+}
+
+// What comes before a lane's fold: the lanes' inclusive folds scanned across the warp by
+// shuffles (a fixed tree) give what the tile holds before the lane (`lane`, empty for lane 0),
+// and the look-back, given the tile's fold, what the tiles before it hold (`tile`, lane 0's
+// broadcast). Both bodies of the single pass join their tile to what came before this way.
+template <class P>
+struct Prefixes {
+  P lane;
+  P tile;
+};
+template <bool kReduce>
+__device__ __forceinline__ Prefixes<PairOf<kReduce>> warp_prefixes(const ByKeyParams& p,
+                                                                  PassShared<PairOf<kReduce>>& shared,
+                                                                  long long tile, int warp, int lane,
+                                                                  const PairOf<kReduce>& lane_fold) {
+  using P = PairOf<kReduce>;
+  P inclusive = lane_fold;
+#pragma unroll
+  for (int delta = 1; delta < 32; delta *= 2) {
+    const P earlier = from_lane_before(inclusive, delta);
+    if (lane >= delta) inclusive = Segmented()(earlier, inclusive);
+  }
+  P lane_prefix = from_lane_before(inclusive, 1);
+  if (lane == 0) lane_prefix = empty_pair<P>();
+  const P tile_fold = from_lane(inclusive, 31);
+  LookBack<kReduce> look_back{p, tile, shared.stage[warp], &shared.found[warp]};
+  return {lane_prefix, from_lane(look_back(tile_fold), 0)};
+}
+
+// reduce_by_key's outputs in a tile: the run ends of the lanes before this one (the place of
+// the lane's first output, returned), given the lane's own count; lane 31 stores the tile's
+// count (tile_ends), which the scan after the pass turns into the tile's place.
+__device__ __forceinline__ int outputs_before(const ByKeyParams& p, long long tile, int lane, int ends) {
+  int sum = ends;
+#pragma unroll
+  for (int delta = 1; delta < 32; delta *= 2) {
+    const int earlier = __shfl_up_sync(0xffffffffu, sum, delta);
+    if (lane >= delta) sum += earlier;
+  }
+  if (lane == 31) p.tile_ends[tile] = sum;
+  return sum - ends;
+}
+
 // The single pass over one warp's tile: a coalesced striped load of its keys and values into
 // the warp's shared memory, where lane l reads the elements l * kLaneItems ... (blocked); each
 // lane folds its pairs and the warp scans the lanes' folds by shuffles in a fixed tree; the
@@ -926,29 +985,7 @@ __device__ __forceinline__ void one_pass_tile(const ByKeyParams& p, PassShared<P
   const Key* shard_keys = static_cast<const Key*>(p.keys);
   WarpTile<Key>& key_tile = shared.keys[warp];
   WarpTile<Value>& value_tile = shared.values[warp];
-  const Value* in = static_cast<const Value*>(p.values) + tile_start;
-  constexpr bool kVectors = kFull && WarpTile<Key>::kVectors && WarpTile<Value>::kVectors;
-  bool loaded = false;
-  if constexpr (kVectors) {
-    if (((reinterpret_cast<std::uintptr_t>(shard_keys) | reinterpret_cast<std::uintptr_t>(in)) & 15) == 0) {
-      key_tile.load_vectors(lane, shard_keys + tile_start);
-      value_tile.load_vectors(lane, in);
-      loaded = true;
-    }
-  }
-  if (!loaded) {
-    Key keys[kI];
-    Value values[kI];
-    if (valid == kPassTile) {
-      cub::LoadDirectStriped<32>(lane, shard_keys + tile_start, keys);
-      cub::LoadDirectStriped<32>(lane, in, values);
-    } else {
-      cub::LoadDirectStriped<32>(lane, shard_keys + tile_start, keys, valid);
-      cub::LoadDirectStriped<32>(lane, in, values, valid);
-    }
-    key_tile.put_striped(lane, keys);
-    value_tile.put_striped(lane, values);
-  }
+  load_tile<kFull>(p, key_tile, value_tile, tile_start, valid, lane);
   // the keys either side of the tile, for the heads of its first and after its last element
   Key before_tile{}, after_tile{};
   if (lane == 0 && tile_start > 0) before_tile = shard_keys[tile_start - 1];
@@ -976,31 +1013,13 @@ __device__ __forceinline__ void one_pass_tile(const ByKeyParams& p, PassShared<P
       }
     }
   }
-  P inclusive = lane_fold;
-#pragma unroll
-  for (int delta = 1; delta < 32; delta *= 2) {
-    const P earlier = from_lane_before(inclusive, delta);
-    if (lane >= delta) inclusive = Segmented()(earlier, inclusive);
-  }
-  P lane_prefix = from_lane_before(inclusive, 1);
-  if (lane == 0) lane_prefix = empty_pair<P>();
-  const P tile_fold = from_lane(inclusive, 31);
-
-  LookBack<kReduce> look_back{p, tile, shared.stage[warp], &shared.found[warp]};
-  const P tile_prefix = from_lane(look_back(tile_fold), 0);
-  P running = Segmented()(tile_prefix, lane_prefix);
+  const Prefixes<P> before = warp_prefixes<kReduce>(p, shared, tile, warp, lane, lane_fold);
+  P running = Segmented()(before.tile, before.lane);
 
   if constexpr (kReduce) {
     // the run ends in the lanes before (the lane's first output) and in the tile (lane 31's)
-    const int ends = __popc(heads >> 1);  // no item past the shard's end has bit j + 1
-    int sum = ends;
-#pragma unroll
-    for (int delta = 1; delta < 32; delta *= 2) {
-      const int earlier = __shfl_up_sync(0xffffffffu, sum, delta);
-      if (lane >= delta) sum += earlier;
-    }
-    const int rank = sum - ends;
-    if (lane == 31) p.tile_ends[tile] = sum;
+    // (no item past the shard's end has bit j + 1)
+    const int rank = outputs_before(p, tile, lane, __popc(heads >> 1));
     Key* out_keys = static_cast<Key*>(p.tile_keys);
     Value* out_values = static_cast<Value*>(p.tile_values);
     long long at = tile_start + rank;
@@ -1073,7 +1092,7 @@ __device__ __forceinline__ void one_pass_tile(const ByKeyParams& p, PassShared<P
 // and read from there blocked into registers once. (Loading each lane's share straight into
 // registers as blocked 16-byte vectors, half of each sector a load instruction, was slower on
 // an H100: 1.239 against 1.201 ms for 2^28 int32 keys in runs of 64.)
-#if CSJ_BY_KEY_PREFETCH
+//
 // The next full tile `tile`'s keys, values and the keys either side of it, copied into the
 // warp's (swizzled) tiles and edges; the warp's one group of copies in flight.
 template <class K = Key, class V = Value>  // templates: instantiated only where a module prefetches
@@ -1094,27 +1113,20 @@ __device__ __forceinline__ void prefetch_tile(const ByKeyParams& p, PassShared<P
 // kPrefetched: the tile was copied in by prefetch_tile (swizzled, with its edges); once the
 // lanes have read it into registers, the warp's tile of the next group (`next`) is copied
 // into the same shared memory where it is a full tile: this body reads its tile no more
-// (values of at most 16 bytes: no stash). Otherwise today's loads (`next` unused).
+// (values of at most 16 bytes: no stash). Otherwise the striped loads (`next` unused).
 template <bool kPrefetched>
 __device__ __forceinline__ void one_pass_reduce_full_tile(const ByKeyParams& p, PassShared<Pair>& shared,
                                                           long long tile, int warp, int lane, long long next) {
-#else
-__device__ __forceinline__ void one_pass_reduce_full_tile(const ByKeyParams& p, PassShared<Pair>& shared,
-                                                          long long tile, int warp, int lane) {
-#endif
   constexpr int kI = kLaneItems;
   const long long tile_start = tile * kPassTile;
   const long long first = tile_start + static_cast<long long>(lane) * kI;
   const Key* shard_keys = static_cast<const Key*>(p.keys);
-  const Value* shard_values = static_cast<const Value*>(p.values);
   Key keys[kI];
   Value values[kI];
-  constexpr bool kVectors = WarpTile<Key>::kVectors && WarpTile<Value>::kVectors;
   WarpTile<Key>& key_tile = shared.keys[warp];
   WarpTile<Value>& value_tile = shared.values[warp];
   // the keys either side of the tile (a full tile has an element after it in the shard)
   Key before_tile{}, after_tile{};
-#if CSJ_BY_KEY_PREFETCH
   if constexpr (kPrefetched) {
     copy_async_wait();
     __syncwarp();  // every lane's copies are in
@@ -1127,46 +1139,22 @@ __device__ __forceinline__ void one_pass_reduce_full_tile(const ByKeyParams& p, 
       prefetch_tile<std::conditional_t<kPrefetched, Key, Key>>(p, shared, next, warp, lane);
     }
   } else {
-#endif
-  bool loaded = false;
-  if constexpr (kVectors) {
-    if (((reinterpret_cast<std::uintptr_t>(shard_keys) | reinterpret_cast<std::uintptr_t>(shard_values)) & 15) == 0) {
-      key_tile.load_vectors(lane, shard_keys + tile_start);
-      value_tile.load_vectors(lane, shard_values + tile_start);
-      loaded = true;
-    }
-  }
-  if (!loaded) {
-    cub::LoadDirectStriped<32>(lane, shard_keys + tile_start, keys);
-    cub::LoadDirectStriped<32>(lane, shard_values + tile_start, values);
-    key_tile.put_striped(lane, keys);
-    value_tile.put_striped(lane, values);
-  }
-  __syncwarp();
+    load_tile<true>(p, key_tile, value_tile, tile_start, kPassTile, lane);
+    __syncwarp();
 #pragma unroll
-  for (int j = 0; j < kI; ++j) {
-    keys[j] = key_tile.blocked(lane, j);
-    values[j] = value_tile.blocked(lane, j);
+    for (int j = 0; j < kI; ++j) {
+      keys[j] = key_tile.blocked(lane, j);
+      values[j] = value_tile.blocked(lane, j);
+    }
+    if (lane == 0 && tile_start > 0) before_tile = shard_keys[tile_start - 1];
+    if (lane == 31) after_tile = shard_keys[tile_start + kPassTile];
   }
-  if (lane == 0 && tile_start > 0) before_tile = shard_keys[tile_start - 1];
-  if (lane == 31) after_tile = shard_keys[tile_start + kPassTile];
-#if CSJ_BY_KEY_PREFETCH
-  }
-#endif
   const unsigned heads = lane_heads<true>(p, keys, first, lane, before_tile, after_tile);
 
   // the run ends (bit j: item j ends its run) in the lanes before (the lane's first output)
   // and in the tile (lane 31's)
   const unsigned ends = heads >> 1;
-  const int lane_ends = __popc(ends);
-  int sum = lane_ends;
-#pragma unroll
-  for (int delta = 1; delta < 32; delta *= 2) {
-    const int earlier = __shfl_up_sync(0xffffffffu, sum, delta);
-    if (lane >= delta) sum += earlier;
-  }
-  const int rank = sum - lane_ends;
-  if (lane == 31) p.tile_ends[tile] = sum;
+  const int rank = outputs_before(p, tile, lane, __popc(ends));
 
   // The lane's fold, writing each run that starts and ends in the lane: those are the run
   // ends after a head, all of them where item 0 is one, else all but the first (`complete`);
@@ -1202,18 +1190,7 @@ __device__ __forceinline__ void one_pass_reduce_full_tile(const ByKeyParams& p, 
     if (partial) stash = partial_value;
   }
 
-  // the lanes' inclusive folds across the warp, then the tiles' before it
-  Pair inclusive = lane_fold;
-#pragma unroll
-  for (int delta = 1; delta < 32; delta *= 2) {
-    const Pair earlier = from_lane_before(inclusive, delta);
-    if (lane >= delta) inclusive = Segmented()(earlier, inclusive);
-  }
-  Pair lane_prefix = from_lane_before(inclusive, 1);
-  if (lane == 0) lane_prefix = empty_pair<Pair>();
-  const Pair tile_fold = from_lane(inclusive, 31);
-  LookBack<true> look_back{p, tile, shared.stage[warp], &shared.found[warp]};
-  const Pair tile_prefix = from_lane(look_back(tile_fold), 0);
+  const Prefixes<Pair> before = warp_prefixes<true>(p, shared, tile, warp, lane, lane_fold);
 
   // The run that came into the lane: Segmented's combine of what comes before the lane with
   // the partial run's pair (valid, no head), so the prefix's first key and op(prefix, partial);
@@ -1221,7 +1198,7 @@ __device__ __forceinline__ void one_pass_reduce_full_tile(const ByKeyParams& p, 
   // run, which the fix-up after the gather joins) the pair's own, item 0's key, read again.
   if (partial) {
     if constexpr (kStash) partial_value = stash;
-    Pair run = Segmented()(tile_prefix, lane_prefix);
+    Pair run = Segmented()(before.tile, before.lane);
     if (run.flags & kValid) {
       Value folded;
       csj_op(&run.value, &partial_value, &folded);
@@ -1244,10 +1221,26 @@ __device__ __noinline__ void one_pass_last_tile(const ByKeyParams& p,
   one_pass_tile<kMode, false>(p, shared, tile, warp, lane);
 }
 
-// The single pass: a block takes kByKeyPassWarps consecutive tiles from the counter, a warp
-// each, and each warp runs the full tiles' body (reduce_by_key's own) or, for a shard's last
-// tile, the checked one.
-#if CSJ_BY_KEY_PREFETCH
+// The scans' single pass: a block takes kByKeyPassWarps consecutive tiles from the counter, a
+// warp each, and each warp runs the full tiles' body or, for a shard's last tile, the checked
+// one.
+template <int kMode>
+__device__ __forceinline__ void one_pass_grouped(const ByKeyParams& p) {
+  static_assert(kMode != kByKeyReduce, "reduce_by_key's single pass is persistent (one_pass_persistent)");
+  __shared__ PassShared<PairOf<kMode == kByKeyReduce>> shared;
+  const int warp = static_cast<int>(threadIdx.x) / 32;
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  if (threadIdx.x == 0) shared.first_tile = static_cast<long long>(atomicAdd(p.tile_counter, 1ULL)) * kByKeyPassWarps;
+  __syncthreads();
+  const long long tile = shared.first_tile + warp;
+  if (tile >= p.num_tiles) return;
+  if ((tile + 1) * kPassTile < p.n) {
+    one_pass_tile<kMode, true>(p, shared, tile, warp, lane);
+  } else {
+    one_pass_last_tile<kMode>(p, shared, tile, warp, lane);
+  }
+}
+
 // reduce_by_key's single pass, persistent: a block of any grid size loops over groups of
 // kByKeyPassWarps consecutive tiles taken from the counter, a warp a tile of each group, and
 // claims its next group a turn ahead, so that each warp copies its next tile in
@@ -1310,42 +1303,13 @@ __device__ __forceinline__ void one_pass_persistent(const ByKeyParams& p) {
     one_pass_last_tile<kByKeyReduce>(p, shared, tile, warp, lane);
   }
 }
-#endif
-
-#if CSJ_BY_KEY_PREFETCH
-template <int kMode>
-__device__ __forceinline__ void one_pass_grouped(const ByKeyParams& p);
 
 template <int kMode>
 __device__ __forceinline__ void one_pass(const ByKeyParams& p) {
   if constexpr (kMode == kByKeyReduce) {
     one_pass_persistent<kMode>(p);
   } else {
-    one_pass_grouped<kMode>(p);  // the scans: as without the prefetch
-  }
-}
-
-template <int kMode>
-__device__ __forceinline__ void one_pass_grouped(const ByKeyParams& p) {
-#else
-template <int kMode>
-__device__ __forceinline__ void one_pass(const ByKeyParams& p) {
-#endif
-  __shared__ PassShared<PairOf<kMode == kByKeyReduce>> shared;
-  const int warp = static_cast<int>(threadIdx.x) / 32;
-  const int lane = static_cast<int>(threadIdx.x) & 31;
-  if (threadIdx.x == 0) shared.first_tile = static_cast<long long>(atomicAdd(p.tile_counter, 1ULL)) * kByKeyPassWarps;
-  __syncthreads();
-  const long long tile = shared.first_tile + warp;
-  if (tile >= p.num_tiles) return;
-  if ((tile + 1) * kPassTile < p.n) {
-    if constexpr (kMode == kByKeyReduce) {
-      one_pass_reduce_full_tile(p, shared, tile, warp, lane);
-    } else {
-      one_pass_tile<kMode, true>(p, shared, tile, warp, lane);
-    }
-  } else {
-    one_pass_last_tile<kMode>(p, shared, tile, warp, lane);
+    one_pass_grouped<kMode>(p);
   }
 }
 

@@ -15,10 +15,12 @@
 //                       scanned across the warp by shuffles (no block barrier), joined to the
 //                       tiles before it by a decoupled look-back whose fold is a fixed left
 //                       fold over tiles (by_key_jit.cu says why that keeps the bits fixed);
-//                       a tile with a run head publishes its inclusive pair at once. Writes
-//                       the scan or, at every run's end, its first key and fold from the tile's
-//                       first element's position, and the tile's count of run ends; the last
-//                       tile writes the shard's total.
+//                       a tile with a run head publishes its inclusive pair at once
+//                       (reduce_by_key: only the blocks resident at once, which loop over the
+//                       groups of tiles, each warp copying its next tile in while it works on
+//                       the current one). Writes the scan or, at every run's end, its first
+//                       key and fold from the tile's first element's position, and the tile's
+//                       count of run ends; the last tile writes the shard's total.
 //   (reduce_by_key)     the tiles' counts replaced by their exclusive prefix (CUB's device
 //                       scan, compiled into the shim), the last one the shard's run count;
 //   csj_by_key_one_pass_gather
@@ -79,16 +81,6 @@ constexpr int by_key_lane_items(int key_size, int value_size) {
 constexpr long long by_key_pass_tile(int key_size, int value_size) {
   return 32LL * by_key_lane_items(key_size, value_size);
 }
-// reduce_by_key's single pass as persistent blocks whose warps copy their next tile in while
-// working on the current one (by_key_jit.cu, one_pass_persistent): off by default. Turned on
-// here, where the modules and the host both read it, the host launches only the blocks that
-// are resident at once (the persistent blocks loop over the groups; the grouped pass needs a
-// block a group, so the two must never disagree). Defining it for the modules alone is safe
-// (a block a group: the extra blocks find the groups taken and leave), for the host alone not.
-#ifndef CSJ_BY_KEY_PREFETCH
-#define CSJ_BY_KEY_PREFETCH 0
-#endif
-constexpr bool kByKeyPersistentReduce = CSJ_BY_KEY_PREFETCH != 0;
 
 // The chunk records' scan, in two levels: csj_by_key_chunks' blocks of kByKeyGroupThreads
 // threads each fold kByKeyGroupRun consecutive records a thread and scan the runs, one group

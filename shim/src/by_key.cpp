@@ -356,11 +356,12 @@ unsigned pass_blocks(const k::ByKeyParams& params) {
   return static_cast<unsigned>((params.num_tiles + k::kByKeyPassWarps - 1) / k::kByKeyPassWarps);
 }
 
-// The single pass's grid: pass_blocks, or, for reduce_by_key's persistent pass
-// (kByKeyPersistentReduce), no more blocks than are resident at once, which loop over the groups.
+// The single pass's grid: pass_blocks for the scans (a block a group of tiles), and for
+// reduce_by_key's persistent pass no more blocks than are resident at once, which loop over the
+// groups (any grid is correct there; more blocks would only claim past the shard and leave).
 unsigned single_pass_blocks(const KernelHandle& kernel, const k::ByKeyParams& params, int device) {
   const unsigned groups = pass_blocks(params);
-  if (!k::kByKeyPersistentReduce || params.mode != k::kByKeyReduce) return groups;
+  if (params.mode != k::kByKeyReduce) return groups;
   const long long resident =
       static_cast<long long>(detail::blocks_per_multiprocessor(kernel, k::kByKeyBlock)) * detail::multiprocessors(device);
   return static_cast<unsigned>(std::min<long long>(groups, std::max<long long>(resident, 1)));
