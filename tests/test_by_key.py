@@ -320,6 +320,38 @@ def test_custom_equal(three_places):
 
 
 @gpu
+@pytest.mark.parametrize("value_dtype", [np.int32, np.uint32, np.float64, "record"])
+def test_unique_by_key_on_one_place(value_dtype):
+    """One place: each run's first key and value, with == and with a custom `equal` (neighbours
+    closer than 1 share a run), against numpy; numbers take reduce_by_key's single pass (the
+    first value of each run), records the heads' selection; empty keys."""
+    group = sharded.PlaceGroup.by_devices([0])
+    rng = np.random.default_rng(12)
+    keys = np.cumsum(rng.choice([0.0, 0.3, 2.0], 50_003, p=[0.6, 0.3, 0.1])).astype(np.float64)
+    if value_dtype == "record":
+        value_dtype = np.dtype([("a", np.float64), ("b", np.int32)], align=True)
+        values = np.zeros(keys.size, value_dtype)
+        values["a"] = rng.standard_normal(keys.size)
+        values["b"] = np.arange(keys.size)
+    else:
+        values = rng.integers(0, 120, keys.size).astype(value_dtype)
+    k = sharded.ShardedArray.from_numpy(group, keys)
+    v = sharded.ShardedArray.from_numpy(group, values)
+    near = lambda x, y: abs(x - y) < 1.0  # noqa: E731
+    for equal in (None, near):
+        heads = np.array(_heads(keys) if equal is None else _heads(keys, near))
+        unique_keys, first_values = sharded.unique_by_key(k, v, equal=equal)
+        assert first_values.dtype == values.dtype
+        np.testing.assert_array_equal(unique_keys.to_numpy(), keys[heads])
+        np.testing.assert_array_equal(first_values.to_numpy(), values[heads])
+        assert unique_keys.shard_sizes == first_values.shard_sizes == (int(heads.sum()),)
+    empty = sharded.ShardedArray.from_numpy(group, np.zeros(0, np.int64))
+    no_values = sharded.ShardedArray.from_numpy(group, np.zeros(0, value_dtype))
+    unique_keys, first_values = sharded.unique_by_key(empty, no_values)
+    assert unique_keys.size == first_values.size == 0
+
+
+@gpu
 def test_out_and_empty(three_places):
     keys = _runs(1000, seed=7)
     values = np.arange(1000, dtype=np.float32)

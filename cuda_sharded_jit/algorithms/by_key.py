@@ -53,7 +53,7 @@ def _one(x):
     return 1
 
 
-def _first(x, y):  # the run heads' module needs a values' operator; it never runs
+def _first(x, y):  # a run's first value (unique_by_key on one place); the heads' module's operator
     return x
 
 
@@ -308,6 +308,14 @@ def unique_by_key(keys: ShardedArray, values: ShardedArray | None = None, equal=
     if values is not None:
         _check_values(values, keys)
     equal = _check_equal(equal, keys)
+    if values is not None and not keys.group._distributed and len(keys.group) == 1 \
+            and not layout_of(values.dtype).is_record:
+        # One place, numbers for values: a run's first value is its fold under "first",
+        # which reduce_by_key's single pass gives reading the keys and values once (the heads'
+        # selection reads the keys twice). It puts each run in the shard where the run ends,
+        # which on one place is the shard where it starts; on several, a run crossing shards
+        # would land in a later one.
+        return reduce_by_key(keys, values, _FIRST, equal)
     arrays = [keys] if values is None else [keys, values]
     if keys.group._distributed:
         kept = select_flagged(arrays, _RunFlags(keys, equal)(keys))
