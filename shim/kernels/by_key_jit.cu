@@ -1113,8 +1113,10 @@ __device__ __forceinline__ void prefetch_tile(const ByKeyParams& p, PassShared<P
 // kPrefetched: the tile was copied in by prefetch_tile (swizzled, with its edges); once the
 // lanes have read it into registers, the warp's tile of the next group (`next`) is copied
 // into the same shared memory where it is a full tile: this body reads its tile no more
-// (values of at most 16 bytes: no stash). Otherwise the striped loads (`next` unused).
-template <bool kPrefetched>
+// (values of at most 16 bytes: no stash). Otherwise the striped loads (`next` unused). (K, V:
+// Key and Value as template parameters, so that a module that cannot prefetch never
+// instantiates SwizzledTile for its types.)
+template <bool kPrefetched, class K = Key, class V = Value>
 __device__ __forceinline__ void one_pass_reduce_full_tile(const ByKeyParams& p, PassShared<Pair>& shared,
                                                           long long tile, int warp, int lane, long long next) {
   constexpr int kI = kLaneItems;
@@ -1130,13 +1132,13 @@ __device__ __forceinline__ void one_pass_reduce_full_tile(const ByKeyParams& p, 
   if constexpr (kPrefetched) {
     copy_async_wait();
     __syncwarp();  // every lane's copies are in
-    SwizzledTile<std::conditional_t<kPrefetched, Key, Key>>::blocked(key_tile, lane, keys);
-    SwizzledTile<std::conditional_t<kPrefetched, Value, Value>>::blocked(value_tile, lane, values);
+    SwizzledTile<K>::blocked(key_tile, lane, keys);
+    SwizzledTile<V>::blocked(value_tile, lane, values);
     if (lane == 0 && tile_start > 0) before_tile = shared.edges[warp][0];
     if (lane == 31) after_tile = shared.edges[warp][1];
     __syncwarp();  // every lane has read the tile before the next one's copies land in it
     if (next < p.num_tiles && (next + 1) * kPassTile < p.n) {
-      prefetch_tile<std::conditional_t<kPrefetched, Key, Key>>(p, shared, next, warp, lane);
+      prefetch_tile<K, V>(p, shared, next, warp, lane);
     }
   } else {
     load_tile<true>(p, key_tile, value_tile, tile_start, kPassTile, lane);
@@ -1261,7 +1263,7 @@ __device__ __forceinline__ void one_pass_grouped(const ByKeyParams& p) {
 // correct: blocks beyond the groups claim one past the shard and leave; the host launches
 // min(groups, resident blocks) for speed. Nothing but the turn (in shared memory, each
 // thread's own) is carried across a tile's body: the 64-register bound holds with no stack.
-template <int kMode>  // kByKeyReduce (a template so that what a module cannot prefetch is discarded)
+template <int kMode, class K = Key, class V = Value>  // kByKeyReduce; K, V: as one_pass_reduce_full_tile's
 __device__ __forceinline__ void one_pass_persistent(const ByKeyParams& p) {
   __shared__ PassShared<Pair> shared;
   const int warp = static_cast<int>(threadIdx.x) / 32;
@@ -1280,7 +1282,7 @@ __device__ __forceinline__ void one_pass_persistent(const ByKeyParams& p) {
   if constexpr (kPrefetch) {
     const long long tile = first_of(0) + warp;
     if (tile < p.num_tiles && (tile + 1) * kPassTile < p.n) {
-      prefetch_tile<std::conditional_t<kMode == kByKeyReduce, Key, Key>>(p, shared, tile, warp, lane);
+      prefetch_tile<K, V>(p, shared, tile, warp, lane);
     }
   }
   // every group but the shard's last, whose full tiles prefetch the warp's next ones
