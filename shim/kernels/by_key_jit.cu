@@ -891,6 +891,12 @@ __device__ __forceinline__ unsigned lane_heads(const ByKeyParams& p, const Key (
   return heads;
 }
 
+// Whether the shard's keys and values both start 16-byte aligned (so do their tiles): then
+// whole tiles move as 16-byte vectors; a shard off that alignment moves element by element.
+__device__ __forceinline__ bool vectors_aligned(const ByKeyParams& p) {
+  return ((reinterpret_cast<std::uintptr_t>(p.keys) | reinterpret_cast<std::uintptr_t>(p.values)) & 15) == 0;
+}
+
 // A tile's `valid` keys and values into the warp's shared-memory tiles, striped: 16-byte
 // vectors where the tile is full and both arrays are 16-byte aligned, else element by element
 // (bounded by `valid` in a shard's last tile). A __syncwarp() before the blocked reads.
@@ -900,7 +906,7 @@ __device__ __forceinline__ void load_tile(const ByKeyParams& p, WarpTile<Key>& k
   const Key* keys_in = static_cast<const Key*>(p.keys) + tile_start;
   const Value* values_in = static_cast<const Value*>(p.values) + tile_start;
   if constexpr (kFull && WarpTile<Key>::kVectors && WarpTile<Value>::kVectors) {
-    if (((reinterpret_cast<std::uintptr_t>(p.keys) | reinterpret_cast<std::uintptr_t>(p.values)) & 15) == 0) {
+    if (vectors_aligned(p)) {
       key_tile.load_vectors(lane, keys_in);
       value_tile.load_vectors(lane, values_in);
       return;
@@ -977,6 +983,7 @@ __device__ __forceinline__ void one_pass_tile(const ByKeyParams& p, PassShared<P
                                               long long tile, int warp, int lane) {
   constexpr bool kReduce = kMode == kByKeyReduce;
   constexpr bool kExclusive = kMode == kByKeyExclusive;
+  static_assert(!(kReduce && kFull), "reduce_by_key's full tiles take one_pass_reduce_full_tile");
   constexpr int kI = kLaneItems;
   using P = PairOf<kReduce>;
   const long long tile_start = tile * kPassTile;
@@ -1026,14 +1033,8 @@ __device__ __forceinline__ void one_pass_tile(const ByKeyParams& p, PassShared<P
 #pragma unroll
     for (int j = 0; j < kI; ++j) {
       if (in_shard(first + j)) {
-        const bool head = (heads >> j) & 1u;
-        if (kFull && j > 0) {  // running holds an element: its key is read only at a head
-          if (head) running.key = key_tile.blocked(lane, j);
-          fold_item<false>(p, running, head, running.key, value_tile.blocked(lane, j));
-        } else {
-          running = Segmented()(running, element_pair<P>(p, false, head, key_tile.blocked(lane, j),
-                                                         value_tile.blocked(lane, j)));
-        }
+        running = Segmented()(running, element_pair<P>(p, false, (heads >> j) & 1u, key_tile.blocked(lane, j),
+                                                       value_tile.blocked(lane, j)));
         if ((heads >> (j + 1)) & 1u) {  // the run's first key (the pair's) and its fold
           out_keys[at] = running.key;
           out_values[at] = running.value;
@@ -1102,7 +1103,7 @@ __device__ __forceinline__ void prefetch_tile(const ByKeyParams& p, PassShared<P
   const Key* shard_keys = static_cast<const Key*>(p.keys);
   // 16-byte copies where both arrays are 16-byte aligned, else 4-byte ones (shards off the
   // vector alignment; elements of 4 bytes or more are 4-byte aligned)
-  const bool vectors = ((reinterpret_cast<std::uintptr_t>(p.keys) | reinterpret_cast<std::uintptr_t>(p.values)) & 15) == 0;
+  const bool vectors = vectors_aligned(p);
   SwizzledTile<K>::prefetch(shared.keys[warp], lane, shard_keys + tile_start, vectors);
   SwizzledTile<V>::prefetch(shared.values[warp], lane, static_cast<const Value*>(p.values) + tile_start, vectors);
   if (lane == 0 && tile_start > 0) copy_async<sizeof(Key)>(&shared.edges[warp][0], shard_keys + tile_start - 1);
@@ -1263,7 +1264,7 @@ __device__ __forceinline__ void one_pass_grouped(const ByKeyParams& p) {
 // correct: blocks beyond the groups claim one past the shard and leave; the host launches
 // min(groups, resident blocks) for speed. Nothing but the turn (in shared memory, each
 // thread's own) is carried across a tile's body: the 64-register bound holds with no stack.
-template <int kMode, class K = Key, class V = Value>  // kByKeyReduce; K, V: as one_pass_reduce_full_tile's
+template <class K = Key, class V = Value>  // K, V: as one_pass_reduce_full_tile's
 __device__ __forceinline__ void one_pass_persistent(const ByKeyParams& p) {
   __shared__ PassShared<Pair> shared;
   const int warp = static_cast<int>(threadIdx.x) / 32;
@@ -1309,7 +1310,7 @@ __device__ __forceinline__ void one_pass_persistent(const ByKeyParams& p) {
 template <int kMode>
 __device__ __forceinline__ void one_pass(const ByKeyParams& p) {
   if constexpr (kMode == kByKeyReduce) {
-    one_pass_persistent<kMode>(p);
+    one_pass_persistent(p);
   } else {
     one_pass_grouped<kMode>(p);
   }
