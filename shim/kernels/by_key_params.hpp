@@ -74,6 +74,8 @@ constexpr int by_key_sweep_blocks(int key_size, int value_size) {
 // values of up to 4 bytes, 8 up to 8, 4 up to 16, else 2 (a lane's 64 bytes of either).
 constexpr int kByKeyPassWarps = 8;
 static_assert(kByKeyBlock == 32 * kByKeyPassWarps, "the single pass's blocks are kByKeyBlock threads");
+// reduce_by_key's gather after the single pass: consecutive tiles a warp (a power of two, at most 32).
+constexpr int kByKeyGatherTiles = 32;
 constexpr int by_key_lane_items(int key_size, int value_size) {
   const int widest = key_size > value_size ? key_size : value_size;
   return widest <= 4 ? 16 : widest <= 8 ? 8 : widest <= 16 ? 4 : 2;

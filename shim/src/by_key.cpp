@@ -350,8 +350,8 @@ bool fits(const ShardedArray& keys, const std::vector<ByKeyPlace>& places, const
   return true;
 }
 
-// The grid of the single pass and of reduce_by_key's gather, which finds each tile's outputs
-// where the pass's warp wrote them: a tile a warp, kByKeyPassWarps consecutive tiles a block.
+// The groups of tiles, the scans' single pass's grid: a tile a warp, kByKeyPassWarps consecutive
+// tiles a block.
 unsigned pass_blocks(const k::ByKeyParams& params) {
   return static_cast<unsigned>((params.num_tiles + k::kByKeyPassWarps - 1) / k::kByKeyPassWarps);
 }
@@ -461,8 +461,10 @@ void gather_runs(std::vector<ByKeyPlace>& places, const ArrayList& result, const
     DeviceGuard guard(item.device);
     item.params.out_keys = reinterpret_cast<void*>(result[0]->shard_pointer(item.place));
     item.params.out_values = reinterpret_cast<void*>(result[1]->shard_pointer(item.place));
+    const long long tiles_a_block = static_cast<long long>(k::kByKeyPassWarps) * k::kByKeyGatherTiles;
     detail::launch(KernelHandle::linked(item.library->kernel("csj_by_key_one_pass_gather", item.device)),
-                   pass_blocks(item.params), k::kByKeyBlock, item.stream, item.params,
+                   static_cast<unsigned>((item.params.num_tiles + tiles_a_block - 1) / tiles_a_block), k::kByKeyBlock,
+                   item.stream, item.params,
                    "launching reduce_by_key's gather");
   }
   if (fix_ups.due) queue_fix_ups(places, fix_ups.earlier);
