@@ -238,6 +238,54 @@ def test_floats_are_the_same_bits_on_every_call(engine, dtype):
 
 
 @gpu
+@pytest.mark.parametrize("runs", [[1 << 22], [1000, (1 << 21) + 3, (1 << 21) - 1003]], ids=["one_run", "three_runs"])
+def test_look_backs_far_behind(runs):
+    """Runs over thousands of tiles (2^22 elements; warp tiles of 512 for 4-byte keys and values,
+    128 for 16-byte records): no tile after a run's first holds a head, so each look-back folds
+    back to the nearest inclusive record, which look-backs passing tiles that still wait on
+    theirs publish on the way. int32 sums exact against numpy (both scans, reduce_by_key),
+    float32 sums the same bits on every call and near the float64 answer, and the composition
+    of affine maps (16-byte records: the flagged look-back) against numpy."""
+    n = sum(runs)
+    keys = np.repeat(np.arange(len(runs), dtype=np.int32) * 5, runs)
+    rng = np.random.default_rng(47)
+    group = sharded.PlaceGroup.by_devices([0])
+    k = sharded.ShardedArray.from_numpy(group, keys)
+    add = lambda x, y: x + y  # noqa: E731
+    values = rng.integers(-100, 100, n).astype(np.int32)
+    v = sharded.ShardedArray.from_numpy(group, values)
+    inclusive, exclusive, unique_keys, sums = _sum_answers(keys, values, init=3)
+    np.testing.assert_array_equal(sharded.inclusive_scan_by_key(k, v, add).to_numpy(), inclusive)
+    np.testing.assert_array_equal(sharded.exclusive_scan_by_key(k, v, add, np.int32(3)).to_numpy(), exclusive)
+    got_keys, got_sums = sharded.reduce_by_key(k, v, add)
+    np.testing.assert_array_equal(got_keys.to_numpy(), unique_keys)
+    np.testing.assert_array_equal(got_sums.to_numpy(), sums)
+
+    floats = rng.random(n, dtype=np.float32)
+    f = sharded.ShardedArray.from_numpy(group, floats)
+    scans = [sharded.inclusive_scan_by_key(k, f, add).to_numpy() for _ in range(3)]
+    assert scans[0].tobytes() == scans[1].tobytes() == scans[2].tobytes()
+    folds = [sharded.reduce_by_key(k, f, add)[1].to_numpy() for _ in range(3)]
+    assert folds[0].tobytes() == folds[1].tobytes() == folds[2].tobytes()
+    heads = _heads(keys)
+    starts = np.flatnonzero(heads)
+    totals = np.cumsum(floats.astype(np.float64))
+    exact = totals - np.r_[0.0, totals][starts][np.cumsum(heads) - 1]
+    np.testing.assert_allclose(scans[0], exact, rtol=1e-3, atol=1e-2)
+    np.testing.assert_allclose(folds[0], np.add.reduceat(floats.astype(np.float64), starts), rtol=1e-3)
+
+    host = _affine_values(n, 48)
+    a = sharded.ShardedArray.from_numpy(group, host)
+    scan, folded = _affine_answers(keys, host)
+    got = sharded.inclusive_scan_by_key(k, a, _then).to_numpy()
+    np.testing.assert_array_equal(got["a"], scan["a"])
+    np.testing.assert_array_equal(got["b"], scan["b"])
+    got_folds = sharded.reduce_by_key(k, a, _then)[1].to_numpy()
+    np.testing.assert_array_equal(got_folds["a"], folded["a"])
+    np.testing.assert_array_equal(got_folds["b"], folded["b"])
+
+
+@gpu
 @pytest.mark.parametrize("sizes", [[3 * TILE + 5, TILE, 0, 2 * TILE + 100, 77], [1, 5 * TILE, 1, 1, TILE - 1],
                                    [TILE, TILE, TILE]])
 def test_runs_across_shards(engine, sizes):
