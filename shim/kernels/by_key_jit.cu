@@ -1435,6 +1435,8 @@ extern "C" __global__ void csj_by_key_one_pass_fix_reduce(const __grid_constant_
 // H100, 168 for runs of ~16: a warp had its tile's few loads in flight, behind the two reads
 // of the tile's place; 32 tiles a warp with one load a lane at a time lost for runs of ~16.)
 constexpr int kGatherTiles = kByKeyGatherTiles;
+static_assert(kGatherTiles > 0 && kGatherTiles <= 32 && (kGatherTiles & (kGatherTiles - 1)) == 0,
+              "the gather's binary search takes a power of two of tiles, a lane each at most");
 
 extern "C" __global__ void __launch_bounds__(kByKeyBlock)
     csj_by_key_one_pass_gather(const __grid_constant__ ByKeyParams p) {
