@@ -11,9 +11,10 @@ the peers that have the same call on one GPU and the device copy of the same byt
   unique_by_key     2^28 sorted int32 keys (runs of ~16) + int32 values: cuda.compute
                     unique_by_key
   reduce_by_key     2^28 int32 keys in runs of 64 + int32 values, user add: torch
-                    unique_consecutive + index_add_; the copy of the keys and values
+                    unique_consecutive + index_add_; the copy of the keys and values;
+                    variant "one run": every key equal (the look-back far behind)
   scan_by_key       the same keys and values, inclusive_scan_by_key: the copy of the keys,
-                    values and result
+                    values and result; variant "one run" as reduce_by_key's
   resharded         2^28 float32 on two places (shards of 1/4 and 3/4) to an even split: the
                     copy of the array
 
@@ -179,6 +180,44 @@ def _ours_two_passes(data) -> Impl:
     return Impl(two_passes)
 
 
+def _ours_one_run(data) -> Impl:
+    """reduce_by_key's and the scan by key's second row: every key equal, one run over all N
+    elements, so no tile after the first holds a run head and each look-back reaches far back
+    (the slow case the performance docs describe). Checked against CuPy's int32 sum and
+    cumsum of the same values (both wrap in int32, as ours does)."""
+    import cuda_sharded_jit as sharded
+
+    algorithm, arrays, cp = data.context["algorithm"], data.arrays, data.cp
+    if algorithm not in ("reduce_by_key", "scan_by_key"):
+        raise NotApplicable
+    values = arrays["values"]
+    if "one_run" not in arrays:  # freed with the block's other arrays
+        arrays["one_run"] = sharded.ShardedArray.from_numpy(values.group, np.zeros(N, np.int32),
+                                                             sizes=list(values.shard_sizes))
+    keys, source = arrays["one_run"], data.context["inputs"]["values"]
+    if algorithm == "reduce_by_key":
+        def run():
+            unique_keys, reduced = sharded.reduce_by_key(keys, values, _add)
+            _keep(arrays, one_run_keys=unique_keys, one_run_sums=reduced)
+
+        def result():
+            with cp.cuda.Device(data.devices[0]):
+                assert_equal(cp, gathered(data, "one_run_keys"), cp.zeros(1, cp.int32), "unique_keys (one run)")
+                assert_equal(cp, gathered(data, "one_run_sums"), source.sum(dtype=cp.int32).reshape(1),
+                             "reduced (one run)")
+            return None  # checked here: the family's check compares with the runs of 64
+        return Impl(run, result=result)
+
+    def scan():
+        _keep(arrays, one_run_scan=sharded.inclusive_scan_by_key(keys, values, _add))
+
+    def scanned():
+        with cp.cuda.Device(data.devices[0]):
+            assert_equal(cp, gathered(data, "one_run_scan"), cp.cumsum(source, dtype=cp.int32), "scanned (one run)")
+        return None
+    return Impl(scan, result=scanned)
+
+
 # ---- peers ------------------------------------------------------------------------------------
 
 def _copy(data) -> Impl:
@@ -268,9 +307,11 @@ FAMILY = Family(
                               {"cuda.compute": _cccl}),
         "reduce_by_key": Spec(np.int32, N, "elements per second; runs of 64, user add",
                               {"torch": _torch, "copy": _copy},
-                              bytes_moved=dict.fromkeys(("ours", "torch", "copy"), _BYTES["reduce_by_key"])),
+                              bytes_moved=dict.fromkeys(("ours", "torch", "copy"), _BYTES["reduce_by_key"]),
+                              extra=(("one run", "every key equal (one run)", _ours_one_run),)),
         "scan_by_key": Spec(np.int32, N, "elements per second; runs of 64, user add", {"copy": _copy},
-                            bytes_moved=dict.fromkeys(("ours", "copy"), _BYTES["scan_by_key"])),
+                            bytes_moved=dict.fromkeys(("ours", "copy"), _BYTES["scan_by_key"]),
+                            extra=(("one run", "every key equal (one run)", _ours_one_run),)),
         "resharded": Spec(np.float32, N, "elements per second; shards of 1/4 and 3/4 to an even split",
                           {"copy": _copy}, place_counts=(2,), sizes={"x": [N // 4, N - N // 4]},
                           bytes_moved=dict.fromkeys(("ours", "copy"), _BYTES["resharded"])),
