@@ -242,8 +242,9 @@ def test_floats_are_the_same_bits_on_every_call(engine, dtype):
 def test_look_backs_far_behind(runs):
     """Runs over thousands of tiles (2^22 elements; warp tiles of 512 for 4-byte keys and values,
     128 for 16-byte records): no tile after a run's first holds a head, so each look-back folds
-    back to the nearest inclusive record, which look-backs passing tiles that still wait on
-    theirs publish on the way. int32 sums exact against numpy (both scans, reduce_by_key),
+    its group's tiles back to the group's first and the groups back to the nearest known
+    prefix, which look-backs passing groups that still wait on theirs publish on the way.
+    int32 sums exact against numpy (both scans, reduce_by_key),
     float32 sums the same bits on every call and near the float64 answer, and the composition
     of affine maps (16-byte records: the flagged look-back) against numpy."""
     n = sum(runs)
@@ -326,6 +327,50 @@ def test_runs_across_shards(engine, sizes):
     got_keys, got_sums = sharded.reduce_by_key(k32, w, "sum")
     np.testing.assert_array_equal(got_keys.to_numpy(), unique_keys)
     np.testing.assert_array_equal(got_sums.to_numpy(), sums)
+
+
+@gpu
+@pytest.mark.parametrize("values_kind", ["int32", "affine"])
+def test_fix_ups_stop_in_a_later_look_back_group(engine, values_kind):
+    """Two places of one GPU; the run from the first shard ends early in the second, and a run
+    of over 32 pass tiles follows it (the look-back joins tiles in groups of 32: a tile's local
+    record in the next group holds no head of its own, the groups' prefix does). The fix-up
+    that adds the first shard's fold must stop at that first run's end; int32 sums exact
+    (packed records) and composed affine maps (wider records) against numpy."""
+    wide = values_kind == "affine"
+    pass_tile = 128 if wide else 512  # int32 keys: lanes of 16 items, 16-byte values 4
+    lengths = [1000 + 3 * pass_tile, 40 * pass_tile + 7, 33 * pass_tile, 5, 2 * pass_tile]
+    keys = np.repeat(np.arange(len(lengths), dtype=np.int32) * 7, lengths)
+    n = keys.size
+    sizes = [1000, n - 1000]
+    group = sharded.PlaceGroup.by_devices([0, 0])
+    k = sharded.ShardedArray.from_numpy(group, keys, sizes=sizes)
+    if wide:
+        host = _affine_values(n, seed=49)
+        v = sharded.ShardedArray.from_numpy(group, host, sizes=sizes)
+        scan, folds = _affine_answers(keys, host)
+        got = sharded.inclusive_scan_by_key(k, v, _then).to_numpy()
+        np.testing.assert_array_equal(got["a"], scan["a"])
+        np.testing.assert_array_equal(got["b"], scan["b"])
+        exclusive = sharded.exclusive_scan_by_key(k, v, _then, (1, 0)).to_numpy()
+        shifted = np.r_[np.zeros(1, AFFINE), scan[:-1]]
+        shifted[_heads(keys)] = np.array([(1, 0)], AFFINE)
+        np.testing.assert_array_equal(exclusive["a"], shifted["a"])
+        np.testing.assert_array_equal(exclusive["b"], shifted["b"])
+        got_keys, got_folds = sharded.reduce_by_key(k, v, _then)
+        np.testing.assert_array_equal(got_keys.to_numpy(), keys[_heads(keys)])
+        np.testing.assert_array_equal(got_folds.to_numpy()["a"], folds["a"])
+        np.testing.assert_array_equal(got_folds.to_numpy()["b"], folds["b"])
+    else:
+        values = np.random.default_rng(50).integers(-100, 100, n).astype(np.int32)
+        v = sharded.ShardedArray.from_numpy(group, values, sizes=sizes)
+        inclusive, exclusive, unique_keys, sums = _sum_answers(keys, values, init=5)
+        add = lambda x, y: x + y  # noqa: E731
+        np.testing.assert_array_equal(sharded.inclusive_scan_by_key(k, v, add).to_numpy(), inclusive)
+        np.testing.assert_array_equal(sharded.exclusive_scan_by_key(k, v, add, np.int32(5)).to_numpy(), exclusive)
+        got_keys, got_sums = sharded.reduce_by_key(k, v, add)
+        np.testing.assert_array_equal(got_keys.to_numpy(), unique_keys)
+        np.testing.assert_array_equal(got_sums.to_numpy(), sums)
 
 
 @gpu

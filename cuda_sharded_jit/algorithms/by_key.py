@@ -238,7 +238,8 @@ def inclusive_scan_by_key(keys: ShardedArray, values: ShardedArray, op,
     same group and shard sizes; numbers or records (op then takes and returns tuples). `op` need only be associative; the scan runs in, and returns, values'
     dtype (out's when given; `out` may be `values`). Deterministic: the same bits run after
     run. Stream-ordered: returns at once. Speed: about one read of keys and values where runs
-    are short; runs over many thousands of elements are far slower (see the performance docs).
+    are short; runs over many thousands of elements take up to a few times as long (see the
+    performance docs).
 
     >>> k = sharded.ShardedArray.from_numpy(g, np.array([1, 1, 2, 2, 2], np.int32))  # doctest: +SKIP
     >>> v = sharded.ShardedArray.from_numpy(g, np.array([1, 2, 3, 4, 5], np.int32))  # doctest: +SKIP
@@ -271,8 +272,8 @@ def reduce_by_key(keys: ShardedArray, values: ShardedArray, op, equal=None):
     after run; runs may cross shard boundaries. `values`: numbers or records, of keys' group
     and shard sizes. Both results are new arrays, with shard sizes of their own (the same for
     both): shard i holds the runs that end in shard i. Speed: about one read of keys and
-    values where runs are short; runs over many thousands of elements are far slower (see the
-    performance docs).
+    values where runs are short; runs over many thousands of elements take up to about six
+    times as long (see the performance docs).
 
     >>> k = sharded.ShardedArray.from_numpy(g, np.array([1, 1, 2, 2, 2], np.int32))  # doctest: +SKIP
     >>> v = sharded.ShardedArray.from_numpy(g, np.array([1, 2, 3, 4, 5], np.int32))  # doctest: +SKIP

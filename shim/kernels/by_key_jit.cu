@@ -439,14 +439,16 @@ extern "C" __global__ void __launch_bounds__(kByKeyBlock, kSweepBlocks)
 // One kernel per mode reads each tile once: tiles are taken in order from a counter (so every
 // predecessor of a running tile has started and will publish: no deadlock), folded and
 // scanned locally, and joined to what came before them by a decoupled look-back whose fold
-// is a fixed left fold over tiles. A tile publishes its own fold (the aggregate) at once,
-// then its inclusive fold once it has its exclusive one; a tile's exclusive fold is found
-// from the nearest earlier inclusive one, j, folded left with the aggregates of j + 1 ..
-// t - 1. Every inclusive fold is thereby agg(0) . agg(1) . ... . agg(t) associated from the
-// left, whichever j a tile happened to find, so the results are the same bits run after run
+// is fixed: left folds in two levels, within groups of 32 tiles and over the groups (LookBack
+// says how). A tile publishes its own fold (the aggregate) at once, then its fold from its
+// group's first tile (its local inclusive fold); a tile's local fold is found from the
+// nearest earlier local one in its group, j, folded left with the aggregates of j + 1 ..
+// t - 1, which is agg(f) . ... . agg(t) associated from the left whichever j a tile happened
+// to find; the groups' prefixes likewise. So the results are the same bits run after run
 // (CUB's look-back combines a window of aggregates as a tree whose shape depends on timing).
-// Under the segmented combine a tile with a run head resets the fold, so a head tile
-// publishes its aggregate as its inclusive fold at once and its successors stop there.
+// Under the segmented combine a run head resets the fold, so a head tile publishes its
+// aggregate as its local fold at once, a group whose local fold holds a head is its own
+// prefix, and the look-backs after them stop there.
 // reduce_by_key writes each tile's outputs from the tile's first element's position (scratch
 // at the shard's size) and its count of run ends; the counts' exclusive prefix, taken after the
 // pass, places them (csj_by_key_one_pass_gather). Looked back with the pairs, the counts would
@@ -538,41 +540,64 @@ struct PackedSlots {
   }
 };
 
-// Whether tile `tile`'s inclusive record holds a run head (the fix-ups' stop), in either layout.
+// The look-back joins tiles in two levels, each a strict left fold (the association that keeps
+// the bits fixed whichever record a look-back stops at). Tiles form groups of
+// kByKeyLookBackGroup consecutive tiles: a tile's local fold is agg(f) . agg(f + 1) . ... .
+// agg(t) from its group's first tile f, and a group's prefix is the left fold of the groups'
+// local folds (each group's last tile's) from the shard's first group. A tile's exclusive pair
+// is the prefix of the groups before its own joined with the local fold of its group's tiles
+// before it, its inclusive pair the same with its own. A strict left fold over all the tiles
+// is one chain whose front moves by one look-back's hop at a time: where no tile holds a head
+// (one run over 2^28 int32 keys) the scan by key took 49 ms and reduce_by_key 47-50 on an
+// H100, against 1.3 and 1.0 ms in runs of 64; in two levels, 2.7-2.8 and 5.6-7.1 ms (on an
+// H200 2.66 and 6.52 against 48.8 and 49.2 in one call).
+// Each tile has two record slots: its aggregate (kByKeyTileAggregate) and its local fold
+// (kByKeyTileInclusive); a group's last tile, whose aggregate no tile reads, puts its group's
+// prefix in its aggregate slot instead (kByKeyTileGroup).
+constexpr long long kGroupTiles = kByKeyLookBackGroup;
+
+__device__ __forceinline__ long long group_end(long long group) { return group * kGroupTiles + kGroupTiles - 1; }
+
+// Whether tiles 0 .. `tile` hold a run head (the fix-ups' stop), after the pass, in either
+// layout: the tile's local fold has one, or the prefix of the groups before its own.
 template <class P>
-__device__ __forceinline__ bool inclusive_has_head(const ByKeyParams& p, long long tile) {
+__device__ __forceinline__ bool head_through(const ByKeyParams& p, long long tile) {
+  const long long group = tile / kGroupTiles;
   if constexpr (PackedSlots<P>::kFits) {
-    return PackedSlots<P>::record(PackedSlots<P>::load(PackedSlots<P>::inclusives(p) + tile)).flags & kHead;
+    using Slots = PackedSlots<P>;
+    if (Slots::record(Slots::load(Slots::inclusives(p) + tile)).flags & kHead) return true;
+    return group > 0 && (Slots::record(Slots::load(Slots::aggregates(p) + group_end(group - 1))).flags & kHead);
   } else {
-    return (static_cast<const P*>(p.tile_records) + p.num_tiles)[tile].flags & kHead;
+    const P* records = static_cast<const P*>(p.tile_records);
+    if (records[p.num_tiles + tile].flags & kHead) return true;
+    return group > 0 && (records[group_end(group - 1)].flags & kHead);
   }
 }
 
 // The single pass's look-back (called by the tile's warp with the tile's fold): publishes the
-// tile's pair, looks back and returns the exclusive pair (lane 0's). kHelp: a look-back that
-// reaches more than 32 tiles back folds 32 tiles at a time from L2 and publishes the fold up
-// to each such window's last tile as that tile's inclusive record (helping): the same bits
-// that tile's own look-back publishes (every inclusive record is the same left fold of the
-// aggregates from the shard's first tile, wherever a look-back stopped), so the tiles after
-// it stop short. Where no tile holds a head (one run over thousands of tiles) each look-back
-// otherwise folds back, one L2 read a tile, to the oldest tile still in flight: 2^28 int32
-// keys in one run took 117 ms for the scan by key and 137 for reduce_by_key on an H100, 49
-// and 47 with the helping (1.3 and 1.0 ms in runs of 64: the strict left fold over the
-// tiles stays a chain whose front moves by a look-back's hop at a time). A shard's last tile,
-// which no tile of the shard waits on, folds without (and keeps its registers).
+// tile's records, looks back and returns the exclusive pair (lane 0's). Within the group it
+// reads at most one window (the 31 tiles before); across groups, 32 groups a window. kHelp: a
+// look-back that folds groups (32 at a time, those further back than 32 staged from L2)
+// publishes the prefix up to each window's last group as that group's prefix (helping; the
+// same bits that group's own last tile publishes), so the look-backs after it stop short. A
+// shard's last tile, which no tile of the shard waits on, waits instead for the group before
+// it to have its prefix (and keeps its registers).
 template <bool kReduce, bool kHelp = true>
 struct LookBack {
   using P = PairOf<kReduce>;
   const ByKeyParams& p;
   long long tile;
   P* stage;                               // 64 records in shared memory
-  P* found;                               // packed: the nearest inclusive record (shared memory)
+  P* found;                               // 3 records in shared memory: the nearest known one,
+                                          // the tile's local fold, the local fold before it
 
   __device__ __forceinline__ P* aggregates() const { return static_cast<P*>(p.tile_records); }
   __device__ __forceinline__ P* inclusives() const { return static_cast<P*>(p.tile_records) + p.num_tiles; }
 
-  // Publishes `record` as tile `at`'s aggregate or inclusive fold (`state`), in the layout
-  // its size takes: packed with the state, or the record, a fence, then its flag.
+  // Publishes `record` in tile `at`'s inclusive slot (kByKeyTileInclusive: its local fold) or
+  // its aggregate slot (kByKeyTileAggregate: its fold; kByKeyTileGroup: its group's prefix), in
+  // the layout its size takes: packed with the state, or the record, a fence, then its flag
+  // (a tile's flag only rises: none, aggregate, inclusive, group).
   __device__ __forceinline__ void publish(long long at, const P& record, int state) const {
     const bool inclusive = state == kByKeyTileInclusive;
     if constexpr (PackedSlots<P>::kFits) {
@@ -587,129 +612,237 @@ struct LookBack {
 
   __device__ __forceinline__ P operator()(const P& tile_fold) {
     const int lane = static_cast<int>(threadIdx.x) & 31;
-    // A tile with a head, or the first tile, has its inclusive fold already.
-    const bool complete = tile == 0 || (tile_fold.flags & kHead);
-    if (lane == 0) publish(tile, tile_fold, complete ? kByKeyTileInclusive : kByKeyTileAggregate);
-    P exclusive;
-    if constexpr (PackedSlots<P>::kFits) {
-      exclusive = look_back_packed(lane);
-    } else {
-      exclusive = look_back_flagged(lane);
+    const int place = static_cast<int>(tile % kGroupTiles);  // in its group
+    // A tile with a head, or a group's first, has its local fold already.
+    const bool complete = place == 0 || (tile_fold.flags & kHead);
+    if (lane == 0) {
+      if (complete) {
+        publish(tile, tile_fold, kByKeyTileInclusive);
+      } else if (place != kGroupTiles - 1) {  // no tile reads a group's last aggregate
+        publish(tile, tile_fold, kByKeyTileAggregate);
+      }
+    }
+    // Lane 0 keeps the pairs in shared memory, out of the registers the tile's items hold:
+    // found[1] the tile's fold, then its local fold; found[2] the local fold of the group's
+    // tiles before it.
+    if (lane == 0) found[1] = tile_fold;
+    if (place > 0) {
+      if constexpr (PackedSlots<P>::kFits) {
+        local_packed(lane, place);
+      } else {
+        local_flagged(lane, place);
+      }
+    } else if (lane == 0) {
+      found[2] = empty_pair<P>();
+    }
+    if (lane == 0 && !complete) {
+      const P local = Segmented()(found[2], found[1]);
+      publish(tile, local, kByKeyTileInclusive);
+      found[1] = local;
+    }
+    __syncwarp();
+    // The groups before this one count unless a head in the group's tiles before it resets the fold.
+    const bool reset = found[2].flags & kHead;
+    const int group = static_cast<int>(tile / kGroupTiles);  // (2^31 groups would be 2^45 elements)
+    P prefix = empty_pair<P>();  // lane 0: the prefix of the groups before this one
+    if (group > 0 && !reset) {
+      if constexpr (PackedSlots<P>::kFits) {
+        prefix = group_packed(lane, group);
+      } else {
+        prefix = group_flagged(lane, group);
+      }
     }
     if (lane == 0) {
-      const P inclusive = complete ? tile_fold : Segmented()(exclusive, tile_fold);
-      if (!complete) publish(tile, inclusive, kByKeyTileInclusive);
-      // the shard's total, which the carries of the shards after it fold (its run ends are
-      // counted apart: the tiles' counts, scanned after the pass)
-      if (tile == p.num_tiles - 1 && p.total != nullptr) write_record(*p.total, as_tally(inclusive));
+      const bool group_last = tile % kGroupTiles == kGroupTiles - 1;
+      const bool shard_last = tile == p.num_tiles - 1;
+      if (group_last || shard_last) {
+        const P inclusive = Segmented()(prefix, found[1]);
+        if (group_last) publish(tile, inclusive, kByKeyTileGroup);
+        // the shard's total, which the carries of the shards after it fold (its run ends are
+        // counted apart: the tiles' counts, scanned after the pass)
+        if (shard_last && p.total != nullptr) write_record(*p.total, as_tally(inclusive));
+      }
     }
+    __syncwarp();
+    const P exclusive = Segmented()(prefix, found[2]);
     return exclusive;  // lane 0's is the one the scan uses
   }
 
-  // The exclusive fold (lane 0's) over packed words: each lane of a window reads its tile's
-  // inclusive and aggregate words at once, until one of them is there; the window nearest
-  // the tile keeps its aggregates (staged), so the fold reads L2 again only for tiles further
-  // back.
-  __device__ __forceinline__ P look_back_packed(int lane) const {
+  // The local fold of the group's tiles before this one (lane 0's), over packed words: lane l
+  // reads tile - 1 - l's inclusive and aggregate words at once, until the tiles up to the
+  // nearest one with its local fold are there (a tile seen once stays seen); the aggregates
+  // after it are staged and folded by lane 0.
+  __device__ __forceinline__ void local_packed(int lane, int place) const {
     using Slots = PackedSlots<P>;
-    long long nearest = -1;
-    for (long long top = tile - 1; top >= 0; top -= 32) {
-      const long long at = top - lane;
-      bool inclusive = at < 0;  // before the shard: the empty fold
-      bool published = at < 0;
-      uint4 inclusive_word = make_uint4(0, 0, 0, 0);
-      uint4 aggregate_word = make_uint4(0, 0, 0, 0);
-      // Only the tiles up to the nearest inclusive one are waited for (the fold reads no
-      // further): lanes read again until those have published, a tile seen once stays seen.
+    const int at = place - 1 - lane;  // within the group
+    bool inclusive = at < 0;  // before the group: the empty fold (lane 31 at least)
+    bool published = at < 0;
+    uint4 inclusive_word = make_uint4(0, 0, 0, 0);
+    uint4 aggregate_word = make_uint4(0, 0, 0, 0);
+    for (;;) {
+      if (!published) {
+        inclusive_word = Slots::load(Slots::inclusives(p) + (tile - 1 - lane));
+        aggregate_word = Slots::load(Slots::aggregates(p) + (tile - 1 - lane));
+        inclusive = Slots::state(inclusive_word) == kByKeyTileInclusive;
+        published = inclusive || Slots::state(aggregate_word) == kByKeyTileAggregate;
+      }
+      const unsigned inclusives = __ballot_sync(0xffffffffu, inclusive);
+      const unsigned needed = ((inclusives & (0u - inclusives)) << 1) - 1u;
+      if ((__ballot_sync(0xffffffffu, published) & needed) == needed) break;
+    }
+    stage[lane] = Slots::record(aggregate_word);
+    const int from = __ffs(__ballot_sync(0xffffffffu, inclusive)) - 1;
+    if (lane == from && at >= 0) *found = Slots::record(inclusive_word);
+    __syncwarp();
+    if (lane == 0) {
+      P within = empty_pair<P>();
+      if (from < place) within = *found;
+      for (int back = from - 1; back >= 0; --back) within = Segmented()(within, stage[back]);
+      found[2] = within;
+    }
+    __syncwarp();
+  }
+
+  // The same for wider records, by their flags: every tile of the window in the group waited
+  // for, then the records after the nearest one with its local fold.
+  __device__ __forceinline__ void local_flagged(int lane, int place) const {
+    const long long at = tile - 1 - lane;
+    int state = kByKeyTileInclusive;  // before the group: the empty fold
+    if (lane < place) {
+      const volatile int* flag = p.tile_flags + at;
+      do {
+        state = *flag;
+      } while (state == kByKeyTileNone);
+    }
+    const int from = __ffs(__ballot_sync(0xffffffffu, state == kByKeyTileInclusive)) - 1;
+    __threadfence();  // the flags before the records they announce
+    if (lane < from) stage[lane] = RecordWords<P>::load(aggregates() + at);
+    __syncwarp();
+    if (lane == 0) {
+      P within = empty_pair<P>();
+      if (from < place) within = RecordWords<P>::load(inclusives() + tile - 1 - from);
+      for (int back = from - 1; back >= 0; --back) within = Segmented()(within, stage[back]);
+      found[2] = within;
+    }
+    __syncwarp();
+  }
+
+  // The prefix of the groups before `group` (lane 0's), over packed words: the nearest group
+  // whose prefix is known (published, or its local fold holding a head, which resets it),
+  // folded left with the local folds of the groups after it, 32 groups a window.
+  __device__ __forceinline__ P group_packed(int lane, int group) const {
+    using Slots = PackedSlots<P>;
+    if constexpr (!kHelp) {  // a shard's last tile: lane 0 waits for the group before to know its prefix
+      P prefix = empty_pair<P>();
+      if (lane == 0) {
+        for (;;) {
+          const uint4 prefix_word = Slots::load(Slots::aggregates(p) + group_end(group - 1));
+          if (Slots::state(prefix_word) == kByKeyTileGroup) {
+            prefix = Slots::record(prefix_word);
+            break;
+          }
+          const uint4 fold_word = Slots::load(Slots::inclusives(p) + group_end(group - 1));
+          if (Slots::state(fold_word) == kByKeyTileInclusive && (Slots::record(fold_word).flags & kHead)) {
+            prefix = Slots::record(fold_word);
+            break;
+          }
+        }
+      }
+      return prefix;
+    }
+    int nearest = -1;  // -1: the shard's start, the empty prefix
+    for (int top = group - 1; top >= 0; top -= 32) {
+      const int k = top - lane;
+      bool known = k < 0;
+      bool published = k < 0;
+      uint4 word = make_uint4(0, 0, 0, 0);  // the group's prefix where known by it, else its local fold
+      // Only the groups up to the nearest known one are waited for.
       for (;;) {
         if (!published) {
-          inclusive_word = Slots::load(Slots::inclusives(p) + at);
-          aggregate_word = Slots::load(Slots::aggregates(p) + at);
-          inclusive = Slots::state(inclusive_word) == kByKeyTileInclusive;
-          published = inclusive || Slots::state(aggregate_word) == kByKeyTileAggregate;
+          const uint4 prefix_word = Slots::load(Slots::aggregates(p) + group_end(k));
+          const uint4 fold_word = Slots::load(Slots::inclusives(p) + group_end(k));
+          const bool prefixed = Slots::state(prefix_word) == kByKeyTileGroup;
+          const bool folded = Slots::state(fold_word) == kByKeyTileInclusive;
+          known = prefixed || (folded && (Slots::record(fold_word).flags & kHead));
+          published = prefixed || folded;
+          word = prefixed ? prefix_word : fold_word;
         }
-        const unsigned inclusives = __ballot_sync(0xffffffffu, inclusive);
-        const unsigned needed = inclusives ? ((inclusives & (0u - inclusives)) << 1) - 1u : 0xffffffffu;
+        const unsigned knowns = __ballot_sync(0xffffffffu, known);
+        const unsigned needed = knowns ? ((knowns & (0u - knowns)) << 1) - 1u : 0xffffffffu;
         if ((__ballot_sync(0xffffffffu, published) & needed) == needed) break;
       }
-      if (top == tile - 1) stage[lane] = Slots::record(aggregate_word);  // lane l: tile - 1 - l
-      const unsigned done = __ballot_sync(0xffffffffu, inclusive);
+      if (top == group - 1) stage[lane] = Slots::record(word);  // lane l: group - 1 - l (its fold where not known)
+      const unsigned done = __ballot_sync(0xffffffffu, known);
       if (done) {
         const int from = __ffs(done) - 1;
         nearest = top - from;
-        if (lane == from && at >= 0) *found = Slots::record(inclusive_word);
+        if (lane == from && k >= 0) *found = Slots::record(word);
         break;
       }
     }
     __syncwarp();
-    P exclusive = empty_pair<P>();
-    if (lane == 0 && nearest >= 0) exclusive = *found;  // else the shard's start (or tile 0)
-    if constexpr (!kHelp) {  // a shard's last tile: lane 0 alone, reading past the stage from L2
-      if (lane == 0) {
-        for (long long before = nearest + 1; before < tile; ++before) {
-          const long long back = tile - 1 - before;
-          exclusive = Segmented()(exclusive, back < 32 ? stage[back] : Slots::record(Slots::load(Slots::aggregates(p) + before)));
-        }
-      }
-      return exclusive;
-    }
-    // The fold from there, 32 tiles at a time: a window that ends within the 32 tiles before
-    // folds the staged aggregates; one further back is staged first, one trip to L2 (each
-    // lane one tile), and the fold up to its last tile is published as that tile's inclusive
-    // record (helping).
-    for (long long low = nearest + 1; low < tile; low += 32) {
-      const int count = static_cast<int>(min(tile - low, 32LL));
-      const bool far = low + 32 < tile;
+    P prefix = empty_pair<P>();
+    if (lane == 0 && nearest >= 0) prefix = *found;
+    // The fold from there, 32 groups at a time: a window within the 32 groups before folds the
+    // staged folds; one further back is staged first (one trip to L2, each lane one group).
+    // The prefix up to each window's last group is published as that group's (helping: the
+    // group before this one's too, so that its other tiles and the groups after find it).
+    for (int low = nearest + 1; low < group; low += 32) {
+      const int count = static_cast<int>(min(group - low, 32));
+      const bool far = low + 32 < group;
       if (far) {
-        if (lane < count) stage[32 + lane] = Slots::record(Slots::load(Slots::aggregates(p) + low + lane));
+        if (lane < count) stage[32 + lane] = Slots::record(Slots::load(Slots::inclusives(p) + group_end(low + lane)));
         __syncwarp();
       }
       if (lane == 0) {
-        for (int l = 0; l < count; ++l) exclusive = Segmented()(exclusive, far ? stage[32 + l] : stage[tile - 1 - low - l]);
-        if (far) publish(low + count - 1, exclusive, kByKeyTileInclusive);
+        for (int l = 0; l < count; ++l) prefix = Segmented()(prefix, far ? stage[32 + l] : stage[group - 1 - low - l]);
+        publish(group_end(low + count - 1), prefix, kByKeyTileGroup);
       }
       __syncwarp();
     }
-    return exclusive;
+    return prefix;
   }
 
-  // The exclusive fold (lane 0's) for wider records: the nearest earlier tile with an
-  // inclusive fold (-1: none, the shard's start) by its flag, a window of 32 tiles at a time,
-  // each lane one tile; then the records.
-  __device__ __forceinline__ P look_back_flagged(int lane) const {
-    long long nearest = -1;
-    for (long long top = tile - 1; top >= 0; top -= 32) {
-      const long long at = top - lane;
-      int state = kByKeyTileInclusive;  // before the shard: the empty fold
-      if (at >= 0) {
-        const volatile int* flag = p.tile_flags + at;
+  // The same for wider records, by their flags: every group of a window waited for until its
+  // local fold is there, then the records.
+  __device__ __forceinline__ P group_flagged(int lane, int group) const {
+    int nearest = -1;
+    bool prefixed = false;  // the nearest group's prefix is published (else its fold has a head)
+    for (int top = group - 1; top >= 0; top -= 32) {
+      const int k = top - lane;
+      int state = kByKeyTileGroup;  // before the shard: the empty prefix
+      bool known = true;
+      if (k >= 0) {
+        const volatile int* flag = p.tile_flags + group_end(k);
         do {
           state = *flag;
-        } while (state == kByKeyTileNone);
+        } while (state < kByKeyTileInclusive);
+        __threadfence();  // the flag before the record it announces
+        known = state == kByKeyTileGroup || (__ldcg(&inclusives()[group_end(k)].flags) & kHead);
       }
-      const unsigned done = __ballot_sync(0xffffffffu, state == kByKeyTileInclusive);
+      const unsigned done = __ballot_sync(0xffffffffu, known);
       if (done) {
-        nearest = top - (__ffs(done) - 1);
+        const int from = __ffs(done) - 1;
+        nearest = top - from;
+        prefixed = __shfl_sync(0xffffffffu, state == kByKeyTileGroup, from);
         break;
       }
     }
-    __threadfence();  // the flags before the records they announce
-    // A left fold, in tile order, so that the association never depends on where the look-back
-    // stopped: the records of up to 32 tiles at a time are loaded together (one trip to L2) and
-    // staged in shared memory, then folded by lane 0.
-    P exclusive = empty_pair<P>();
-    if (lane == 0 && nearest >= 0) exclusive = RecordWords<P>::load(inclusives() + nearest);
-    for (long long low = nearest + 1; low < tile; low += 32) {
-      if (low + lane < tile) stage[lane] = RecordWords<P>::load(aggregates() + low + lane);
+    P prefix = empty_pair<P>();
+    if (lane == 0 && nearest >= 0) {
+      prefix = RecordWords<P>::load((prefixed ? aggregates() : inclusives()) + group_end(nearest));
+    }
+    for (int low = nearest + 1; low < group; low += 32) {
+      if (low + lane < group) stage[lane] = RecordWords<P>::load(inclusives() + group_end(low + lane));
       __syncwarp();
       if (lane == 0) {
-        const int count = static_cast<int>(min(tile - low, 32LL));
-        for (int l = 0; l < count; ++l) exclusive = Segmented()(exclusive, stage[l]);
-        if (kHelp && low + 32 < tile) publish(low + count - 1, exclusive, kByKeyTileInclusive);  // helping
+        const int count = static_cast<int>(min(group - low, 32));
+        for (int l = 0; l < count; ++l) prefix = Segmented()(prefix, stage[l]);
+        if (kHelp) publish(group_end(low + count - 1), prefix, kByKeyTileGroup);  // helping
       }
       __syncwarp();
     }
-    return exclusive;
+    return prefix;
   }
 };
 
@@ -783,7 +916,7 @@ struct PassShared {
   alignas(16) WarpTile<Key> keys[kByKeyPassWarps];  // 16-byte copies land in them (SwizzledTile)
   alignas(16) WarpTile<Value> values[kByKeyPassWarps];
   P stage[kByKeyPassWarps][64];  // the look-back's: the 32 tiles before, a window further back
-  P found[kByKeyPassWarps];
+  P found[kByKeyPassWarps][3];
   long long first_tile;
   Key edges[kByKeyPassWarps][2];  // a prefetched tile's key before it (where there is one) and after it
   long long claims[2];            // the persistent pass's groups (first tiles), claimed a turn ahead
@@ -980,7 +1113,7 @@ __device__ __forceinline__ Prefixes<PairOf<kReduce>> warp_prefixes(const ByKeyPa
   P lane_prefix = from_lane_before(inclusive, 1);
   if (lane == 0) lane_prefix = empty_pair<P>();
   const P tile_fold = from_lane(inclusive, 31);
-  LookBack<kReduce, kHelp> look_back{p, tile, shared.stage[warp], &shared.found[warp]};
+  LookBack<kReduce, kHelp> look_back{p, tile, shared.stage[warp], shared.found[warp]};
   return {lane_prefix, from_lane(look_back(tile_fold), 0)};
 }
 
@@ -1031,6 +1164,10 @@ __device__ __forceinline__ void one_pass_tile(const ByKeyParams& p, PassShared<P
   __syncwarp();
 
   const long long first = tile_start + static_cast<long long>(lane) * kI;
+  // whether the lane's item j is in the shard (an int against the tile's count, not a position:
+  // nothing 64-bit stays live across the look-back for it)
+  const int lane_valid = valid - lane * kI;
+  const auto mine = [&](int j) { return kFull || j < lane_valid; };
   Key keys[kI];
 #pragma unroll
   for (int j = 0; j < kI; ++j) keys[j] = key_tile.blocked(lane, j);
@@ -1045,7 +1182,7 @@ __device__ __forceinline__ void one_pass_tile(const ByKeyParams& p, PassShared<P
   } else {
 #pragma unroll
     for (int j = 0; j < kI; ++j) {
-      if (first + j < p.n) {
+      if (mine(j)) {
         lane_fold = Segmented()(
             lane_fold, element_pair<P>(p, kExclusive, (heads >> j) & 1u, keys[j], value_tile.blocked(lane, j)));
       }
@@ -1063,7 +1200,7 @@ __device__ __forceinline__ void one_pass_tile(const ByKeyParams& p, PassShared<P
     long long at = tile_start + rank;
 #pragma unroll
     for (int j = 0; j < kI; ++j) {
-      if (in_shard(first + j)) {
+      if (mine(j)) {
         running = Segmented()(running, element_pair<P>(p, false, (heads >> j) & 1u, key_tile.blocked(lane, j),
                                                        value_tile.blocked(lane, j)));
         if ((heads >> (j + 1)) & 1u) {  // the run's first key (the pair's) and its fold
@@ -1077,7 +1214,7 @@ __device__ __forceinline__ void one_pass_tile(const ByKeyParams& p, PassShared<P
     const Value init = *reinterpret_cast<const Value*>(p.init);
 #pragma unroll
     for (int j = 0; j < kI; ++j) {
-      if (in_shard(first + j)) {
+      if (mine(j)) {
         const bool head = (heads >> j) & 1u;
         Value& slot = value_tile.blocked(lane, j);  // the lane's own: it takes the result
         const Value before = running.value;
@@ -1351,7 +1488,7 @@ __device__ __forceinline__ void one_pass(const ByKeyParams& p) {
 // before (*p.carry, their totals folded in place order) applied to the elements of its first
 // run, out = op(carry, out), for the scans; the association stays fixed (the carry, then the
 // shard's own left-to-right fold). Tile t holds some of the first run only when no tile before
-// it has a head (the inclusive record of tile t - 1 says), so the blocks stop at the first
+// it has a head (head_through(t - 1) says, from the records), so the blocks stop at the first
 // tile with one.
 struct Earliest {
   __device__ __forceinline__ long long operator()(long long a, long long b) const { return a < b ? a : b; }
@@ -1369,7 +1506,7 @@ __device__ __forceinline__ void fix_first_run(const ByKeyParams& p) {
   const Key* keys = static_cast<const Key*>(p.keys);
   Value* out = static_cast<Value*>(p.out_values);
   for (long long tile = blockIdx.x; tile < p.num_tiles; tile += gridDim.x) {
-    if (tile > 0 && inclusive_has_head<R>(p, tile - 1)) return;
+    if (tile > 0 && head_through<R>(p, tile - 1)) return;
     const long long tile_start = tile * kPassTile;
     const long long end = min(p.n, tile_start + kPassTile);
     long long mine = end;  // the tile's first head, block-striped

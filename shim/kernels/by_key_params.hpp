@@ -13,9 +13,10 @@
 //                       running tile has started, so the look-back cannot deadlock); each
 //                       tile's keys and values read once, its pairs folded in each lane and
 //                       scanned across the warp by shuffles (no block barrier), joined to the
-//                       tiles before it by a decoupled look-back whose fold is a fixed left
-//                       fold over tiles (by_key_jit.cu says why that keeps the bits fixed);
-//                       a tile with a run head publishes its inclusive pair at once
+//                       tiles before it by a decoupled look-back whose fold is fixed (left
+//                       folds within groups of 32 tiles and over the groups; by_key_jit.cu
+//                       says why that keeps the bits fixed); a tile with a run head publishes
+//                       its pair at once
 //                       (reduce_by_key: only the blocks resident at once, which loop over the
 //                       groups of tiles, each warp copying its next tile in while it works on
 //                       the current one). Writes the scan or, at every run's end, its first
@@ -142,8 +143,11 @@ struct ByKeyParams {
 };
 
 // A tile's state in the single pass: nothing yet, its own fold published (the aggregate),
-// or its fold with everything before it (the inclusive).
-enum ByKeyTileState { kByKeyTileNone = 0, kByKeyTileAggregate = 1, kByKeyTileInclusive = 2 };
+// its fold with its group's tiles before it (the local inclusive), or, on a group's last
+// tile, the fold of its group and every group before it (the group's prefix).
+enum ByKeyTileState { kByKeyTileNone = 0, kByKeyTileAggregate = 1, kByKeyTileInclusive = 2, kByKeyTileGroup = 3 };
+// Tiles a group of the look-back's two levels (by_key_jit.cu says why).
+constexpr long long kByKeyLookBackGroup = 32;
 constexpr int kByKeyTileRecord = 64;  // bytes a tile record may take (a pair with its key)
 
 }  // namespace csj::kernels
