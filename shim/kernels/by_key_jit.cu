@@ -540,79 +540,64 @@ struct PackedSlots {
   }
 };
 
-// The look-back joins tiles in three levels, each a strict left fold (the association that
-// keeps the bits fixed whichever record a look-back stops at): a tile's local fold is agg(f) .
-// ... . agg(t) from the first tile f of its group of 32 tiles; a group's fold within its
-// super-group (32 groups) is the left fold of the groups' local folds (each group's last
-// tile's) from the super-group's first group; a super-group's prefix is the left fold of the
-// super-groups' folds from the shard's first. A tile's exclusive pair is the prefix of the
-// super-groups before its own, joined with the fold of its super-group's groups before its
-// group, joined with the local fold of its group's tiles before it; its inclusive pair the
-// same with its own. A strict left fold over all the tiles is one chain whose front moves by
-// one look-back's hop at a time: where no tile holds a head (one run over 2^28 int32 keys) the
-// scan by key took 49 ms and reduce_by_key 47-50 on an H100, against 1.3 and 1.0 ms in runs
-// of 64; in two levels (tiles in groups, groups chained), 2.7-2.8 and 5.6-7.1 ms, each
-// look-back walking back over as many groups as tiles are in flight. In three, every
-// look-back reads one window a level where runs are long. A run head resets the fold, so a
-// record holding one is its own prefix, and look-backs stop there.
-// Records, two slots a tile: its aggregate (kByKeyTileAggregate) and its local fold
-// (kByKeyTileInclusive). A group's last tile, whose aggregate no tile reads, lends its
-// aggregate slot to its super-group's records: that of the super-group's 31st group holds the
-// super-group's fold (kByKeyTileFold), that of its last group the super-group's prefix
-// (kByKeyTilePrefix); the super-group's last tile publishes both.
+// The look-back joins tiles in two levels, each a strict left fold (the association that keeps
+// the bits fixed whichever record a look-back stops at). Tiles form groups of
+// kByKeyLookBackGroup consecutive tiles: a tile's local fold is agg(f) . agg(f + 1) . ... .
+// agg(t) from its group's first tile f, and a group's prefix is the left fold of the groups'
+// local folds (each group's last tile's) from the shard's first group. A tile's exclusive pair
+// is the prefix of the groups before its own joined with the local fold of its group's tiles
+// before it, its inclusive pair the same with its own. A strict left fold over all the tiles
+// is one chain whose front moves by one look-back's hop at a time: where no tile holds a head
+// (one run over 2^28 int32 keys) the scan by key took 49 ms and reduce_by_key 47-50 on an
+// H100, against 1.3 and 1.0 ms in runs of 64; in two levels, 2.7-2.8 and 5.6-7.1 ms (on an
+// H200 2.66 and 6.52 against 48.8 and 49.2 in one call).
+// Each tile has two record slots: its aggregate (kByKeyTileAggregate) and its local fold
+// (kByKeyTileInclusive); a group's last tile, whose aggregate no tile reads, puts its group's
+// prefix in its aggregate slot instead (kByKeyTileGroup).
 constexpr long long kGroupTiles = kByKeyLookBackGroup;
-constexpr int kSuperGroups = 32;  // groups a super-group (a warp's window)
 
 __device__ __forceinline__ long long group_end(long long group) { return group * kGroupTiles + kGroupTiles - 1; }
-__device__ __forceinline__ long long super_fold_slot(long long super) { return group_end(super * kSuperGroups + 30); }
-__device__ __forceinline__ long long super_prefix_slot(long long super) { return group_end(super * kSuperGroups + 31); }
 
 // Whether tiles 0 .. `tile` hold a run head (the fix-ups' stop), after the pass, in either
-// layout: the tile's local fold has one, or a group's before it in its super-group, or the
-// prefix of the super-groups before.
+// layout: the tile's local fold has one, or the prefix of the groups before its own.
 template <class P>
 __device__ __forceinline__ bool head_through(const ByKeyParams& p, long long tile) {
   const long long group = tile / kGroupTiles;
-  const long long super = group / kSuperGroups;
-  const auto head = [&](long long at, bool inclusive) {
-    if constexpr (PackedSlots<P>::kFits) {
-      using Slots = PackedSlots<P>;
-      return (Slots::record(Slots::load((inclusive ? Slots::inclusives(p) : Slots::aggregates(p)) + at)).flags & kHead) != 0;
-    } else {
-      return (static_cast<const P*>(p.tile_records)[(inclusive ? p.num_tiles : 0) + at].flags & kHead) != 0;
-    }
-  };
-  if (head(tile, true)) return true;
-  for (long long k = group - 1; k >= super * kSuperGroups; --k) {
-    if (head(group_end(k), true)) return true;
+  if constexpr (PackedSlots<P>::kFits) {
+    using Slots = PackedSlots<P>;
+    if (Slots::record(Slots::load(Slots::inclusives(p) + tile)).flags & kHead) return true;
+    return group > 0 && (Slots::record(Slots::load(Slots::aggregates(p) + group_end(group - 1))).flags & kHead);
+  } else {
+    const P* records = static_cast<const P*>(p.tile_records);
+    if (records[p.num_tiles + tile].flags & kHead) return true;
+    return group > 0 && (records[group_end(group - 1)].flags & kHead);
   }
-  return super > 0 && head(super_prefix_slot(super - 1), false);
 }
 
 // The single pass's look-back (called by the tile's warp with the tile's fold): publishes the
-// tile's records, looks back and returns the exclusive pair (lane 0's). Within the group and
-// within the super-group it reads one window (the 31 tiles or groups before); across
-// super-groups, 32 a window. kHelp: a look-back that folds super-groups (32 at a time, those
-// further back than 32 staged from L2) publishes the prefix up to each window's last one as
-// that super-group's (helping; the same bits its own last tile publishes), so the look-backs
-// after it stop short. A shard's last tile, which no tile of the shard waits on, waits instead
-// for the super-group before it to have its prefix (and keeps its registers).
+// tile's records, looks back and returns the exclusive pair (lane 0's). Within the group it
+// reads at most one window (the 31 tiles before); across groups, 32 groups a window. kHelp: a
+// look-back that folds groups (32 at a time, those further back than 32 staged from L2)
+// publishes the prefix up to each window's last group as that group's prefix (helping; the
+// same bits that group's own last tile publishes), so the look-backs after it stop short. A
+// shard's last tile, which no tile of the shard waits on, waits instead for the group before
+// it to have its prefix (and keeps its registers).
 template <bool kReduce, bool kHelp = true>
 struct LookBack {
   using P = PairOf<kReduce>;
   const ByKeyParams& p;
   long long tile;
   P* stage;                               // 64 records in shared memory
-  P* found;                               // 4 records in shared memory (operator() says which)
+  P* found;                               // 3 records in shared memory: the nearest known one,
+                                          // the tile's local fold, the local fold before it
 
   __device__ __forceinline__ P* aggregates() const { return static_cast<P*>(p.tile_records); }
   __device__ __forceinline__ P* inclusives() const { return static_cast<P*>(p.tile_records) + p.num_tiles; }
 
   // Publishes `record` in tile `at`'s inclusive slot (kByKeyTileInclusive: its local fold) or
-  // its aggregate slot (kByKeyTileAggregate: its fold; kByKeyTileFold, kByKeyTilePrefix: a
-  // super-group's), in the layout its size takes: packed with the state, or the record, a
-  // fence, then its flag (a tile's flag only rises: none, aggregate, inclusive, then prefix or
-  // fold).
+  // its aggregate slot (kByKeyTileAggregate: its fold; kByKeyTileGroup: its group's prefix), in
+  // the layout its size takes: packed with the state, or the record, a fence, then its flag
+  // (a tile's flag only rises: none, aggregate, inclusive, group).
   __device__ __forceinline__ void publish(long long at, const P& record, int state) const {
     const bool inclusive = state == kByKeyTileInclusive;
     if constexpr (PackedSlots<P>::kFits) {
@@ -656,51 +641,30 @@ struct LookBack {
       found[1] = local;
     }
     __syncwarp();
-    // The groups before this one count unless a head in the group's tiles before it resets the
-    // fold; a super-group's last tile publishes its fold and prefix whatever it holds.
+    // The groups before this one count unless a head in the group's tiles before it resets the fold.
     const bool reset = found[2].flags & kHead;
     const int group = static_cast<int>(tile / kGroupTiles);  // (2^31 groups would be 2^45 elements)
-    const int index = group % kSuperGroups;                  // in its super-group
-    const int super = group / kSuperGroups;
-    const bool super_last = place == kGroupTiles - 1 && index == kSuperGroups - 1;
-    // lane 0, in shared memory too: found[0] the fold of every group before this one (the
-    // prefix), found[3] the super-group's fold, then its prefix (its last tile)
-    if (lane == 0) found[0] = empty_pair<P>();
-    if ((group > 0 && !reset) || super_last) {
-      if (index > 0) {  // the groups before this one in its super-group
-        if constexpr (PackedSlots<P>::kFits) {
-          groups_packed(lane, group, index);
-        } else {
-          groups_flagged(lane, group, index);
-        }
+    P prefix = empty_pair<P>();  // lane 0: the prefix of the groups before this one
+    if (group > 0 && !reset) {
+      if constexpr (PackedSlots<P>::kFits) {
+        prefix = group_packed(lane, group);
+      } else {
+        prefix = group_flagged(lane, group);
       }
-      if (lane == 0 && super_last) {
-        found[3] = Segmented()(found[0], found[1]);
-        publish(super_fold_slot(super), found[3], kByKeyTileFold);
-      }
-      __syncwarp();
-      // the super-groups before count unless a head in the groups before resets the fold
-      if (super > 0 && !reset && !(found[0].flags & kHead)) {
-        P before;
-        if constexpr (PackedSlots<P>::kFits) {
-          before = supers_packed(lane, super);
-        } else {
-          before = supers_flagged(lane, super);
-        }
-        if (lane == 0) {
-          if (super_last) found[3] = Segmented()(before, found[3]);
-          found[0] = Segmented()(before, found[0]);
-        }
-      }
-      if (lane == 0 && super_last) publish(super_prefix_slot(super), found[3], kByKeyTilePrefix);
     }
-    if (lane == 0 && tile == p.num_tiles - 1 && p.total != nullptr) {
-      // the shard's total, which the carries of the shards after it fold (its run ends are
-      // counted apart: the tiles' counts, scanned after the pass)
-      write_record(*p.total, as_tally(Segmented()(found[0], found[1])));
+    if (lane == 0) {
+      const bool group_last = tile % kGroupTiles == kGroupTiles - 1;
+      const bool shard_last = tile == p.num_tiles - 1;
+      if (group_last || shard_last) {
+        const P inclusive = Segmented()(prefix, found[1]);
+        if (group_last) publish(tile, inclusive, kByKeyTileGroup);
+        // the shard's total, which the carries of the shards after it fold (its run ends are
+        // counted apart: the tiles' counts, scanned after the pass)
+        if (shard_last && p.total != nullptr) write_record(*p.total, as_tally(inclusive));
+      }
     }
     __syncwarp();
-    const P exclusive = Segmented()(found[0], found[2]);
+    const P exclusive = Segmented()(prefix, found[2]);
     return exclusive;  // lane 0's is the one the scan uses
   }
 
@@ -763,75 +727,22 @@ struct LookBack {
     __syncwarp();
   }
 
-  // The fold of the super-group's groups before `group` (lane 0's, into found[0]), over packed words: lane l
-  // reads group - 1 - l's local fold until the groups up to the nearest one holding a head are
-  // there (its fold is itself); the folds after it are staged and folded by lane 0.
-  __device__ __forceinline__ void groups_packed(int lane, int group, int index) const {
+  // The prefix of the groups before `group` (lane 0's), over packed words: the nearest group
+  // whose prefix is known (published, or its local fold holding a head, which resets it),
+  // folded left with the local folds of the groups after it, 32 groups a window.
+  __device__ __forceinline__ P group_packed(int lane, int group) const {
     using Slots = PackedSlots<P>;
-    const int at = index - 1 - lane;  // within the super-group
-    bool known = at < 0;              // before the super-group: the empty fold (lane 31 at least)
-    bool published = at < 0;
-    uint4 word = make_uint4(0, 0, 0, 0);
-    for (;;) {
-      if (!published) {
-        word = Slots::load(Slots::inclusives(p) + group_end(group - 1 - lane));
-        published = Slots::state(word) == kByKeyTileInclusive;
-        known = published && (Slots::record(word).flags & kHead);
-      }
-      const unsigned knowns = __ballot_sync(0xffffffffu, known);
-      const unsigned needed = ((knowns & (0u - knowns)) << 1) - 1u;
-      if ((__ballot_sync(0xffffffffu, published) & needed) == needed) break;
-    }
-    stage[lane] = Slots::record(word);
-    const int from = __ffs(__ballot_sync(0xffffffffu, known)) - 1;
-    __syncwarp();
-    if (lane == 0) {
-      P fold = empty_pair<P>();
-      if (from < index) fold = stage[from];
-      for (int back = from - 1; back >= 0; --back) fold = Segmented()(fold, stage[back]);
-      found[0] = fold;
-    }
-    __syncwarp();
-  }
-
-  // The same for wider records, by their flags: every group of the window waited for.
-  __device__ __forceinline__ void groups_flagged(int lane, int group, int index) const {
-    bool known = true;  // before the super-group: the empty fold
-    if (lane < index) {
-      const volatile int* flag = p.tile_flags + group_end(group - 1 - lane);
-      while (*flag < kByKeyTileInclusive) {
-      }
-      __threadfence();  // the flag before the record it announces
-      stage[lane] = RecordWords<P>::load(inclusives() + group_end(group - 1 - lane));
-      known = stage[lane].flags & kHead;
-    }
-    const int from = __ffs(__ballot_sync(0xffffffffu, known)) - 1;
-    __syncwarp();
-    if (lane == 0) {
-      P fold = empty_pair<P>();
-      if (from < index) fold = stage[from];
-      for (int back = from - 1; back >= 0; --back) fold = Segmented()(fold, stage[back]);
-      found[0] = fold;
-    }
-    __syncwarp();
-  }
-
-  // The prefix of the super-groups before `super` (lane 0's), over packed words: the nearest
-  // one whose prefix is known (published, or its fold holding a head, which resets it), folded
-  // left with the folds of the super-groups after it, 32 a window.
-  __device__ __forceinline__ P supers_packed(int lane, int super) const {
-    using Slots = PackedSlots<P>;
-    if constexpr (!kHelp) {  // a shard's last tile: lane 0 waits for the one before to know its prefix
+    if constexpr (!kHelp) {  // a shard's last tile: lane 0 waits for the group before to know its prefix
       P prefix = empty_pair<P>();
       if (lane == 0) {
         for (;;) {
-          const uint4 prefix_word = Slots::load(Slots::aggregates(p) + super_prefix_slot(super - 1));
-          if (Slots::state(prefix_word) == kByKeyTilePrefix) {
+          const uint4 prefix_word = Slots::load(Slots::aggregates(p) + group_end(group - 1));
+          if (Slots::state(prefix_word) == kByKeyTileGroup) {
             prefix = Slots::record(prefix_word);
             break;
           }
-          const uint4 fold_word = Slots::load(Slots::aggregates(p) + super_fold_slot(super - 1));
-          if (Slots::state(fold_word) == kByKeyTileFold && (Slots::record(fold_word).flags & kHead)) {
+          const uint4 fold_word = Slots::load(Slots::inclusives(p) + group_end(group - 1));
+          if (Slots::state(fold_word) == kByKeyTileInclusive && (Slots::record(fold_word).flags & kHead)) {
             prefix = Slots::record(fold_word);
             break;
           }
@@ -840,18 +751,18 @@ struct LookBack {
       return prefix;
     }
     int nearest = -1;  // -1: the shard's start, the empty prefix
-    for (int top = super - 1; top >= 0; top -= 32) {
+    for (int top = group - 1; top >= 0; top -= 32) {
       const int k = top - lane;
       bool known = k < 0;
       bool published = k < 0;
-      uint4 word = make_uint4(0, 0, 0, 0);  // the super-group's prefix where known by it, else its fold
-      // Only the super-groups up to the nearest known one are waited for.
+      uint4 word = make_uint4(0, 0, 0, 0);  // the group's prefix where known by it, else its local fold
+      // Only the groups up to the nearest known one are waited for.
       for (;;) {
         if (!published) {
-          const uint4 prefix_word = Slots::load(Slots::aggregates(p) + super_prefix_slot(k));
-          const uint4 fold_word = Slots::load(Slots::aggregates(p) + super_fold_slot(k));
-          const bool prefixed = Slots::state(prefix_word) == kByKeyTilePrefix;
-          const bool folded = Slots::state(fold_word) == kByKeyTileFold;
+          const uint4 prefix_word = Slots::load(Slots::aggregates(p) + group_end(k));
+          const uint4 fold_word = Slots::load(Slots::inclusives(p) + group_end(k));
+          const bool prefixed = Slots::state(prefix_word) == kByKeyTileGroup;
+          const bool folded = Slots::state(fold_word) == kByKeyTileInclusive;
           known = prefixed || (folded && (Slots::record(fold_word).flags & kHead));
           published = prefixed || folded;
           word = prefixed ? prefix_word : fold_word;
@@ -860,75 +771,74 @@ struct LookBack {
         const unsigned needed = knowns ? ((knowns & (0u - knowns)) << 1) - 1u : 0xffffffffu;
         if ((__ballot_sync(0xffffffffu, published) & needed) == needed) break;
       }
-      if (top == super - 1) stage[lane] = Slots::record(word);  // lane l: super - 1 - l (its fold where not known)
+      if (top == group - 1) stage[lane] = Slots::record(word);  // lane l: group - 1 - l (its fold where not known)
       const unsigned done = __ballot_sync(0xffffffffu, known);
       if (done) {
         const int from = __ffs(done) - 1;
         nearest = top - from;
-        if (lane == from && k >= 0) stage[32] = Slots::record(word);
+        if (lane == from && k >= 0) *found = Slots::record(word);
         break;
       }
     }
     __syncwarp();
     P prefix = empty_pair<P>();
-    if (lane == 0 && nearest >= 0) prefix = stage[32];
-    // The fold from there, 32 at a time: a window within the 32 super-groups before folds the
-    // staged folds; one further back is staged first (one trip to L2, each lane one). The
-    // prefix up to each window's last super-group is published as that one's (helping).
-    for (int low = nearest + 1; low < super; low += 32) {
-      const int count = min(super - low, 32);
-      const bool far = low + 32 < super;
-      __syncwarp();
+    if (lane == 0 && nearest >= 0) prefix = *found;
+    // The fold from there, 32 groups at a time: a window within the 32 groups before folds the
+    // staged folds; one further back is staged first (one trip to L2, each lane one group).
+    // The prefix up to each window's last group is published as that group's (helping: the
+    // group before this one's too, so that its other tiles and the groups after find it).
+    for (int low = nearest + 1; low < group; low += 32) {
+      const int count = static_cast<int>(min(group - low, 32));
+      const bool far = low + 32 < group;
       if (far) {
-        if (lane < count) stage[32 + lane] = Slots::record(Slots::load(Slots::aggregates(p) + super_fold_slot(low + lane)));
+        if (lane < count) stage[32 + lane] = Slots::record(Slots::load(Slots::inclusives(p) + group_end(low + lane)));
         __syncwarp();
       }
       if (lane == 0) {
-        for (int l = 0; l < count; ++l) prefix = Segmented()(prefix, far ? stage[32 + l] : stage[super - 1 - low - l]);
-        publish(super_prefix_slot(low + count - 1), prefix, kByKeyTilePrefix);
+        for (int l = 0; l < count; ++l) prefix = Segmented()(prefix, far ? stage[32 + l] : stage[group - 1 - low - l]);
+        publish(group_end(low + count - 1), prefix, kByKeyTileGroup);
       }
       __syncwarp();
     }
     return prefix;
   }
 
-  // The same for wider records, by their flags: every super-group of a window waited for until
-  // its fold is there (a prefix is published only after its fold), then the records.
-  __device__ __forceinline__ P supers_flagged(int lane, int super) const {
+  // The same for wider records, by their flags: every group of a window waited for until its
+  // local fold is there, then the records.
+  __device__ __forceinline__ P group_flagged(int lane, int group) const {
     int nearest = -1;
-    bool prefixed = false;  // the nearest one's prefix is published (else its fold has a head)
-    for (int top = super - 1; top >= 0; top -= 32) {
+    bool prefixed = false;  // the nearest group's prefix is published (else its fold has a head)
+    for (int top = group - 1; top >= 0; top -= 32) {
       const int k = top - lane;
-      bool known = true;  // before the shard: the empty prefix
-      bool mine = false;
+      int state = kByKeyTileGroup;  // before the shard: the empty prefix
+      bool known = true;
       if (k >= 0) {
-        const volatile int* fold_flag = p.tile_flags + super_fold_slot(k);
-        while (*fold_flag != kByKeyTileFold) {
-        }
-        __threadfence();  // the flag before the records it announces
-        mine = *static_cast<const volatile int*>(p.tile_flags + super_prefix_slot(k)) == kByKeyTilePrefix;
-        if (mine) __threadfence();
-        known = mine || (__ldcg(&aggregates()[super_fold_slot(k)].flags) & kHead);
+        const volatile int* flag = p.tile_flags + group_end(k);
+        do {
+          state = *flag;
+        } while (state < kByKeyTileInclusive);
+        __threadfence();  // the flag before the record it announces
+        known = state == kByKeyTileGroup || (__ldcg(&inclusives()[group_end(k)].flags) & kHead);
       }
       const unsigned done = __ballot_sync(0xffffffffu, known);
       if (done) {
         const int from = __ffs(done) - 1;
         nearest = top - from;
-        prefixed = __shfl_sync(0xffffffffu, mine, from);
+        prefixed = __shfl_sync(0xffffffffu, state == kByKeyTileGroup, from);
         break;
       }
     }
     P prefix = empty_pair<P>();
     if (lane == 0 && nearest >= 0) {
-      prefix = RecordWords<P>::load(aggregates() + (prefixed ? super_prefix_slot(nearest) : super_fold_slot(nearest)));
+      prefix = RecordWords<P>::load((prefixed ? aggregates() : inclusives()) + group_end(nearest));
     }
-    for (int low = nearest + 1; low < super; low += 32) {
-      if (low + lane < super) stage[lane] = RecordWords<P>::load(aggregates() + super_fold_slot(low + lane));
+    for (int low = nearest + 1; low < group; low += 32) {
+      if (low + lane < group) stage[lane] = RecordWords<P>::load(inclusives() + group_end(low + lane));
       __syncwarp();
       if (lane == 0) {
-        const int count = min(super - low, 32);
+        const int count = static_cast<int>(min(group - low, 32));
         for (int l = 0; l < count; ++l) prefix = Segmented()(prefix, stage[l]);
-        if (kHelp) publish(super_prefix_slot(low + count - 1), prefix, kByKeyTilePrefix);  // helping
+        if (kHelp) publish(group_end(low + count - 1), prefix, kByKeyTileGroup);  // helping
       }
       __syncwarp();
     }
@@ -1006,7 +916,7 @@ struct PassShared {
   alignas(16) WarpTile<Key> keys[kByKeyPassWarps];  // 16-byte copies land in them (SwizzledTile)
   alignas(16) WarpTile<Value> values[kByKeyPassWarps];
   P stage[kByKeyPassWarps][64];  // the look-back's: the 32 tiles before, a window further back
-  P found[kByKeyPassWarps][4];
+  P found[kByKeyPassWarps][3];
   long long first_tile;
   Key edges[kByKeyPassWarps][2];  // a prefetched tile's key before it (where there is one) and after it
   long long claims[2];            // the persistent pass's groups (first tiles), claimed a turn ahead

@@ -143,16 +143,10 @@ struct ByKeyParams {
 };
 
 // A tile's state in the single pass: nothing yet, its own fold published (the aggregate),
-// its fold with its group's tiles before it (the local inclusive); a group's last tile lends
-// its aggregate slot to a super-group's prefix (every group of it and before) or fold.
-enum ByKeyTileState {
-  kByKeyTileNone = 0,
-  kByKeyTileAggregate = 1,
-  kByKeyTileInclusive = 2,
-  kByKeyTilePrefix = 3,
-  kByKeyTileFold = 4
-};
-// Tiles a group of the look-back's levels (by_key_jit.cu says why).
+// its fold with its group's tiles before it (the local inclusive), or, on a group's last
+// tile, the fold of its group and every group before it (the group's prefix).
+enum ByKeyTileState { kByKeyTileNone = 0, kByKeyTileAggregate = 1, kByKeyTileInclusive = 2, kByKeyTileGroup = 3 };
+// Tiles a group of the look-back's two levels (by_key_jit.cu says why).
 constexpr long long kByKeyLookBackGroup = 32;
 constexpr int kByKeyTileRecord = 64;  // bytes a tile record may take (a pair with its key)
 
