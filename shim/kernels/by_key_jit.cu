@@ -643,7 +643,7 @@ struct LookBack {
     __syncwarp();
     // The groups before this one count unless a head in the group's tiles before it resets the fold.
     const bool reset = found[2].flags & kHead;
-    const int group = static_cast<int>(tile / kGroupTiles);  // (2^31 groups would be 2^45 elements)
+    const int group = static_cast<int>(tile / kGroupTiles);  // (2^31 groups: 2^42 elements at least)
     P prefix = empty_pair<P>();  // lane 0: the prefix of the groups before this one
     if (group > 0 && !reset) {
       if constexpr (PackedSlots<P>::kFits) {
@@ -715,7 +715,8 @@ struct LookBack {
       } while (state == kByKeyTileNone);
     }
     const int from = __ffs(__ballot_sync(0xffffffffu, state == kByKeyTileInclusive)) - 1;
-    __threadfence();  // the flags before the records they announce
+    __syncwarp();
+    __threadfence();  // the flags every lane saw before the records any lane reads
     if (lane < from) stage[lane] = RecordWords<P>::load(aggregates() + at);
     __syncwarp();
     if (lane == 0) {
@@ -828,6 +829,9 @@ struct LookBack {
         break;
       }
     }
+    // the flags every lane saw before the records any lane reads (a vote orders no memory)
+    __syncwarp();
+    __threadfence();
     P prefix = empty_pair<P>();
     if (lane == 0 && nearest >= 0) {
       prefix = RecordWords<P>::load((prefixed ? aggregates() : inclusives()) + group_end(nearest));
