@@ -1425,11 +1425,12 @@ __device__ __forceinline__ void one_pass_grouped(const ByKeyParams& p) {
 // last barrier). No deadlock: a warp takes its tiles in increasing order and every claimed
 // group is processed by a resident block (a block claims only while it runs, and leaves only
 // once its claimed group is past the shard). Take the smallest tile m that has not published
-// its aggregate: its block holds it in a group after all of its groups below m (a block may
-// briefly hold three: thread 0 claims while the other warps finish the group before), whose
-// tiles have all published, as every tile below m has; so their look-backs (which wait for
-// published tiles only, up to the nearest inclusive one) end, the turns' barriers pass and
-// m is processed (a tile publishes its aggregate before it waits). The shard's last group (its last
+// its first record (its aggregate; a look-back group's last tile: its local fold, after waiting
+// for its group's aggregates alone): its block holds it in a group after all of its groups
+// below m (a block may briefly hold three: thread 0 claims while the other warps finish the
+// group before), whose tiles have all published, as every tile below m has; so their
+// look-backs (which wait only for earlier tiles' first records) end, the turns' barriers pass
+// and m is processed (a tile publishes its aggregate before it waits). The shard's last group (its last
 // tile: the checked body, not prefetched) is a block's last turn, taken after the loop with
 // no claim and no barrier, as the grouped pass takes a group (which keeps the call's
 // registers: the checked body spilled when called from inside the loop). Any grid size is
