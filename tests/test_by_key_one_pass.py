@@ -73,6 +73,25 @@ def _affine_values(n: int, seed: int) -> np.ndarray:
     return host
 
 
+def _check_affine_by_key(keys: np.ndarray, k, v, host: np.ndarray):
+    """Both scans by key and reduce_by_key of the affine maps `host` (on the device as `v`, keys
+    `k`) against numpy's sequential answers; returns reduce_by_key's folds."""
+    scan, folds = _affine_answers(keys, host)
+    got = sharded.inclusive_scan_by_key(k, v, _then).to_numpy()
+    np.testing.assert_array_equal(got["a"], scan["a"])
+    np.testing.assert_array_equal(got["b"], scan["b"])
+    exclusive = sharded.exclusive_scan_by_key(k, v, _then, (1, 0)).to_numpy()  # the identity map first
+    shifted = np.r_[np.zeros(1, AFFINE), scan[:-1]]
+    shifted[_heads(keys)] = np.array([(1, 0)], AFFINE)
+    np.testing.assert_array_equal(exclusive["a"], shifted["a"])
+    np.testing.assert_array_equal(exclusive["b"], shifted["b"])
+    got_keys, got_folds = sharded.reduce_by_key(k, v, _then)
+    np.testing.assert_array_equal(got_keys.to_numpy(), keys[_heads(keys)])
+    np.testing.assert_array_equal(got_folds.to_numpy()["a"], folds["a"])
+    np.testing.assert_array_equal(got_folds.to_numpy()["b"], folds["b"])
+    return got_folds
+
+
 def _key_cases():
     """(name, keys) for the single pass's edges; values are drawn separately."""
     rng = np.random.default_rng(40)
@@ -193,19 +212,7 @@ def test_non_commutative_records(engine, case):
     group = sharded.PlaceGroup.by_devices([0])
     k = sharded.ShardedArray.from_numpy(group, keys)
     v = sharded.ShardedArray.from_numpy(group, host)
-    scan, folds = _affine_answers(keys, host)
-    got = sharded.inclusive_scan_by_key(k, v, _then).to_numpy()
-    np.testing.assert_array_equal(got["a"], scan["a"])
-    np.testing.assert_array_equal(got["b"], scan["b"])
-    exclusive = sharded.exclusive_scan_by_key(k, v, _then, (1, 0)).to_numpy()  # the identity map first
-    shifted = np.r_[np.zeros(1, AFFINE), scan[:-1]]
-    shifted[_heads(keys)] = np.array([(1, 0)], AFFINE)
-    np.testing.assert_array_equal(exclusive["a"], shifted["a"])
-    np.testing.assert_array_equal(exclusive["b"], shifted["b"])
-    got_keys, got_folds = sharded.reduce_by_key(k, v, _then)
-    np.testing.assert_array_equal(got_keys.to_numpy(), keys[_heads(keys)])
-    np.testing.assert_array_equal(got_folds.to_numpy()["a"], folds["a"])
-    np.testing.assert_array_equal(got_folds.to_numpy()["b"], folds["b"])
+    _check_affine_by_key(keys, k, v, host)
 
 
 @gpu
@@ -300,19 +307,7 @@ def test_runs_across_shards(engine, sizes):
     group = sharded.PlaceGroup.by_devices([0] * len(sizes))
     k = sharded.ShardedArray.from_numpy(group, keys, sizes=sizes)
     v = sharded.ShardedArray.from_numpy(group, host, sizes=sizes)
-    scan, folds = _affine_answers(keys, host)
-    got = sharded.inclusive_scan_by_key(k, v, _then).to_numpy()
-    np.testing.assert_array_equal(got["a"], scan["a"])
-    np.testing.assert_array_equal(got["b"], scan["b"])
-    exclusive = sharded.exclusive_scan_by_key(k, v, _then, (1, 0)).to_numpy()
-    shifted = np.r_[np.zeros(1, AFFINE), scan[:-1]]
-    shifted[_heads(keys)] = np.array([(1, 0)], AFFINE)
-    np.testing.assert_array_equal(exclusive["a"], shifted["a"])
-    np.testing.assert_array_equal(exclusive["b"], shifted["b"])
-    got_keys, got_folds = sharded.reduce_by_key(k, v, _then)
-    np.testing.assert_array_equal(got_keys.to_numpy(), keys[_heads(keys)])
-    np.testing.assert_array_equal(got_folds.to_numpy()["a"], folds["a"])
-    np.testing.assert_array_equal(got_folds.to_numpy()["b"], folds["b"])
+    got_folds = _check_affine_by_key(keys, k, v, host)
     ends = np.flatnonzero(np.append(keys[1:] != keys[:-1], True))  # each run's last index
     bounds = np.cumsum([0] + sizes)
     assert got_folds.shard_sizes == tuple(int(((ends >= lo) & (ends < hi)).sum()) for lo, hi in zip(bounds, bounds[1:]))
@@ -348,19 +343,7 @@ def test_fix_ups_stop_in_a_later_look_back_group(engine, values_kind):
     if wide:
         host = _affine_values(n, seed=49)
         v = sharded.ShardedArray.from_numpy(group, host, sizes=sizes)
-        scan, folds = _affine_answers(keys, host)
-        got = sharded.inclusive_scan_by_key(k, v, _then).to_numpy()
-        np.testing.assert_array_equal(got["a"], scan["a"])
-        np.testing.assert_array_equal(got["b"], scan["b"])
-        exclusive = sharded.exclusive_scan_by_key(k, v, _then, (1, 0)).to_numpy()
-        shifted = np.r_[np.zeros(1, AFFINE), scan[:-1]]
-        shifted[_heads(keys)] = np.array([(1, 0)], AFFINE)
-        np.testing.assert_array_equal(exclusive["a"], shifted["a"])
-        np.testing.assert_array_equal(exclusive["b"], shifted["b"])
-        got_keys, got_folds = sharded.reduce_by_key(k, v, _then)
-        np.testing.assert_array_equal(got_keys.to_numpy(), keys[_heads(keys)])
-        np.testing.assert_array_equal(got_folds.to_numpy()["a"], folds["a"])
-        np.testing.assert_array_equal(got_folds.to_numpy()["b"], folds["b"])
+        _check_affine_by_key(keys, k, v, host)
     else:
         values = np.random.default_rng(50).integers(-100, 100, n).astype(np.int32)
         v = sharded.ShardedArray.from_numpy(group, values, sizes=sizes)

@@ -653,7 +653,7 @@ struct LookBack {
       }
     }
     if (lane == 0) {
-      const bool group_last = tile % kGroupTiles == kGroupTiles - 1;
+      const bool group_last = place == kGroupTiles - 1;
       const bool shard_last = tile == p.num_tiles - 1;
       if (group_last || shard_last) {
         const P inclusive = Segmented()(prefix, found[1]);
@@ -919,7 +919,7 @@ template <class P>
 struct PassShared {
   alignas(16) WarpTile<Key> keys[kByKeyPassWarps];  // 16-byte copies land in them (SwizzledTile)
   alignas(16) WarpTile<Value> values[kByKeyPassWarps];
-  P stage[kByKeyPassWarps][64];  // the look-back's: the 32 tiles before, a window further back
+  P stage[kByKeyPassWarps][64];  // the look-back's: the window nearest the tile, one further back
   P found[kByKeyPassWarps][3];
   long long first_tile;
   Key edges[kByKeyPassWarps][2];  // a prefetched tile's key before it (where there is one) and after it
