@@ -23,11 +23,14 @@ import numpy as np
 import cuda_sharded_jit as sharded
 from cuda_sharded_jit import _shim, compiler
 from cuda_sharded_jit.algorithms import reduce as reduce_module
+from cuda_sharded_jit.algorithms import segmented as segmented_module
 from cuda_sharded_jit.algorithms import transform as transform_module
 from cuda_sharded_jit.array import check_out
 from cuda_sharded_jit.op import as_op
 
 FLOAT32 = np.dtype(np.float32)
+INT64 = np.dtype(np.int64)
+SEGMENT = 64  # elements per segment of the segmented_reduce calls
 RESULT = np.float32(1024.0).tobytes()  # what every stubbed reduction returns
 
 
@@ -64,6 +67,9 @@ class _ArrayImpl:
     def allocate(group, sizes, dtype_name, contiguous=False, itemsize=0):
         return _ArrayImpl(sizes, dtype_name)
 
+    def free(self):
+        pass
+
 
 def _stored_kernel(op, key, map_spec=compiler.VALUE_MAP):
     """compiler._lookup's answer for a hit: a kernel of the requested (or input) dtype."""
@@ -81,6 +87,9 @@ def stub_shim() -> None:
     _shim.transform_builtin = lambda op, inputs, out, scalars: None
     _shim.reduce = lambda libraries, a, acc_size, init: (True, RESULT)
     _shim.reduce_builtin = lambda op, a, init: (True, RESULT)
+    _shim.segmented_reduce_device = lambda libraries, a, offsets, out, acc_size, init: None
+    _shim.segmented_reduce = lambda libraries, a, positions, count, out, acc_size, init: None
+    _shim.check_segment_offsets = lambda positions, count, size: None
     compiler._lookup = _stored_kernel
 
 
@@ -91,9 +100,11 @@ def stand_in_group(places: int) -> sharded.PlaceGroup:
     return group
 
 
-def stand_in_array(group: sharded.PlaceGroup, per_place: int) -> sharded.ShardedArray:
-    sizes = _shim.ShardedArray.even_sizes(per_place * len(group), len(group))
-    return sharded.ShardedArray(_ArrayImpl(sizes, FLOAT32.name), group, FLOAT32)
+def stand_in_array(group: sharded.PlaceGroup, per_place: int, dtype: np.dtype = FLOAT32,
+                   n: int | None = None) -> sharded.ShardedArray:
+    n = per_place * len(group) if n is None else n
+    sizes = _shim.ShardedArray.even_sizes(n, len(group))
+    return sharded.ShardedArray(_ArrayImpl(sizes, dtype.name), group, dtype)
 
 
 CALLS = {  # the host suite's calls, and the brief forms of their operators
@@ -105,6 +116,10 @@ CALLS = {  # the host suite's calls, and the brief forms of their operators
     "reduce(a, lambda x, y: x + y, 0.0) -> host": "sharded.reduce(a, lambda x, y: x + y, 0.0)",
     "reduce(a, op) -> host": "sharded.reduce(a, add)",
     "sum(a) -> host": "sharded.sum(a)",
+    # as benchmarks/bench_selection.py calls it: a plain function, made once, and float32 init
+    "segmented_reduce(a, offsets, f, float32(0))": "sharded.segmented_reduce(a, offsets, f, F32_ZERO)",
+    "segmented_reduce(a, offsets, op, float32(0))": "sharded.segmented_reduce(a, offsets, add, F32_ZERO)",
+    "segmented_reduce(a, numpy offsets, f, ...)": "sharded.segmented_reduce(a, host_offsets, f, F32_ZERO)",
 }
 STEPS = {  # the parts of those calls, each alone
     "a no-op call (what the decorator wraps below)": "noop(a, add, 0.0)",
@@ -117,11 +132,21 @@ STEPS = {  # the parts of those calls, each alone
     "check_out(c, a)": "check_out(c, a)",
     "pack init 0.0 (float32)": "layout.pack_init(0.0)",
     "read a float32 result": "reduce_module._result(True, RESULT, layout, None, 'reduce')",
+    "as_op(a plain function made once)": "as_op(f)",
+    "kernel_libraries hit (reduce)": "compiler.kernel_libraries(add, 'reduce', reduce_kinds, FLOAT32, archs)",
+    "segmented _positions(device offsets)": "segmented_module._positions(offsets, a)",
+    "segmented _positions(numpy offsets)": "segmented_module._positions(host_offsets, a)",
+    "pack init float32(0) (float32)": "layout.pack_init(F32_ZERO)",
+    "_new_even(group, S, float32) (the result)": "sharded.ShardedArray._new_even(a.group, segments, FLOAT32)",
 }
 
 
 def _noop(*args):
     return None
+
+
+def _add(x, y):
+    return x + y
 
 
 def measure(statement: str, namespace: dict, calls: int) -> tuple[float, float]:
@@ -145,6 +170,7 @@ def main(argv=None) -> int:
     for places in arguments.places:
         group = stand_in_group(places)
         a, b, c = (stand_in_array(group, arguments.elements) for _ in range(3))
+        host_offsets = np.arange(0, a.size + 1, SEGMENT, dtype=np.int64)
         namespace = {
             "sharded": sharded, "compiler": compiler, "transform_module": transform_module,
             "reduce_module": reduce_module, "check_out": check_out, "as_op": as_op,
@@ -152,6 +178,9 @@ def main(argv=None) -> int:
             "kinds": (("array", FLOAT32), ("array", FLOAT32)), "archs": group.archs,
             "layout": layout_of(FLOAT32), "RESULT": RESULT,
             "noop": _noop, "collective_noop": collective("noop")(_noop),
+            "segmented_module": segmented_module, "f": _add, "F32_ZERO": np.float32(0),
+            "offsets": stand_in_array(group, 0, INT64, len(host_offsets)), "host_offsets": host_offsets,
+            "segments": len(host_offsets) - 1, "reduce_kinds": (("array", FLOAT32),),
         }
         namespace["prepared"] = transform_module.prepare(namespace["add"], (a, b), c)
         for title, table in (("calls", CALLS), ("steps", STEPS)):

@@ -231,6 +231,10 @@ class _Part(NamedTuple):
 
 _EMPTY_SHARD = _Part(0, 0, 0, None, (0,), None)
 
+# The even split of n elements over p places (ShardedArray.even_sizes), by (n, p): the
+# algorithms' outputs ask for the same few sizes call after call; bounded, cleared when full.
+_EVEN_SIZES: dict[tuple[int, int], tuple[int, ...]] = {}
+
 
 def _interface_part(interface: dict, requested: np.dtype | None, argument: str) -> _Part:
     """A __cuda_array_interface__ buffer's part: everything read from the interface alone."""
@@ -511,7 +515,13 @@ class ShardedArray:
         """Internal (the algorithms' outputs): `allocate(group, n, dtype)` on a one-process
         group for an int `n` and a `dtype` the caller has already checked (a kernel's result
         or accumulator dtype); no argument is re-checked, as in _new_like."""
-        return cls._unchecked(group, tuple(_shim.ShardedArray.even_sizes(n, len(group))), dtype)
+        key = (n, len(group))
+        sizes = _EVEN_SIZES.get(key)
+        if sizes is None:
+            if len(_EVEN_SIZES) >= 256:
+                _EVEN_SIZES.clear()
+            sizes = _EVEN_SIZES[key] = tuple(_shim.ShardedArray.even_sizes(n, len(group)))
+        return cls._unchecked(group, sizes, dtype)
 
     @classmethod
     def _unchecked(cls, group: PlaceGroup, sizes: tuple, dtype: np.dtype) -> ShardedArray:

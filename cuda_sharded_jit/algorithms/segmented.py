@@ -23,10 +23,11 @@ _INT64 = np.dtype(np.int64)
 
 
 def _positions(offsets, a: ShardedArray):
-    """offsets as the shim takes them, TypeError or ValueError naming it: an int64
-    ShardedArray on a's group stays on the device (the shim checks its positions there,
-    before anything runs); numpy positions come back as checked int64 on the host, as do a
-    ShardedArray's on a from_mpi group (whose route cuts pieces on the host)."""
+    """(positions, address): offsets as the shim takes them, TypeError or ValueError naming
+    it. An int64 ShardedArray on a's group stays on the device (the shim checks its
+    positions there, before anything runs; address None); numpy positions come back as
+    checked int64 on the host with their address (read once: .ctypes.data takes a µs), as
+    do a ShardedArray's on a from_mpi group (whose route cuts pieces on the host)."""
     if isinstance(offsets, ShardedArray):
         # the slots behind .dtype and .group (no subclass overrides them): every call asks
         if offsets._dtype is not _INT64 and offsets._dtype != _INT64:
@@ -36,10 +37,12 @@ def _positions(offsets, a: ShardedArray):
         if offsets.size == 0:
             raise ValueError("offsets: expected S + 1 positions (at least one), got none")
         if not a._group._distributed:
-            return offsets
+            return offsets, None
         host = offsets.to_numpy(root=None)  # on every rank of a from_mpi group
     elif isinstance(offsets, np.ndarray):
-        if offsets.dtype == np.bool_ or not np.issubdtype(offsets.dtype, np.integer):
+        # kinds "i" and "u" are integers and not bool: numpy's subtype test only for the rest
+        if offsets.dtype.kind not in "iu" and (offsets.dtype == np.bool_
+                                               or not np.issubdtype(offsets.dtype, np.integer)):
             raise TypeError(f"offsets: expected integer positions, got an array of {offsets.dtype}")
         if offsets.ndim != 1:
             raise ValueError(f"offsets: expected a 1-D array of S + 1 positions, got shape {offsets.shape}")
@@ -53,9 +56,10 @@ def _positions(offsets, a: ShardedArray):
         raise ValueError(f"offsets: positions must lie in [0, len(a)] = [0, {a.size}]; "
                          f"offsets[{int(np.argmax(host > a.size))}] is {int(host[np.argmax(host > a.size)])}")
     positions = np.ascontiguousarray(host, dtype=np.int64)
+    address = positions.ctypes.data
     # the one check of host positions: one pass in the shim, which the route then trusts
-    _shim.check_segment_offsets(positions.ctypes.data, len(positions), a.size)
-    return positions
+    _shim.check_segment_offsets(address, len(positions), a.size)
+    return positions, address
 
 
 @collective("segmented_reduce")
@@ -102,7 +106,7 @@ def segmented_reduce(a: ShardedArray, offsets, op, init, *, map_op=None,
     if map_op is None and isinstance(init, tuple) and not values.is_record:
         raise TypeError("init: a tuple accumulator is built from each element by a map: pass "
                         "map_op= (e.g. lambda x: (1, x) for (count, sum))")
-    positions = _positions(offsets, a)
+    positions, address = _positions(offsets, a)
     builtin = op if isinstance(op, str) else None
     if builtin:
         op = _PYTHON_OPS[builtin]
@@ -130,15 +134,14 @@ def segmented_reduce(a: ShardedArray, offsets, op, init, *, map_op=None,
         return _algorithms.segmented_reduce(a, positions, libraries, acc_dtype, packed)
     # allocate(group, S, acc_dtype) less its checks: a one-process group, an int count and
     # the kernel's accumulator dtype
-    out = ShardedArray._new_even(group, len(positions) - 1 if isinstance(positions, np.ndarray)
-                                 else positions.size - 1, acc_dtype)
-    if isinstance(positions, ShardedArray):
+    if address is None:
+        out = ShardedArray._new_even(group, positions.size - 1, acc_dtype)
         try:
             _shim.segmented_reduce_device(libraries, a._impl, positions._impl, out._impl, acc.itemsize, packed)
         except BaseException:
             out.free()  # bad positions: the folds that ran behind the check leave nothing behind
             raise
     else:
-        _shim.segmented_reduce(libraries, a._impl, positions.ctypes.data, len(positions), out._impl, acc.itemsize,
-                               packed)
+        out = ShardedArray._new_even(group, len(positions) - 1, acc_dtype)
+        _shim.segmented_reduce(libraries, a._impl, address, len(positions), out._impl, acc.itemsize, packed)
     return out
