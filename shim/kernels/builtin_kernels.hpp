@@ -89,6 +89,10 @@ cudaError_t scan_select_counts(SelectCounts* counts, long long tiles, cudaStream
 // reduce_by_key's step between its single pass and the gather: `ends` (tiles + 1 run-end
 // counts, the last zero) replaced by their exclusive prefix the same way.
 cudaError_t scan_tile_ends(long long* ends, long long tiles, cudaStream_t stream, cudaMemPool_t pool);
+// Queues on `stream` a store of `*count` (device memory) into `host` (pinned host memory, as
+// the device addresses it), which the host polls: it learns the count as soon as the work
+// before is done, without a copy engine's copy and a stream synchronisation.
+cudaError_t publish_count(const long long* count, long long* host, cudaStream_t stream);
 
 // The tile states of a look-back over one count per tile (count_lookback.cuh): their bytes for
 // `tiles` tiles (CUB aligns them: give them 256-byte aligned memory), and their initialisation,

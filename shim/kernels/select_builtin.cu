@@ -6,9 +6,10 @@
 // algorithms compact their run heads with it across ranks (one process classifies by the
 // keys themselves, by_key_jit.cu). Also here, for every selection: the scan of the tiles'
 // counts between the two passes (CUB's device scan), and reduce_by_key's of its tiles' run
-// ends after its single pass; and the initialisation of the tile
-// states of a look-back over counts (count_lookback.cuh), which select's single pass takes
-// its output positions from.
+// ends after its single pass, whose total (the count of runs) a one-thread kernel stores into
+// host memory for the host to poll; and the initialisation of the tile states of a look-back
+// over counts (count_lookback.cuh), which select's single pass takes its output positions
+// from.
 #include <cub/device/device_scan.cuh>
 
 #include "builtin_kernels.hpp"
@@ -98,6 +99,18 @@ cudaError_t scan_select_counts(SelectCounts* counts, long long tiles, cudaStream
 
 cudaError_t scan_tile_ends(long long* ends, long long tiles, cudaStream_t stream, cudaMemPool_t pool) {
   return scan_counts_in_place(ends, tiles, AddEnds(), 0LL, stream, pool);
+}
+
+namespace {
+__global__ void publish_count_kernel(const long long* count, volatile long long* host) {
+  *host = *count;
+  __threadfence_system();
+}
+}  // namespace
+
+cudaError_t publish_count(const long long* count, long long* host, cudaStream_t stream) {
+  publish_count_kernel<<<1, 1, 0, stream>>>(count, host);
+  return cudaGetLastError();
 }
 
 }  // namespace csj::kernels

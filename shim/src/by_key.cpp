@@ -20,6 +20,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <stdexcept>
@@ -343,7 +344,7 @@ bool fits(const ShardedArray& keys, const std::vector<ByKeyPlace>& places, const
     }
     if (first == places.size() || need < kCheckedScratch) continue;
     DeviceGuard guard(device);
-    if (need > detail::available_memory(reinterpret_cast<cudaMemPool_t>(group.memory_pool(places[first].place)))) {
+    if (!detail::has_room(reinterpret_cast<cudaMemPool_t>(group.memory_pool(places[first].place)), need)) {
       return false;
     }
   }
@@ -526,17 +527,32 @@ ArrayList reduce_by_key(const std::vector<const KernelLibrary*>& libraries, cons
     if (fits(keys, places, layouts)) {
       const detail::SyncOnUnwind settle(group);  // after `places` and `pinned`: queued work drains first
       const FixUps fix_ups = one_pass(places, layouts, keys, values, nullptr, k::kByKeyReduce, std::string(), edges);
-      auto* runs = reinterpret_cast<long long*>(pinned.data);
+      // Each place's count of runs, stored by a kernel behind its scan into pinned memory the
+      // host polls (against a copy and a stream synchronisation, the result is allocated and
+      // the gather queued about as soon as the scan is done). A stream that finishes with no
+      // count stored failed: its error is raised.
+      volatile long long* runs = reinterpret_cast<volatile long long*>(pinned.data);
+      for (std::size_t i = 0; i < places.size(); ++i) runs[i] = -1;
+      std::atomic_thread_fence(std::memory_order_release);
+      void* mapped = nullptr;
       for (std::size_t i = 0; i < places.size(); ++i) {
         DeviceGuard guard(places[i].device);
-        detail::check(cudaMemcpyAsync(runs + i, places[i].params.run_count, sizeof(long long), cudaMemcpyDeviceToHost,
-                                      places[i].stream),
+        if (!mapped) detail::check(cudaHostGetDevicePointer(&mapped, pinned.data, 0), "cudaHostGetDevicePointer");
+        detail::check(k::publish_count(places[i].params.run_count, static_cast<long long*>(mapped) + i,
+                                       places[i].stream),
                       "reading the count of runs");
       }
       std::vector<std::int64_t> sizes(group.size(), 0);
       for (std::size_t i = 0; i < places.size(); ++i) {
-        DeviceGuard guard(places[i].device);
-        detail::check(cudaStreamSynchronize(places[i].stream), "synchronising the count of runs");
+        for (unsigned spins = 1; runs[i] < 0; ++spins) {
+          if (spins % 4096 != 0) continue;  // a stream query now and then: a failed stream stores nothing
+          DeviceGuard guard(places[i].device);
+          const cudaError_t state = cudaStreamQuery(places[i].stream);
+          if (state == cudaErrorNotReady) continue;
+          detail::check(state, "synchronising the count of runs");
+          if (runs[i] < 0) throw std::runtime_error("reduce_by_key: the count of runs was not stored");
+        }
+        std::atomic_thread_fence(std::memory_order_acquire);
         sizes[places[i].place] = runs[i];
       }
       ArrayList result{ShardedArray::allocate(keys.group(), sizes, keys.dtype(), 0),

@@ -79,13 +79,28 @@ void* allocate_async(std::size_t bytes, cudaStream_t stream, cudaMemPool_t pool)
   return pointer;
 }
 
-std::uint64_t available_memory(cudaMemPool_t pool) {
-  std::size_t free = 0, total = 0;
-  check(cudaMemGetInfo(&free, &total), "cudaMemGetInfo");
+namespace {
+// What `pool` keeps cached beyond its allocations.
+std::uint64_t pool_slack(cudaMemPool_t pool) {
   std::uint64_t reserved = 0, used = 0;
   check(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReservedMemCurrent, &reserved), "cudaMemPoolGetAttribute");
   check(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemCurrent, &used), "cudaMemPoolGetAttribute");
-  return free + (reserved > used ? reserved - used : 0);
+  return reserved > used ? reserved - used : 0;
+}
+}  // namespace
+
+std::uint64_t available_memory(cudaMemPool_t pool) {
+  std::size_t free = 0, total = 0;
+  check(cudaMemGetInfo(&free, &total), "cudaMemGetInfo");
+  return free + pool_slack(pool);
+}
+
+bool has_room(cudaMemPool_t pool, std::uint64_t bytes) {
+  const std::uint64_t slack = pool_slack(pool);
+  if (bytes <= slack) return true;
+  std::size_t free = 0, total = 0;
+  check(cudaMemGetInfo(&free, &total), "cudaMemGetInfo");
+  return bytes <= free + slack;
 }
 
 StreamScratch::StreamScratch(std::size_t bytes, cudaStream_t stream, cudaMemPool_t pool)

@@ -65,6 +65,10 @@ void* allocate_async(std::size_t bytes, cudaStream_t stream, cudaMemPool_t pool)
 // keeps cached beyond its allocations (it serves from that before it asks the driver for
 // more, so a second large call is not refused what the first left in the pool).
 std::uint64_t available_memory(cudaMemPool_t pool);
+// Whether `pool` can give `bytes` more on the current device (as available_memory counts):
+// from what it keeps cached alone where that suffices, which a repeated call finds, and only
+// otherwise with the driver's free memory (cudaMemGetInfo, several microseconds a call).
+bool has_room(cudaMemPool_t pool, std::uint64_t bytes);
 
 // Stream-ordered scratch memory that frees itself (cudaFreeAsync on the stream it was
 // allocated on) when its owner goes out of scope, so a throw between allocation and the last

@@ -54,8 +54,8 @@ void check_memory(const ShardedArray& in, int num_bins, const ScratchLayout& lay
     if (places == 0 || need < kCheckedScratch) continue;
     detail::DeviceGuard guard(device);
     const auto pool = reinterpret_cast<cudaMemPool_t>(group.memory_pool(first));
+    if (detail::has_room(pool, need)) continue;
     const std::uint64_t available = detail::available_memory(pool);
-    if (need <= available) continue;
     const std::string name = "device " + std::to_string(device);
     throw OutOfMemory("num_bins: " + std::to_string(num_bins) + " bins need " +
                       detail::memory_amount(per_place) + " of device memory per place" +

@@ -173,7 +173,7 @@ bool single_pass_fits(const ShardedArray& in, long long tile) {
     }
     if (!any || need < kCheckedOutputs) continue;
     DeviceGuard guard(device);
-    if (need > detail::available_memory(reinterpret_cast<cudaMemPool_t>(group.memory_pool(first)))) return false;
+    if (!detail::has_room(reinterpret_cast<cudaMemPool_t>(group.memory_pool(first)), need)) return false;
   }
   return true;
 }
