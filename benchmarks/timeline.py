@@ -79,12 +79,12 @@ def timelines(events: list, last_only: bool = True) -> str:
     device work of a call is what starts before the next call does."""
     spans = [e for e in events if e.get("ph") == "X"]
     regions = sorted((e for e in spans if e.get("cat") == "user_annotation"), key=lambda e: e["ts"])
+    starts = [r["ts"] for r in regions] + [float("inf")]  # every call's, repeats included
     if last_only:  # the last repeat of each call: caches and pools as a loop finds them
         last = {}
         for region in regions:
             last[region["name"].split("#")[0]] = region
         regions = sorted(last.values(), key=lambda e: e["ts"])
-    starts = [r["ts"] for r in regions] + [float("inf")]
     lines = []
     for region in regions:
         begin, end = region["ts"], region["ts"] + region["dur"]
