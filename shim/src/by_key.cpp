@@ -19,8 +19,11 @@
 
 #include <cuda_runtime.h>
 
+#if defined(__x86_64__) || defined(_M_X64)
+#include <immintrin.h>  // _mm_pause
+#endif
+
 #include <algorithm>
-#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <stdexcept>
@@ -291,6 +294,15 @@ bool two_pass_forced() {
 
 constexpr std::size_t round_up(std::size_t bytes) { return (bytes + 255) / 256 * 256; }
 
+// A spinning wait's pause between two looks (the core's hint that it spins).
+inline void relax() {
+#if defined(__x86_64__) || defined(_M_X64)
+  _mm_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
 // A place's single-pass scratch: tile counter | tile flags | reduce_by_key's run ends a tile |
 // tile records (aggregates, inclusives) | total, carry, earlier totals | neighbouring keys |
 // reduce_by_key's keys and values at the shard's size.
@@ -326,8 +338,9 @@ OnePassLayout one_pass_layout(const ShardedArray& keys, const ShardedArray& valu
   return layout;
 }
 
-// Below this much scratch on a device the question (cudaMemGetInfo, a few microseconds) costs
-// more than it tells: the single pass is taken, and a failing allocation is a MemoryError.
+// Below this much scratch on a device the question (the pool's cached memory, and where that
+// is short cudaMemGetInfo, several microseconds) costs more than it tells: the single pass is
+// taken, and a failing allocation is a MemoryError.
 constexpr std::uint64_t kCheckedScratch = std::uint64_t{64} << 20;
 
 // Whether every device has room for its places' scratch (reduce_by_key's holds outputs at the
@@ -527,13 +540,14 @@ ArrayList reduce_by_key(const std::vector<const KernelLibrary*>& libraries, cons
     if (fits(keys, places, layouts)) {
       const detail::SyncOnUnwind settle(group);  // after `places` and `pinned`: queued work drains first
       const FixUps fix_ups = one_pass(places, layouts, keys, values, nullptr, k::kByKeyReduce, std::string(), edges);
-      // Each place's count of runs, stored by a kernel behind its scan into pinned memory the
-      // host polls (against a copy and a stream synchronisation, the result is allocated and
-      // the gather queued about as soon as the scan is done). A stream that finishes with no
-      // count stored failed: its error is raised.
+      // Each place's count of runs, stored by a kernel behind its scan into pinned memory (one
+      // address on every device under unified addressing) that the host polls: against a copy
+      // and a stream synchronisation, the result is allocated and the gather queued about as
+      // soon as the scan is done. A device set to block on synchronisation
+      // (cudaDeviceScheduleBlockingSync) is waited for so, not spun on. A stream that finishes
+      // with no count stored failed: its error is raised.
       volatile long long* runs = reinterpret_cast<volatile long long*>(pinned.data);
       for (std::size_t i = 0; i < places.size(); ++i) runs[i] = -1;
-      std::atomic_thread_fence(std::memory_order_release);
       void* mapped = nullptr;
       for (std::size_t i = 0; i < places.size(); ++i) {
         DeviceGuard guard(places[i].device);
@@ -544,15 +558,20 @@ ArrayList reduce_by_key(const std::vector<const KernelLibrary*>& libraries, cons
       }
       std::vector<std::int64_t> sizes(group.size(), 0);
       for (std::size_t i = 0; i < places.size(); ++i) {
+        DeviceGuard guard(places[i].device);
+        unsigned flags = 0;
+        detail::check(cudaGetDeviceFlags(&flags), "cudaGetDeviceFlags");
+        if (flags & cudaDeviceScheduleBlockingSync) {
+          detail::check(cudaStreamSynchronize(places[i].stream), "synchronising the count of runs");
+        }
         for (unsigned spins = 1; runs[i] < 0; ++spins) {
+          relax();
           if (spins % 4096 != 0) continue;  // a stream query now and then: a failed stream stores nothing
-          DeviceGuard guard(places[i].device);
           const cudaError_t state = cudaStreamQuery(places[i].stream);
           if (state == cudaErrorNotReady) continue;
           detail::check(state, "synchronising the count of runs");
           if (runs[i] < 0) throw std::runtime_error("reduce_by_key: the count of runs was not stored");
         }
-        std::atomic_thread_fence(std::memory_order_acquire);
         sizes[places[i].place] = runs[i];
       }
       ArrayList result{ShardedArray::allocate(keys.group(), sizes, keys.dtype(), 0),
