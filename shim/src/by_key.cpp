@@ -560,7 +560,10 @@ ArrayList reduce_by_key(const std::vector<const KernelLibrary*>& libraries, cons
       for (std::size_t i = 0; i < places.size(); ++i) {
         DeviceGuard guard(places[i].device);
         unsigned flags = 0;
-        detail::check(cudaGetDeviceFlags(&flags), "cudaGetDeviceFlags");
+        if (cudaGetDeviceFlags(&flags) != cudaSuccess) {  // not knowing, spin (and clear the answer)
+          flags = 0;
+          cudaGetLastError();
+        }
         if (flags & cudaDeviceScheduleBlockingSync) {
           detail::check(cudaStreamSynchronize(places[i].stream), "synchronising the count of runs");
         }
