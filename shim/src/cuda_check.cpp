@@ -87,20 +87,20 @@ std::uint64_t pool_slack(cudaMemPool_t pool) {
   check(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemCurrent, &used), "cudaMemPoolGetAttribute");
   return reserved > used ? reserved - used : 0;
 }
-}  // namespace
 
-std::uint64_t available_memory(cudaMemPool_t pool) {
+// The driver's free memory on the current device.
+std::uint64_t driver_free() {
   std::size_t free = 0, total = 0;
   check(cudaMemGetInfo(&free, &total), "cudaMemGetInfo");
-  return free + pool_slack(pool);
+  return free;
 }
+}  // namespace
+
+std::uint64_t available_memory(cudaMemPool_t pool) { return driver_free() + pool_slack(pool); }
 
 bool has_room(cudaMemPool_t pool, std::uint64_t bytes) {
   const std::uint64_t slack = pool_slack(pool);
-  if (bytes <= slack) return true;
-  std::size_t free = 0, total = 0;
-  check(cudaMemGetInfo(&free, &total), "cudaMemGetInfo");
-  return bytes <= free + slack;
+  return bytes <= slack || bytes <= driver_free() + slack;
 }
 
 StreamScratch::StreamScratch(std::size_t bytes, cudaStream_t stream, cudaMemPool_t pool)
