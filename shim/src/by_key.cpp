@@ -19,10 +19,6 @@
 
 #include <cuda_runtime.h>
 
-#if defined(__x86_64__) || defined(_M_X64)
-#include <immintrin.h>  // _mm_pause
-#endif
-
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
@@ -294,15 +290,6 @@ bool two_pass_forced() {
 
 constexpr std::size_t round_up(std::size_t bytes) { return (bytes + 255) / 256 * 256; }
 
-// A spinning wait's pause between two looks (the core's hint that it spins).
-inline void relax() {
-#if defined(__x86_64__) || defined(_M_X64)
-  _mm_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield");
-#endif
-}
-
 // A place's single-pass scratch: tile counter | tile flags | reduce_by_key's run ends a tile |
 // tile records (aggregates, inclusives) | total, carry, earlier totals | neighbouring keys |
 // reduce_by_key's keys and values at the shard's size.
@@ -567,13 +554,9 @@ ArrayList reduce_by_key(const std::vector<const KernelLibrary*>& libraries, cons
         if (flags & cudaDeviceScheduleBlockingSync) {
           detail::check(cudaStreamSynchronize(places[i].stream), "synchronising the count of runs");
         }
-        for (unsigned spins = 1; runs[i] < 0; ++spins) {
-          relax();
-          if (spins % 4096 != 0) continue;  // a stream query now and then: a failed stream stores nothing
-          const cudaError_t state = cudaStreamQuery(places[i].stream);
-          if (state == cudaErrorNotReady) continue;
-          detail::check(state, "synchronising the count of runs");
-          if (runs[i] < 0) throw std::runtime_error("reduce_by_key: the count of runs was not stored");
+        if (!detail::spin_until_stored([&] { return runs[i] >= 0; }, places[i].stream,
+                                       "synchronising the count of runs")) {
+          throw std::runtime_error("reduce_by_key: the count of runs was not stored");
         }
         sizes[places[i].place] = runs[i];
       }

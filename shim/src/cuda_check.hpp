@@ -7,6 +7,10 @@
 #include <cuda.h>
 #include <cuda_runtime.h>
 
+#if defined(__x86_64__) || defined(_M_X64)
+#include <immintrin.h>  // _mm_pause
+#endif
+
 #include <cstddef>
 #include <cstdint>
 #include <new>
@@ -152,5 +156,32 @@ class SyncOnUnwind {
   const PlaceGroup& group_;
   int exceptions_;
 };
+
+// A spinning wait's pause between two looks (the core's hint that it spins).
+inline void relax() {
+#if defined(__x86_64__) || defined(_M_X64)
+  _mm_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
+// Spins until `stored()`: a look at pinned host memory (mapped under unified addressing) that
+// work queued on `stream` stores into, so the host learns a value without a copy and a stream
+// synchronisation behind it. Pauses between looks; every 4096 looks it asks the stream, so a
+// failed stream raises its error (naming `what`). Returns false when the stream finished with
+// nothing stored (the work that stores never ran).
+template <class Stored>
+bool spin_until_stored(Stored stored, cudaStream_t stream, const char* what) {
+  for (unsigned spins = 1; !stored(); ++spins) {
+    relax();
+    if (spins % 4096 != 0) continue;
+    const cudaError_t state = cudaStreamQuery(stream);
+    if (state == cudaErrorNotReady) continue;
+    check(state, what);
+    return stored();
+  }
+  return true;
+}
 
 }  // namespace csj::detail

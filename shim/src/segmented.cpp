@@ -117,28 +117,31 @@ unsigned grid_for(long long pieces, bool warp) {
 // Pinned host memory that one place's host positions reach its device from (and the device
 // route's check stores its verdicts into): an asynchronous copy, where pageable memory costs
 // the driver a staged copy the host waits for. Buffers are reused across calls through a
-// SpareList; each carries an event recorded after the copy that uses it and is handed out
+// SpareList; each carries an event recorded after the work that uses it and is handed out
 // again only once that event has completed, so a call never overwrites positions that an
 // earlier call's copy has still to read (the host may run many calls ahead of the device:
 // past kMaxBuffers buffers made, a call waits for a busy one rather than pinning more). A
-// buffer whose context a device reset destroyed is dropped, never reused.
+// buffer its user saw the last of (`idle()`: every verdict arrived) goes back needing no
+// event. A buffer whose context a device reset destroyed is dropped, never reused; a live
+// one of the device serves whatever context is current (pinned memory under unified
+// addressing is every context's), so the hot path asks the driver nothing about contexts.
 class PositionsStaging {
  public:
   // A buffer of at least `bytes` for the current device.
   explicit PositionsStaging(std::size_t bytes) {
     check(cudaGetDevice(&device_), "cudaGetDevice");
-    const detail::ContextStamp context = detail::ContextStamp::current();
     const int device = device_;
-    const auto fits = [&](const Spare& s) {
-      return s.device == device && s.context.id == context.id && s.capacity >= bytes;
-    };
-    if (auto spare = Spares::take([&](const Spare& s) { return fits(s) && cudaEventQuery(s.done) == cudaSuccess; })) {
+    const auto fits = [&](const Spare& s) { return s.device == device && s.capacity >= bytes; };
+    if (auto spare = Spares::take(
+            [&](const Spare& s) { return fits(s) && (s.idle || cudaEventQuery(s.done) == cudaSuccess); })) {
       spare_ = *spare;
+      spare_.idle = false;
       return;
     }
     if (made().load() >= kMaxBuffers) {
       if (auto spare = Spares::take(fits)) {
         spare_ = *spare;
+        spare_.idle = false;
         const cudaError_t waited = cudaEventSynchronize(spare_.done);
         if (waited != cudaSuccess) {
           Spares::give(spare_);
@@ -149,7 +152,7 @@ class PositionsStaging {
     }
     ++made();
     spare_.device = device;
-    spare_.context = context;
+    spare_.context = detail::ContextStamp::current();
     check(cudaEventCreateWithFlags(&spare_.done, cudaEventDisableTiming), "cudaEventCreateWithFlags (offsets)");
     const cudaError_t allocated = cudaMallocHost(reinterpret_cast<void**>(&spare_.data), bytes);
     if (allocated != cudaSuccess) {
@@ -179,13 +182,9 @@ class PositionsStaging {
   void* mapped() const { return spare_.mapped; }
   // What `stream` holds now may write the buffer: it stays busy until that is done.
   void written_by(cudaStream_t stream) { mark_busy(stream); }
-  // Whether everything the buffer was last marked busy for is done (throws on a device error).
-  bool settled() const {
-    const cudaError_t state = cudaEventQuery(spare_.done);
-    if (state == cudaErrorNotReady) return false;
-    check(state, "cudaEventQuery (verdict)");
-    return true;
-  }
+  // Nothing queued will touch the buffer again (its user saw every write it waited for):
+  // it goes back free, its event not asked.
+  void idle() { spare_.idle = true; }
 
   // Queues the copy of the first `bytes` to `target` (the current device's memory) on
   // `stream`; the buffer stays busy until it is done.
@@ -210,6 +209,7 @@ class PositionsStaging {
     std::size_t capacity = 0;
     int device = -1;
     cudaEvent_t done = nullptr;
+    bool idle = false;  // free whatever `done` says
     detail::ContextStamp context;
   };
   using Spares = detail::SpareList<Spare>;
@@ -283,8 +283,23 @@ class DevicePositionsCheck {
     params.size = size_;
     params.check_parts = static_cast<int>(arm(grid));
   }
-  // After the launch that checks: the words stay busy until it is done.
-  void launched(cudaStream_t stream) { verdict_->written_by(stream); }
+  // After the launch that checks, on `stream`.
+  void launched(cudaStream_t stream) {
+    stream_ = stream;
+    launched_ = true;
+  }
+  // Settled, the words went back idle; otherwise (a throw on the way, a check that gave no
+  // verdict) they stay busy until what the checking stream holds now is done.
+  ~DevicePositionsCheck() {
+    if (!verdict_ || !launched_ || settled_) return;
+    try {
+      detail::DeviceGuard guard(device_);
+      verdict_->written_by(stream_);
+    } catch (...) {  // written_by waited for the stream where it could not record
+    }
+  }
+  DevicePositionsCheck(const DevicePositionsCheck&) = delete;
+  DevicePositionsCheck& operator=(const DevicePositionsCheck&) = delete;
 
   // Where no fold runs on `place`: the check's own kernel.
   void run_alone(cudaStream_t stream) {
@@ -302,25 +317,28 @@ class DevicePositionsCheck {
   }
 
   // Waits for every part's verdict; bad positions raise ValueError naming the first one.
+  // Every part stores its word once: with all of them seen, nothing queued writes the words
+  // again, and they go back idle.
   void settle() {
     detail::DeviceGuard guard(device_);
     const volatile unsigned long long* words = verdict_->data_words();
     unsigned long long code = k::kPositionsGood;
-    for (bool done = false;;) {
-      unsigned part = 0;
+    const auto all_stored = [&] {
       code = k::kPositionsGood;
-      for (; part < parts_; ++part) {
+      for (unsigned part = 0; part < parts_; ++part) {
         const unsigned long long word = words[part];
-        if (word == k::kPositionsPending) break;
+        if (word == k::kPositionsPending) return false;
         code = std::min(code, word);
       }
-      if (part == parts_) break;
-      // A launch that never ran leaves its words pending: after its event has completed,
-      // one more look settles it.
-      if (done) throw std::runtime_error("segmented_reduce: the offsets check left no verdict");
-      done = verdict_->settled();
+      return true;
+    };
+    // A launch that never ran leaves its words pending, and its stream finishes without them.
+    if (!detail::spin_until_stored(all_stored, stream_, "segmented_reduce (the offsets check)")) {
+      throw std::runtime_error("segmented_reduce: the offsets check left no verdict");
     }
     std::atomic_thread_fence(std::memory_order_acquire);
+    settled_ = true;
+    verdict_->idle();
     if (code == k::kPositionsGood) return;
     // Bad positions (an error path, so plain synchronous reads of the ones the message quotes).
     const auto read = [&](long long k) {
@@ -352,6 +370,9 @@ class DevicePositionsCheck {
   unsigned parts_ = 0;
   std::optional<PositionsStaging> verdict_;  // pinned, reused across calls
   unsigned long long* words_ = nullptr;      // verdict_ as the device addresses it
+  cudaStream_t stream_ = nullptr;            // the checking launch's
+  bool launched_ = false;                    // the checking launch is queued
+  bool settled_ = false;                     // every verdict seen
 };
 
 }  // namespace
