@@ -77,6 +77,11 @@ struct ReduceParams {
   void* final_result;
   int place_index;
   int place_count;
+  // One place, a host result: after the result and the counter's reset, the last block
+  // stores `ticket` into `ready` (a word of mapped pinned host memory), which the host polls
+  // instead of synchronising the stream. Null: nothing stored.
+  unsigned long long* ready;
+  unsigned long long ticket;
 };
 
 // Folds `count` accumulators in order: total = init? op v0 op v1 ...; prefixes[k] holds the

@@ -349,6 +349,10 @@ struct Reduction {
       *static_cast<Acc*>(p.result) = with_init(p, total);
     }
     *p.counter = 0;
+    if (p.ready) {  // the result and the reset first, then the word the host polls
+      __threadfence_system();
+      *static_cast<volatile unsigned long long*>(p.ready) = p.ticket;
+    }
   }
 
   // See ReduceParams::place_totals. The totals are read back in place order whatever the

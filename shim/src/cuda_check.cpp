@@ -103,6 +103,15 @@ bool has_room(cudaMemPool_t pool, std::uint64_t bytes) {
   return bytes <= slack || bytes <= driver_free() + slack;
 }
 
+bool may_spin() {
+  unsigned flags = 0;
+  if (cudaGetDeviceFlags(&flags) != cudaSuccess) {
+    cudaGetLastError();
+    return true;
+  }
+  return !(flags & cudaDeviceScheduleBlockingSync);
+}
+
 StreamScratch::StreamScratch(std::size_t bytes, cudaStream_t stream, cudaMemPool_t pool)
     : pointer_(allocate_async(bytes, stream, pool)), stream_(stream) {}
 

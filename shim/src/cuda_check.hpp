@@ -166,6 +166,11 @@ inline void relax() {
 #endif
 }
 
+// Whether a wait on the current device may spin: not where the device is set to block on
+// synchronisation (cudaDeviceScheduleBlockingSync), which asks waits to sleep. Not knowing,
+// it spins (the failed query's error cleared, so no later launch check reports it).
+bool may_spin();
+
 // Spins until `stored()`: a look at pinned host memory (mapped under unified addressing) that
 // work queued on `stream` stores into, so the host learns a value without a copy and a stream
 // synchronisation behind it. Pauses between looks; every 4096 looks it asks the stream, so a
