@@ -499,10 +499,27 @@ def op(func=None):
     return Op(func)
 
 
+# as_op's last plain function with no closure, as (code, globals, defaults, its Op): another
+# call with such a function of the same code, globals and defaults (the same function
+# passed again, or the same lambda written in a loop) gets that Op back: its checks and
+# facts come from the code, it reads globals and defaults exactly as a new one would, and it
+# keeps its kernel-cache memo. With no closure, the memo holds nothing of the caller's but
+# the defaults. One tuple, read and written whole.
+_last_plain: tuple = (None, None, None, None)
+
+
 def as_op(func, argument: str = "op") -> Op:
     """An Op from an Op or a plain callable (wrapped for you)."""
+    global _last_plain
     if isinstance(func, Op):
         return func
+    if type(func) is types.FunctionType and func.__closure__ is None:
+        last = _last_plain
+        if func.__code__ is last[0] and func.__globals__ is last[1] and func.__defaults__ is last[2]:
+            return last[3]
+        made = Op._checked(func, argument)
+        _last_plain = (func.__code__, func.__globals__, func.__defaults__, made)
+        return made
     if callable(func):
         return Op._checked(func, argument)
     raise TypeError(f"{argument}: expected an operator (function), got {type(func).__name__}")

@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import types
 
 import numpy as np
 import pytest
@@ -335,6 +336,38 @@ def test_changed_values_reach_the_results(one_place, fresh_cache, monkeypatch):
     np.testing.assert_array_equal(sharded.transform(_module_helper, a).to_numpy(), host * 3.0)
     monkeypatch.setitem(globals(), "SMALL_TABLE", SMALL_TABLE + 1.0)
     np.testing.assert_array_equal(sharded.transform(_reads_small_table, a).to_numpy(), host * SMALL_TABLE[3])
+
+
+# ---- operators made again and again: as_op reuses one only for the same code, globals and
+# defaults, and never for a closure ------------------------------------------------------------
+
+def test_a_function_given_new_code_is_rebuilt(fresh_cache):
+    def grow(x):
+        return x + 1.0
+
+    before = _build(grow)
+    grow.__code__ = (lambda x: x * 3.0).__code__
+    _assert_rebuilt(grow, before)
+
+
+def test_one_code_with_other_globals_is_rebuilt(fresh_cache):
+    namespace = {"SCALE": 2.0}
+    exec("def scale(x):\n    return x * SCALE\n", namespace)
+    before = _build(namespace["scale"])
+    _assert_rebuilt(types.FunctionType(namespace["scale"].__code__, {"SCALE": 3.0}, "scale"), before)
+
+
+@pytest.mark.gpu
+def test_operators_made_in_a_loop_give_their_own_results(one_place):
+    host = np.arange(1, 65, dtype=np.float64)
+    a = sharded.ShardedArray.from_numpy(one_place, host)
+    def scaled(factor):
+        return lambda x: x * factor
+
+    for factor in (2.0, 5.0):  # one code, another closure each time
+        np.testing.assert_array_equal(sharded.transform(scaled(factor), a).to_numpy(), host * factor)
+    for _ in range(2):  # one code, no default, no closure: the same operator again
+        np.testing.assert_array_equal(sharded.transform(lambda x: x - 1.0, a).to_numpy(), host - 1.0)
 
 
 BIG_TUPLE = tuple(float(index) for index in range(8000))
