@@ -499,12 +499,14 @@ def op(func=None):
     return Op(func)
 
 
-# as_op's last plain function with no closure, as (code, globals, defaults, its Op): another
-# call with such a function of the same code, globals and defaults (the same function
-# passed again, or the same lambda written in a loop) gets that Op back: its checks and
-# facts come from the code, it reads globals and defaults exactly as a new one would, and it
-# keeps its kernel-cache memo. With no closure, the memo holds nothing of the caller's but
-# the defaults. One tuple, read and written whole.
+# as_op's last plain function with no closure and its Op: another call with a function of
+# the same code, globals, defaults and name (the same function passed again, or the same
+# lambda written in a loop) gets that Op back: its checks and facts come from the code, it
+# reads globals and defaults exactly as a new one would, and it keeps its kernel-cache memo.
+# The Op reads its own function live, so a hit also asks that function to be unchanged (its
+# code or defaults reassigned since, it is no longer what the new function is). The memo
+# keeps that function (its defaults, attributes and globals) alive until another replaces
+# it. One tuple, read and written whole.
 _last_plain: tuple = (None, None, None, None)
 
 
@@ -514,11 +516,15 @@ def as_op(func, argument: str = "op") -> Op:
     if isinstance(func, Op):
         return func
     if type(func) is types.FunctionType and func.__closure__ is None:
+        code, defaults = func.__code__, func.__defaults__
         last = _last_plain
-        if func.__code__ is last[0] and func.__globals__ is last[1] and func.__defaults__ is last[2]:
-            return last[3]
+        if code is last[0] and func.__globals__ is last[1] and defaults is last[2]:
+            made = last[3]
+            held = made.func
+            if held.__code__ is code and held.__defaults__ is defaults and func.__qualname__ is made.name:
+                return made
         made = Op._checked(func, argument)
-        _last_plain = (func.__code__, func.__globals__, func.__defaults__, made)
+        _last_plain = (code, func.__globals__, defaults, made)
         return made
     if callable(func):
         return Op._checked(func, argument)

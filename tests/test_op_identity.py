@@ -350,6 +350,19 @@ def test_a_function_given_new_code_is_rebuilt(fresh_cache):
     _assert_rebuilt(grow, before)
 
 
+def test_a_function_of_code_another_has_since_replaced_gets_that_code(fresh_cache):
+    def make():
+        def grow(x):
+            return x + 1.0
+
+        return grow
+
+    first = make()
+    before = _build(first)
+    first.__code__ = (lambda x: x * 3.0).__code__  # the operator made for `first` reads it live
+    assert _build(make()).cubin == before.cubin  # a new grow: x + 1.0 still
+
+
 def test_one_code_with_other_globals_is_rebuilt(fresh_cache):
     namespace = {"SCALE": 2.0}
     exec("def scale(x):\n    return x * SCALE\n", namespace)

@@ -122,9 +122,10 @@ unsigned grid_for(long long pieces, bool warp) {
 // earlier call's copy has still to read (the host may run many calls ahead of the device:
 // past kMaxBuffers buffers made, a call waits for a busy one rather than pinning more). A
 // buffer its user saw the last of (`idle()`: every verdict arrived) goes back needing no
-// event. A buffer whose context a device reset destroyed is dropped, never reused; a live
-// one of the device serves whatever context is current (pinned memory under unified
-// addressing is every context's), so the hot path asks the driver nothing about contexts.
+// event. A buffer whose context a device reset destroyed is dropped, never reused (the
+// SpareList asks each spare's context, one cuCtxGetId); a live one of the device serves the
+// call, whose group works in the device's primary context, without asking which context is
+// current (no cudaFree(nullptr) per call).
 class PositionsStaging {
  public:
   // A buffer of at least `bytes` for the current device.
