@@ -134,14 +134,13 @@ def segmented_reduce(a: ShardedArray, offsets, op, init, *, map_op=None,
         return _algorithms.segmented_reduce(a, positions, libraries, acc_dtype, packed)
     # allocate(group, S, acc_dtype) less its checks: a one-process group, an int count and
     # the kernel's accumulator dtype
+    out = ShardedArray._new_even(group, positions.size - 1, acc_dtype)
     if address is None:
-        out = ShardedArray._new_even(group, positions.size - 1, acc_dtype)
         try:
             _shim.segmented_reduce_device(libraries, a._impl, positions._impl, out._impl, acc.itemsize, packed)
         except BaseException:
             out.free()  # bad positions: the folds that ran behind the check leave nothing behind
             raise
     else:
-        out = ShardedArray._new_even(group, len(positions) - 1, acc_dtype)
         _shim.segmented_reduce(libraries, a._impl, address, len(positions), out._impl, acc.itemsize, packed)
     return out

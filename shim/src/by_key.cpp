@@ -546,10 +546,7 @@ ArrayList reduce_by_key(const std::vector<const KernelLibrary*>& libraries, cons
       std::vector<std::int64_t> sizes(group.size(), 0);
       for (std::size_t i = 0; i < places.size(); ++i) {
         DeviceGuard guard(places[i].device);
-        if (!detail::may_spin()) {
-          detail::check(cudaStreamSynchronize(places[i].stream), "synchronising the count of runs");
-        }
-        if (!detail::spin_until_stored([&] { return runs[i] >= 0; }, places[i].stream,
+        if (!detail::wait_until_stored([&] { return runs[i] >= 0; }, places[i].stream,
                                        "synchronising the count of runs")) {
           throw std::runtime_error("reduce_by_key: the count of runs was not stored");
         }

@@ -189,4 +189,12 @@ bool spin_until_stored(Stored stored, cudaStream_t stream, const char* what) {
   return true;
 }
 
+// spin_until_stored, where a device set to block on synchronisation (may_spin) is first
+// waited for with cudaStreamSynchronize rather than spun on.
+template <class Stored>
+bool wait_until_stored(Stored stored, cudaStream_t stream, const char* what) {
+  if (!may_spin()) check(cudaStreamSynchronize(stream), what);
+  return spin_until_stored(stored, stream, what);
+}
+
 }  // namespace csj::detail

@@ -424,9 +424,7 @@ void reduce_one_place(const KernelSet& kernels, const ShardedArray& in, std::siz
   pass.ready = const_cast<unsigned long long*>(ready);
   pass.ticket = ticket;
   reduce_shard(kernels, in, place, cut, pass, init, map_value);
-  if (!detail::may_spin()) {
-    check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
-  } else if (!detail::spin_until_stored([&] { return *ready == ticket; }, stream, "waiting for the reduce result")) {
+  if (!detail::wait_until_stored([&] { return *ready == ticket; }, stream, "waiting for the reduce result")) {
     throw std::runtime_error("reduce: the kernel stored no result");
   }
   std::atomic_thread_fence(std::memory_order_acquire);
