@@ -85,13 +85,40 @@ class Measure:
 
 # ---- timers ----------------------------------------------------------------------------------
 
-def time_events_places(cp, streams, run, reps: int, warmup: int = 3, prepare=None) -> list[float]:
+_HOLD_SOURCE = r"""
+extern "C" __global__ void csj_bench_hold(unsigned long long nanoseconds) {
+  unsigned long long start, now;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+  do {
+    __nanosleep(1000);
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+  } while (now - start < nanoseconds);
+}
+"""
+_hold_kernels = {}
+HOLD_SECONDS = 300e-6  # longer than any call's host time before its last launch
+
+
+def hold_stream(cp, device: int, stream, seconds: float = HOLD_SECONDS) -> None:
+    """Queue a kernel that keeps `stream` busy for `seconds`: the calls queued behind it then
+    start as soon as it ends, so events around them time the GPU's side alone (the kernels and
+    the gaps between them), not the host's time before the first launch."""
+    with cp.cuda.Device(device):
+        kernel = _hold_kernels.get(device)
+        if kernel is None:
+            kernel = _hold_kernels[device] = cp.RawKernel(_HOLD_SOURCE, "csj_bench_hold")
+        kernel((1,), (1,), (cp.uint64(int(seconds * 1e9)),), stream=stream)
+
+
+def time_events_places(cp, streams, run, reps: int, warmup: int = 3, prepare=None,
+                       hold: bool = False) -> list[float]:
     """Seconds per call of `run()`, by CUDA events recorded on each (device, stream pointer)
     of `streams`; per repetition the slowest place counts (events of different devices cannot
     be compared with each other, so each place is timed from its own start event).
 
     `prepare()` runs before every call, outside the timed region, and must leave the devices
-    idle (e.g. refill a sort's input, then synchronise).
+    idle (e.g. refill a sort's input, then synchronise). With `hold`, each start event is
+    queued behind `hold_stream`'s kernel, so that the figure is the GPU's side of the call.
     """
     places = []
     for device, pointer in streams:
@@ -109,6 +136,8 @@ def time_events_places(cp, streams, run, reps: int, warmup: int = 3, prepare=Non
         if prepare is not None:
             prepare()
         for device, stream, start, _ in places:
+            if hold:
+                hold_stream(cp, device, stream)
             with cp.cuda.Device(device):
                 start.record(stream)
         run()

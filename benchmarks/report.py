@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 from pathlib import Path
 
 from common import Measure, fmt_seconds, log2_label, where
@@ -179,6 +180,40 @@ def sweep_table(measures: list, dtype: str) -> str:
     return _table(["algorithm"] + [log2_label(size) for size in sizes], rows)
 
 
+def gpu_side_table(measures: list, dtype: str) -> str:
+    """Where each by-size ratio is lost: ours × the fastest peer timed with every call queued
+    behind a held stream (the GPU's side alone), and the µs by which the idle-GPU events
+    exceed that for ours and for that peer (the host's time before its first launch, and any
+    wait). Empty when no measure has the GPU-side timings."""
+    index = _Index(measures)
+    rows_of = [m for m in measures if m.dtype == dtype and m.algorithm not in ("sort", "copy")
+               and m.timer == "events" and m.extra.get("gpu")]
+    sizes = sorted({index.size(m) for m in rows_of})
+    if not sizes:
+        return ""
+
+    def gpu_median(m: Measure) -> float:
+        return statistics.median(m.extra["gpu"])
+
+    rows = []
+    for algorithm in _ordered(m.algorithm for m in rows_of):
+        row = [algorithm]
+        for size in sizes:
+            ours = index.get(algorithm, "ours", dtype, 1, 1, size)
+            peers = [index.get(algorithm, peer, dtype, 1, 1, size) for peer in PEERS]
+            peers = [m for m in peers if m is not None and m.ok and m.extra.get("gpu")]
+            if ours is None or not ours.ok or not ours.extra.get("gpu") or not peers:
+                row.append("")
+                continue
+            fastest = min(peers, key=gpu_median)
+            ratio = gpu_median(fastest) / gpu_median(ours)
+            ours_host = (ours.median - gpu_median(ours)) * 1e6
+            peer_host = (fastest.median - gpu_median(fastest)) * 1e6
+            row.append(f"{ratio:.2f}× · {ours_host:+.1f} / {peer_host:+.1f} µs")
+        rows.append(row)
+    return _table(["algorithm"] + [log2_label(size) for size in sizes], rows)
+
+
 def sort_table(measures: list) -> str:
     """Gkeys/s of every sort row: implementations (and place counts) × sizes."""
     sorts = [m for m in measures if m.algorithm == "sort" and m.timer in ("events", "wall")]
@@ -242,6 +277,11 @@ def markdown(measures: list, env: dict, options: dict, results: list[TargetResul
         sections.append(f"### {dtype}, ours on one place by size (GB/s, × the fastest of CuPy, torch, "
                         f"cuda.compute; **miss**: under 1.0× from 2^22 to 2^28, 0.9× at 2^20)\n\n" +
                         sweep_table(measures, dtype))
+        gpu_side = gpu_side_table(measures, dtype)
+        if gpu_side:
+            sections.append(f"### {dtype}, the GPU's side alone by size (× the fastest peer, each call queued "
+                            f"behind a held stream; then the µs the idle-GPU time adds, ours / that peer's)\n\n"
+                            + gpu_side)
     if any(m.algorithm == "sort" for m in measures):
         sections.append("### Sort (Gkeys/s; keys in total, split over the places)\n\n" + sort_table(measures))
     if any(m.timer == "host" for m in measures):

@@ -238,6 +238,9 @@ def measure(case: Case, maker, data: Data, row: Measure, reps: int, warmup: int)
     wall = time_wall(impl.run, data.sync, reps, warmup, impl.prepare)
     row.seconds = events if row.timer == "events" else wall
     row.extra = {"events": events, "wall": wall}
+    if row.places == 1:  # the GPU's side alone: where a by-size ratio is lost, kernels or host
+        row.extra["gpu"] = time_events_places(data.cp, data.streams(), impl.run, reps, warmup,
+                                              impl.prepare, hold=True)
     return [row]
 
 
