@@ -287,6 +287,10 @@ _ENTRY_POINTS = {
 def _entry_points(kernel: CompiledKernel) -> list[str]:
     if kernel.module.startswith("transform_indexed"):
         return _ENTRY_POINTS["transform_indexed"]
+    if kernel.algorithm == "transform":
+        sizes = kernel.module.rpartition("_i")[2].split("_")
+        if len(sizes) == 2 and sizes[0] == sizes[1]:  # two inputs of one size: adjacent_difference's pass too
+            return _ENTRY_POINTS["transform"] + ["csj_adjacent"]
     return _ENTRY_POINTS[kernel.algorithm]
 
 

@@ -73,6 +73,22 @@ def test_histogram_matches_numpy(three_places, dtype, num_bins):
 
 
 @pytest.mark.gpu
+def test_histogram_calls_in_a_row(three_places):
+    """Each call starts from zero counts whatever the calls before counted (the counts live in
+    reused per-device slots that a call's last block clears), at the slot path's limit of
+    2048 bins and beyond it, and whether the places' data sit on the one device or not."""
+    rng = np.random.default_rng(5)
+    host = rng.uniform(0.0, 1.0, 200_003).astype(np.float32)
+    array = sharded.ShardedArray.from_numpy(three_places, host, sizes=[70_001, 0, 130_002])
+    for num_bins in (64, 2048, 7, 64, 2049, 64, 2048):
+        expected, _ = np.histogram(host, bins=num_bins, range=(0.0, 1.0))
+        np.testing.assert_array_equal(sharded.histogram_even(array, num_bins, 0.0, 1.0), expected)
+    half = sharded.ShardedArray.from_numpy(three_places, host[:1000])
+    np.testing.assert_array_equal(sharded.histogram_even(half, 64, 0.25, 0.75),
+                                  np.histogram(host[:1000], bins=64, range=(0.25, 0.75))[0])
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("dtype, num_bins, lower, upper", [
     (np.float32, 64, 0.0, 1.0),
     (np.float32, 37, -3.7, 12.9),       # edges that are not exact in binary

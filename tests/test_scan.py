@@ -126,6 +126,25 @@ def test_adjacent_difference_crosses_shards(three_places, sizes, dtype):
                                np.concatenate([host[:1], host[1:].astype(np.float64) + host[:-1]]))
 
 
+@pytest.mark.parametrize("contiguous", [False, True])
+@pytest.mark.parametrize("dtype", [np.float32, np.int64])
+def test_adjacent_difference_many_tiles(three_places, dtype, contiguous):
+    """Shards of many tiles, whole or (contiguous: one address range) starting at odd elements,
+    which the pass reads word by word; a non-commutative operator into another dtype shows
+    each element's neighbour and the argument order."""
+    sizes = [4096 * 70 + 3, 4096 * 30 + 1, 4096 * 50 + 6]
+    host = sample(dtype, sum(sizes), seed=11)
+    array = sharded.ShardedArray.from_numpy(three_places, host, sizes=sizes, contiguous=contiguous)
+    with np.errstate(over="ignore"):
+        np.testing.assert_array_equal(sharded.adjacent_difference(array).to_numpy(),
+                                      np.concatenate([host[:1], np.diff(host)]).astype(dtype))
+    out = sharded.ShardedArray.allocate(three_places, sizes, np.float64)
+    sharded.adjacent_difference(array, out=out, op=lambda x, previous: x * 3 - previous)
+    wide = host.astype(np.float64)
+    np.testing.assert_allclose(out.to_numpy(), np.concatenate([wide[:1], wide[1:] * 3 - wide[:-1]]),
+                               rtol=1e-6)
+
+
 def test_adjacent_difference_rejects_aliasing(three_places):
     array = sharded.ShardedArray.from_numpy(three_places, np.arange(10.0))
     with pytest.raises(ValueError, match="must not alias"):

@@ -97,6 +97,25 @@ def _memory_amount(count: int) -> str:
     return f"{count / (1 << 30):.1f} GiB" if count >= 1 << 30 else f"{count / (1 << 20):.1f} MiB"
 
 
+# The edges of the last histogram_even call, read-only, with their address: numpy's linspace
+# takes ~5 us, and notebook and solver loops call with the same bins again and again.
+_last_edges: tuple = (None, None)
+
+
+def _edges(lower: float, upper: float, num_bins: int, bin_dtype: np.dtype) -> tuple:
+    """(numpy's edges for these bins, their address); the signs keep -0.0 apart from 0.0."""
+    global _last_edges
+    key = (lower, upper, math.copysign(1.0, lower), math.copysign(1.0, upper), num_bins, bin_dtype)
+    known, entry = _last_edges
+    if known == key:
+        return entry
+    edges = np.linspace(lower, upper, num_bins + 1, endpoint=True, dtype=bin_dtype)
+    edges.flags.writeable = False
+    entry = (edges, edges.ctypes.data)
+    _last_edges = (key, entry)  # one assignment: a thread sees the old pair or the new one
+    return entry
+
+
 def _check_host_memory(a: ShardedArray, num_bins: int, bin_dtype: np.dtype) -> None:
     """MemoryError naming num_bins when the host memory the call takes at its peak is not
     available: the edges, with np.linspace's float64 working copy while it makes float32 ones,
@@ -145,15 +164,17 @@ def histogram_even(a: ShardedArray, num_bins: int, lower: float, upper: float) -
     # Memory first, host then devices, before any is taken: a huge num_bins is a clear
     # MemoryError, not gigabytes allocated and then a failure (or the OOM killer).
     _check_host_memory(a, num_bins, bin_dtype)
-    _shim.check_histogram_memory(a._impl, num_bins)
-    edges = np.linspace(lower, upper, num_bins + 1, endpoint=True, dtype=bin_dtype)
+    # The shim asks devices only when a device's scratch (under 16 bytes a bin and place, plus
+    # the padding of 16) reaches the same 64 MiB, and histogram_even asks again before it runs.
+    if 16 * (num_bins + 2) * len(a.shard_sizes) >= _CHECKED_HOST_BYTES:
+        _shim.check_histogram_memory(a._impl, num_bins)
+    edges, address = _edges(lower, upper, num_bins, bin_dtype)
     counts = np.empty(num_bins, dtype=np.int64)
     if a.group._distributed:
         from ..distributed import _algorithms
 
         return _algorithms.histogram_even(a, num_bins, edges, counts)
-    _shim.histogram_even(a._impl, num_bins, edges.ctypes.data, edges.nbytes,
-                         counts.ctypes.data, counts.nbytes)
+    _shim.histogram_even(a._impl, num_bins, address, edges.nbytes, counts.ctypes.data, counts.nbytes)
     return counts
 
 

@@ -516,6 +516,6 @@ def adjacent_difference(a: ShardedArray, out: ShardedArray | None = None, op=Non
         from ..distributed import _algorithms
 
         _algorithms.adjacent_difference(difference, first, a, out)
-    else:
-        _shim.adjacent_difference(difference, first, a._impl, out._impl)
+    else:  # out[0] = a[0] is a copy where out has a's dtype: the pass writes it
+        _shim.adjacent_difference(difference, first, a._impl, out._impl, False, b"", out_dtype == a.dtype)
     return out

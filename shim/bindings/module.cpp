@@ -257,12 +257,14 @@ NB_MODULE(_shim, m) {
   m.def(
       "adjacent_difference",
       [](const std::vector<const csj::KernelLibrary*>& difference, const std::vector<const csj::KernelLibrary*>& first,
-         const csj::ShardedArray& in, csj::ShardedArray& out, bool successor, const nb::bytes& halo) {
+         const csj::ShardedArray& in, csj::ShardedArray& out, bool successor, const nb::bytes& halo,
+         bool first_copies) {
         const std::string halo_bytes = to_string(halo);
         nb::gil_scoped_release release;
-        csj::adjacent_difference(difference, first, in, out, successor, halo_bytes);
+        csj::adjacent_difference(difference, first, in, out, successor, halo_bytes, first_copies);
       },
-      "difference"_a, "first"_a, "a"_a, "out"_a, "successor"_a = false, "halo"_a = nb::bytes(""));
+      "difference"_a, "first"_a, "a"_a, "out"_a, "successor"_a = false, "halo"_a = nb::bytes(""),
+      "first_copies"_a = false);
 
   nb::enum_<csj::BuiltinReduction>(m, "BuiltinReduction")
       .value("sum", csj::BuiltinReduction::sum)

@@ -54,10 +54,11 @@ BuiltinReduceKernels builtin_count_kernels(int dtype);
 // caller). `edges` (num_bins + 1 values, float for float32 input, else double) are numpy's
 // bin edges; an element is counted when edges[0] <= x <= edges[num_bins] and lands in the
 // bin i with edges[i] <= x < edges[i + 1] (the last bin closed), as numpy does.
+constexpr int kHistogramInlineEdgeBytes = 2048;  // edges carried in the parameters up to this
 struct HistogramParams {
   const void* in;
   long long n;
-  const void* edges;
+  const void* edges;    // null: the edges are inline_edges
   unsigned long long* counts;
   int num_bins;
   int edges_in_shared;  // copy the edges to the start of dynamic shared memory
@@ -65,11 +66,22 @@ struct HistogramParams {
   // straight on `counts`).
   int copies;
   int bins_offset;      // where they start in dynamic shared memory (16-byte aligned)
+  // Non-null: `counts` and `done` read zero at the start, and the last block to finish copies
+  // the counts to `host_counts` (pinned, mapped), zeroes `counts` and `done`, then stores
+  // `ticket` to `ready`, the word the host waits on: no memset before, no copy after.
+  unsigned int* done;
+  unsigned long long* host_counts;
+  unsigned long long* ready;
+  unsigned long long ticket;
+  alignas(16) unsigned char inline_edges[kHistogramInlineEdgeBytes];
 };
 const void* builtin_histogram_kernel(int dtype);
 constexpr int kHistogramBlock = 256;
 constexpr int kHistogramWarps = kHistogramBlock / 32;
 constexpr int kHistogramSharedBytes = 48 * 1024;  // dynamic shared memory without opt-in
+// Elements a thread counts at least before the grid grows past a block per this many: each
+// block zeroes, merges and adds its sub-histograms once, which small shards must amortise.
+constexpr int kHistogramThreadItems = 16;
 
 // The flagged compaction (select_builtin.cu, SelectParams of select_params.hpp) for flags of
 // `flag_size` bytes (4 or 8): count and scatter __global__ functions.

@@ -41,6 +41,8 @@ struct TransformParams {
   long long n;
   long long index_base;  // global index of out[0], for operators that use it
   ScalarPack scalars;
+  int neighbour;         // adjacent_difference's pass: -1 reads x[i - 1] beside x[i], +1 x[i + 1]
+  int copy_edge;         // ... and copies the element without a neighbour (x[0], or x[n - 1])
 };
 
 // ---- reduce / scan ----

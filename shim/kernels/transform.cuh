@@ -186,6 +186,65 @@ __device__ __forceinline__ void transform_tile(const TransformParams& params,
   store_lane(out, params.out, first, n, vector_path);
 }
 
+// adjacent_difference's pass over one shard x of n elements: out[i] = op(x[i], x[i - 1]) for i
+// in [1, n) (params.neighbour == -1), or op(x[i], x[i + 1]) for i in [0, n - 1) (+1); the one
+// element whose neighbour lies in another shard is left to the caller, or, with
+// params.copy_edge (the result has the input's element size), copied as it is. Each thread loads its
+// own items as aligned vectors, as the transform does, and the one neighbour beyond them as a
+// single word (the same cache line as the next thread's load), so no input is read shifted by
+// an element, which would break every vector of both the loads and the stores.
+template <class Op, int OutSize, int InSize>
+__device__ __forceinline__ void adjacent_tile(const TransformParams& params) {
+  using W = typename Word<InSize>::type;
+  using Out = typename Word<OutSize>::type;
+  const long long first =
+      (static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x) * kTransformItems;
+  const long long n = params.n;
+  if (first >= n) return;
+  const bool backward = params.neighbour < 0;
+  const long long lo = backward ? 1 : 0;      // the outputs this pass writes: [lo, hi)
+  const long long hi = backward ? n : n - 1;
+  const bool whole = first >= lo && first + kTransformItems <= hi;
+  const bool vector_path = first + kTransformItems <= n && aligned16(params.inputs[0]) &&
+                           aligned16(params.out);
+  Lane<InSize> in;
+  load_lane(in, params.inputs[0], first, n, vector_path);
+  const W* x = static_cast<const W*>(params.inputs[0]);
+  const long long beyond = backward ? first - 1 : first + kTransformItems;
+  W edge{};
+  if (beyond >= 0 && beyond < n) edge = x[beyond];
+  Lane<OutSize> out;
+  Op op;
+#pragma unroll
+  for (int item = 0; item < kTransformItems; ++item) {
+    const long long i = first + item;
+    if (whole || (i >= lo && i < hi)) {
+      const W& beside = backward ? (item == 0 ? edge : in.value[item - 1])
+                                 : (item == kTransformItems - 1 ? edge : in.value[item + 1]);
+      op(static_cast<const void*>(&in.value[item]), static_cast<const void*>(&beside),
+         &out.value[item], params.scalars);
+    }
+  }
+  if (whole && vector_path) {
+    store_lane(out, params.out, first, n, true);
+  } else {
+    Out* data = static_cast<Out*>(params.out) + first;
+#pragma unroll
+    for (int item = 0; item < kTransformItems; ++item) {
+      if (first + item >= lo && first + item < hi) data[item] = out.value[item];
+    }
+  }
+  if constexpr (OutSize == InSize) {
+    const long long edge_index = backward ? 0 : n - 1;
+    if (params.copy_edge) {
+#pragma unroll
+      for (int item = 0; item < kTransformItems; ++item) {
+        if (first + item == edge_index) static_cast<Out*>(params.out)[edge_index] = in.value[item];
+      }
+    }
+  }
+}
+
 template <class Op, int OutSize, int... InSizes>
 __device__ __forceinline__ void transform(const TransformParams& params) {
   transform_tile<Op, OutSize, InSizes...>(params,

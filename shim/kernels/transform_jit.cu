@@ -89,3 +89,11 @@ extern "C" __global__ void __launch_bounds__(csj::kernels::kTransformBlock)
     csj_transform(const __grid_constant__ csj::kernels::TransformParams params) {
   csj::kernels::transform<Op, CSJ_OUT_SIZE, CSJ_IN_SIZES>(params);
 }
+
+#if CSJ_ARITY == 2 && CSJ_IN_SIZE_0 == CSJ_IN_SIZE_1
+// adjacent_difference's pass (an operator of two values of one type): see adjacent_tile.
+extern "C" __global__ void __launch_bounds__(csj::kernels::kTransformBlock)
+    csj_adjacent(const __grid_constant__ csj::kernels::TransformParams params) {
+  csj::kernels::adjacent_tile<Op, CSJ_OUT_SIZE, CSJ_IN_SIZE_0>(params);
+}
+#endif

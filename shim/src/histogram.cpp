@@ -1,8 +1,14 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
 #include <stdexcept>
+#include <utility>
 #include <vector>
 
 #include "../kernels/builtin_kernels.hpp"
@@ -66,6 +72,99 @@ void check_memory(const ShardedArray& in, int num_bins, const ScratchLayout& lay
   }
 }
 
+// Slots of the one-launch path, for up to kSlotBins bins: device counts and an arrival
+// counter that read zero between uses (the kernel's last block resets them, see
+// HistogramParams::done), and pinned, device-visible host memory for the counts and the word
+// the host waits on. Slots come in batches per device (of the group's context), are reused
+// across calls and kept until exit; one that saw a failure is dropped, its counters unknown.
+class HistogramSlots {
+ public:
+  static constexpr int kSlotBins = 2048;
+  struct Slot {
+    int device = -1;
+    unsigned long long context = 0;
+    unsigned long long* counts = nullptr;        // device
+    unsigned int* done = nullptr;                // device
+    unsigned long long* host_counts = nullptr;   // pinned, mapped: also its device address
+    volatile unsigned long long* ready = nullptr;  // pinned, mapped: the last ticket stored
+  };
+
+  static Slot acquire(const PlaceGroup& group, int device) {
+    const unsigned long long context = group.context_id(device);
+    std::lock_guard<std::mutex> lock(mutex());
+    std::vector<Slot>& free_slots = pool()[{device, context}];
+    if (free_slots.empty()) add_batch(device, context, free_slots);
+    const Slot slot = free_slots.back();
+    free_slots.pop_back();
+    return slot;
+  }
+
+  static void release(const Slot& slot) {
+    std::lock_guard<std::mutex> lock(mutex());
+    pool()[{slot.device, slot.context}].push_back(slot);
+  }
+
+ private:
+  static void add_batch(int device, unsigned long long context, std::vector<Slot>& free_slots) {
+    constexpr std::size_t kSlots = 8;
+    constexpr std::size_t kCountBytes = kSlotBins * sizeof(unsigned long long);
+    constexpr std::size_t kDeviceBytes = kCountBytes + 256;  // the counts, then the counter
+    constexpr std::size_t kHostBytes = kCountBytes + 64;     // the counts, then the ready word
+    detail::DeviceGuard guard(device);
+    unsigned char* memory = nullptr;
+    unsigned char* host = nullptr;
+    check(cudaMalloc(reinterpret_cast<void**>(&memory), kDeviceBytes * kSlots), "cudaMalloc (histogram slots)");
+    // zeroed on a stream of our own and waited for (cudaMemset would queue on the legacy
+    // stream, which the group's non-blocking streams do not wait for)
+    cudaStream_t stream = nullptr;
+    cudaError_t status = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
+    if (status == cudaSuccess) status = cudaMemsetAsync(memory, 0, kDeviceBytes * kSlots, stream);
+    if (status == cudaSuccess) status = cudaStreamSynchronize(stream);
+    if (stream) cudaStreamDestroy(stream);
+    if (status == cudaSuccess) {
+      status = cudaHostAlloc(reinterpret_cast<void**>(&host), kHostBytes * kSlots,
+                             cudaHostAllocPortable | cudaHostAllocMapped);
+    }
+    if (status != cudaSuccess) {
+      cudaFree(memory);
+      check(status, "preparing the histogram slots");
+    }
+    for (std::size_t i = 0; i < kSlots; ++i) {
+      Slot slot;
+      slot.device = device;
+      slot.context = context;
+      slot.counts = reinterpret_cast<unsigned long long*>(memory + i * kDeviceBytes);
+      slot.done = reinterpret_cast<unsigned int*>(memory + i * kDeviceBytes + kCountBytes);
+      slot.host_counts = reinterpret_cast<unsigned long long*>(host + i * kHostBytes);
+      slot.ready = reinterpret_cast<volatile unsigned long long*>(host + i * kHostBytes + kCountBytes);
+      *slot.ready = 0;
+      free_slots.push_back(slot);
+    }
+  }
+
+  static std::mutex& mutex() {
+    static std::mutex m;
+    return m;
+  }
+  static std::map<std::pair<int, unsigned long long>, std::vector<Slot>>& pool() {
+    static std::map<std::pair<int, unsigned long long>, std::vector<Slot>> slots;
+    return slots;
+  }
+};
+
+// A slot held for one call: back to the pool only after its counts were read.
+struct LeasedHistogramSlot {
+  LeasedHistogramSlot(const PlaceGroup& group, int device) : slot(HistogramSlots::acquire(group, device)) {}
+  ~LeasedHistogramSlot() {
+    if (clean) HistogramSlots::release(slot);
+  }
+  LeasedHistogramSlot(const LeasedHistogramSlot&) = delete;
+  LeasedHistogramSlot& operator=(const LeasedHistogramSlot&) = delete;
+  HistogramSlots::Slot slot;
+  unsigned long long ticket = 0;
+  bool clean = false;
+};
+
 }  // namespace
 
 void check_histogram_memory(const ShardedArray& in, int num_bins) {
@@ -96,6 +195,7 @@ void histogram_even(const ShardedArray& in, int num_bins, const void* edges, std
   // contend for a counter), else one per block, else counts go straight to global memory.
   const std::size_t bins_bytes = static_cast<std::size_t>(num_bins) * sizeof(unsigned int);
   const bool edges_in_shared = padded_edges <= static_cast<std::size_t>(k::kHistogramSharedBytes);
+  const bool edges_inline = edges_in_shared && edge_bytes <= sizeof(k::HistogramParams::inline_edges);
   const std::size_t room = edges_in_shared ? k::kHistogramSharedBytes - padded_edges : k::kHistogramSharedBytes;
   int copies = 0;
   std::size_t counter_bytes = 0;
@@ -107,6 +207,10 @@ void histogram_even(const ShardedArray& in, int num_bins, const void* edges, std
   const int bins_offset = edges_in_shared ? static_cast<int>(padded_edges) : 0;
   const auto shared = static_cast<unsigned>(bins_offset + counter_bytes);
 
+  // Up to kSlotBins bins, each place's kernel hands its counts over in a slot (no memset, no
+  // copy, a spin on the slot's ready word); more bins take scratch, a memset and a copy.
+  const bool in_slots = num_bins <= HistogramSlots::kSlotBins;
+  std::vector<std::unique_ptr<LeasedHistogramSlot>> slots(group.size());
   // The first place's counts land in `counts` itself, each further place's in one host buffer
   // and are added from there: host memory for two sets of counts, whatever the group's size.
   std::vector<unsigned long long> staging;
@@ -119,29 +223,67 @@ void histogram_even(const ShardedArray& in, int num_bins, const void* edges, std
     const auto stream = reinterpret_cast<cudaStream_t>(group.stream(place));
     detail::DeviceGuard guard(group.device(place));
     const int sms = detail::multiprocessors(group.device(place));
-    // each place's scratch is used on its own stream only: a stream-ordered free is safe
-    // whenever a step throws
-    detail::StreamScratch& scratch = scratches[place];
-    scratch = detail::StreamScratch(layout.total(), stream,
-                                    reinterpret_cast<cudaMemPool_t>(group.memory_pool(place)));
-    unsigned char* base = scratch.bytes();
-    check(cudaMemcpyAsync(base, edges, edge_bytes, cudaMemcpyHostToDevice, stream), "cudaMemcpyAsync (edges)");
-    check(cudaMemsetAsync(base + padded_edges, 0, layout.count_bytes, stream), "cudaMemsetAsync");
     k::HistogramParams params{};
+    // edges that fit travel in the launch's parameters, not by a copy from pageable memory
+    if (edges_inline) std::memcpy(params.inline_edges, edges, edge_bytes);
+    if (!edges_inline || !in_slots) {
+      // each place's scratch is used on its own stream only: a stream-ordered free is safe
+      // whenever a step throws
+      detail::StreamScratch& scratch = scratches[place];
+      scratch = detail::StreamScratch(layout.total(), stream,
+                                      reinterpret_cast<cudaMemPool_t>(group.memory_pool(place)));
+      unsigned char* base = scratch.bytes();
+      if (!edges_inline) {
+        check(cudaMemcpyAsync(base, edges, edge_bytes, cudaMemcpyHostToDevice, stream), "cudaMemcpyAsync (edges)");
+        params.edges = base;
+      }
+      if (!in_slots) {
+        check(cudaMemsetAsync(base + padded_edges, 0, layout.count_bytes, stream), "cudaMemsetAsync");
+        params.counts = reinterpret_cast<unsigned long long*>(base + padded_edges);
+      }
+    }
+    if (in_slots) {
+      slots[place] = std::make_unique<LeasedHistogramSlot>(group, group.device(place));
+      const HistogramSlots::Slot& slot = slots[place]->slot;
+      slots[place]->ticket = *slot.ready + 1;  // the slot's last use is over: nothing stores to it now
+      params.counts = slot.counts;
+      params.done = slot.done;
+      params.host_counts = slot.host_counts;
+      params.ready = const_cast<unsigned long long*>(slot.ready);
+      params.ticket = slots[place]->ticket;
+    }
     params.in = reinterpret_cast<const void*>(in.shard_pointer(place));
     params.n = n;
-    params.edges = base;
-    params.counts = reinterpret_cast<unsigned long long*>(base + padded_edges);
     params.num_bins = num_bins;
     params.edges_in_shared = edges_in_shared ? 1 : 0;
     params.copies = copies;
     params.bins_offset = bins_offset;
-    const long long blocks = (n + k::kHistogramBlock - 1) / k::kHistogramBlock;
+    constexpr long long kBlockItems = static_cast<long long>(k::kHistogramBlock) * k::kHistogramThreadItems;
+    const long long blocks = (n + kBlockItems - 1) / kBlockItems;
     const auto grid = static_cast<unsigned>(std::min<long long>(blocks, static_cast<long long>(sms) * 8));
     detail::launch(kernel, grid, k::kHistogramBlock, stream, params, "launching histogram", shared);
   }
   bool first = true;
   for (std::size_t place = 0; place < group.size(); ++place) {
+    if (slots[place]) {
+      LeasedHistogramSlot& lease = *slots[place];
+      const auto stream = reinterpret_cast<cudaStream_t>(group.stream(place));
+      detail::DeviceGuard guard(group.device(place));
+      const unsigned long long ticket = lease.ticket;
+      if (!detail::wait_until_stored([&] { return *lease.slot.ready == ticket; }, stream,
+                                     "waiting for the histogram")) {
+        throw std::runtime_error("histogram_even: the kernel stored no counts");
+      }
+      std::atomic_thread_fence(std::memory_order_acquire);
+      const unsigned long long* from = lease.slot.host_counts;
+      for (int bin = 0; bin < num_bins; ++bin) {
+        counts[bin] = (first ? 0LL : counts[bin]) + static_cast<long long>(from[bin]);
+      }
+      lease.clean = true;
+      scratches[place].free();
+      first = false;
+      continue;
+    }
     if (!scratches[place]) continue;
     const auto stream = reinterpret_cast<cudaStream_t>(group.stream(place));
     detail::DeviceGuard guard(group.device(place));

@@ -270,7 +270,8 @@ void transform(const std::vector<const KernelLibrary*>& libraries, const ArrayLi
 
 void adjacent_difference(const std::vector<const KernelLibrary*>& difference,
                          const std::vector<const KernelLibrary*>& first, const ShardedArray& in,
-                         ShardedArray& out, bool successor, const std::string& halo) {
+                         ShardedArray& out, bool successor, const std::string& halo,
+                         bool first_copies) {
   const PlaceGroup& group = *in.group();
   if (difference.size() != group.size() || first.size() != group.size()) {
     throw std::invalid_argument("libraries: expected one per place");
@@ -289,6 +290,9 @@ void adjacent_difference(const std::vector<const KernelLibrary*>& difference,
   in.check_scalar("a", "adjacent_difference");
   out.check_scalar("out", "adjacent_difference");
   const std::size_t element = in.itemsize();
+  if (first_copies && out.itemsize() != element) {
+    throw std::invalid_argument("first_copies: out's elements must have a's size to be copies");
+  }
   if (!halo.empty() && halo.size() != element) {
     throw std::invalid_argument("halo: expected " + std::to_string(element) + " bytes, got " +
                                 std::to_string(halo.size()));
@@ -305,6 +309,7 @@ void adjacent_difference(const std::vector<const KernelLibrary*>& difference,
     const auto* data = reinterpret_cast<const unsigned char*>(in.shard_pointer(place));
     auto* result = reinterpret_cast<unsigned char*>(out.shard_pointer(place));
     const auto diff_kernel = detail::KernelHandle::linked(difference[place]->kernel("csj_transform", device));
+    const auto pass_kernel = detail::KernelHandle::linked(difference[place]->kernel("csj_adjacent", device));
     const auto first_kernel = detail::KernelHandle::linked(first[place]->kernel("csj_transform", device));
     auto run = [&](const detail::KernelHandle& kernel, const void* a, const void* b, void* to,
                    long long count) {
@@ -321,14 +326,22 @@ void adjacent_difference(const std::vector<const KernelLibrary*>& difference,
     // `successor`, last) one
     const auto edge = successor ? static_cast<std::size_t>(n - 1) : std::size_t{0};
     detail::DeviceGuard guard(device);
-    if (n > 1) {
-      if (successor) {
-        run(diff_kernel, data, data + element, result, n - 1);
-      } else {
-        run(diff_kernel, data + element, data, result + out_element, n - 1);
-      }
+    // the edge element of the first shard with no halo is `first` of itself: the pass copies it
+    // when `first` is a copy, so that one kernel does the whole shard
+    const bool copy_edge = previous < 0 && halo.empty() && first_copies;
+    if (n > 1 || copy_edge) {  // every element but the edge one, whose neighbour is in the shard
+      TransformParams params{};
+      params.inputs[0] = data;
+      params.out = result;
+      params.n = n;
+      params.neighbour = successor ? 1 : -1;
+      params.copy_edge = copy_edge ? 1 : 0;
+      const auto grid = static_cast<unsigned>((n + kTileElements - 1) / kTileElements);
+      detail::launch(pass_kernel, grid, kernels::kTransformBlock, stream, params, "launching adjacent_difference");
     }
-    if (previous < 0 && halo.empty()) {
+    if (copy_edge) {
+      // written by the pass
+    } else if (previous < 0 && halo.empty()) {
       run(first_kernel, data + edge * element, nullptr, result + edge * out_element, 1);
     } else if (previous < 0) {
       // the neighbour lives in another process: it came in host memory

@@ -70,10 +70,12 @@ void transform_builtin(BuiltinOp op, const ArrayList& inputs, ShardedArray& out,
 // `halo` (an element's bytes, or empty): the neighbour of the edge element of the first
 // non-empty shard, which then gets difference(in[i], halo) instead of first(in[i]): an array
 // that is one process's part of a larger one (cuda_sharded_jit/distributed) has its
-// neighbour in another process.
+// neighbour in another process. `first_copies`: `first` copies its argument (an identity
+// into a's own dtype), so the pass copies that element itself and `first` is not launched.
 void adjacent_difference(const std::vector<const KernelLibrary*>& difference,
                          const std::vector<const KernelLibrary*>& first, const ShardedArray& in,
-                         ShardedArray& out, bool successor = false, const std::string& halo = {});
+                         ShardedArray& out, bool successor = false, const std::string& halo = {},
+                         bool first_copies = false);
 
 // Throws std::invalid_argument unless every array shares `out`'s group and shard sizes.
 void check_conformable(const ArrayList& inputs, const ShardedArray& out,
