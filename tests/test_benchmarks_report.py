@@ -376,3 +376,20 @@ def test_by_size_table_marks_the_cells_under_the_by_size_target():
     assert reduce_cells[1].endswith("(0.93×) **miss**")   # 2^28: under 1.0
     assert "**miss**" not in lines["histogram_even"]       # 6.43× cupy
     assert lines["transform_binary"].count("**miss**") == 1  # 0.98× cuda.compute at 2^28
+
+
+def test_gpu_side_table_compares_the_held_timings_and_shows_what_the_idle_gpu_adds():
+    def row(impl, idle, held):
+        return Measure(name=impl, seconds=[idle] * 3, bytes_moved=12 << 20, algorithm="transform_binary",
+                       impl=impl, dtype="float32", elements=1 << 20, places=1, gpus=1, timer="events",
+                       extra={"gpu": [held] * 3})
+
+    measures = [row("ours", 10e-6, 4e-6), row("torch", 8e-6, 5e-6), row("cupy", 9e-6, 4.4e-6)]
+    table = report.gpu_side_table(measures, "float32")
+    cell = [line for line in table.splitlines() if line.startswith("| transform_binary")][0].split("|")[2].strip()
+    # the fastest peer held is cupy (4.4 us): 4.4 / 4.0 = 1.10; idle adds 6.0 us to ours, 4.6 to cupy
+    assert cell == "1.10× · +6.0 / +4.6 µs"
+    assert report.gpu_side_table([row("ours", 10e-6, 4e-6)], "float32").count("×") == 0  # no peer
+    without = [Measure(name="ours", seconds=[1e-5], algorithm="transform_binary", impl="ours", dtype="float32",
+                       elements=1 << 20, places=1, gpus=1, timer="events")]
+    assert report.gpu_side_table(without, "float32") == ""
