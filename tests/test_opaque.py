@@ -80,9 +80,13 @@ def test_histogram_calls_in_a_row(three_places):
     rng = np.random.default_rng(5)
     host = rng.uniform(0.0, 1.0, 200_003).astype(np.float32)
     array = sharded.ShardedArray.from_numpy(three_places, host, sizes=[70_001, 0, 130_002])
-    for num_bins in (64, 2048, 7, 64, 2049, 64, 2048):
+    for num_bins in (64, 2048, 7, 64, 2049, 64, 1365, 2048):  # 1365: 48 KiB of shared memory
         expected, _ = np.histogram(host, bins=num_bins, range=(0.0, 1.0))
         np.testing.assert_array_equal(sharded.histogram_even(array, num_bins, 0.0, 1.0), expected)
+    wide = sharded.ShardedArray.from_numpy(three_places, host.astype(np.float64), sizes=[70_001, 0, 130_002])
+    for num_bins in (6142, 6143, 12288):  # float64 edges with the sub-histogram in all 48 KiB
+        np.testing.assert_array_equal(sharded.histogram_even(wide, num_bins, 0.0, 1.0),
+                                      np.histogram(host.astype(np.float64), bins=num_bins, range=(0.0, 1.0))[0])
     half = sharded.ShardedArray.from_numpy(three_places, host[:1000])
     np.testing.assert_array_equal(sharded.histogram_even(half, 64, 0.25, 0.75),
                                   np.histogram(host[:1000], bins=64, range=(0.25, 0.75))[0])

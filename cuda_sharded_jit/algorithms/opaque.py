@@ -97,9 +97,11 @@ def _memory_amount(count: int) -> str:
     return f"{count / (1 << 30):.1f} GiB" if count >= 1 << 30 else f"{count / (1 << 20):.1f} MiB"
 
 
-# The edges of the last histogram_even call, read-only, with their address: numpy's linspace
-# takes ~5 us, and notebook and solver loops call with the same bins again and again.
+# The edges of the last histogram_even call of up to _KEPT_EDGE_BINS bins, read-only, with
+# their address: numpy's linspace takes ~5 us, and notebook and solver loops call with the
+# same bins again and again (more bins are made anew: their time is the kernel's).
 _last_edges: tuple = (None, None)
+_KEPT_EDGE_BINS = 2048
 
 
 def _edges(lower: float, upper: float, num_bins: int, bin_dtype: np.dtype) -> tuple:
@@ -112,7 +114,8 @@ def _edges(lower: float, upper: float, num_bins: int, bin_dtype: np.dtype) -> tu
     edges = np.linspace(lower, upper, num_bins + 1, endpoint=True, dtype=bin_dtype)
     edges.flags.writeable = False
     entry = (edges, edges.ctypes.data)
-    _last_edges = (key, entry)  # one assignment: a thread sees the old pair or the new one
+    if num_bins <= _KEPT_EDGE_BINS:
+        _last_edges = (key, entry)  # one assignment: a thread sees the old pair or the new one
     return entry
 
 

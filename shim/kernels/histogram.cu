@@ -123,12 +123,11 @@ __device__ __forceinline__ void count_all(const HistogramParams& p, const BinTyp
 // block's atomics are in `counts` once it has counted itself in, so it copies them to
 // host_counts, leaves `counts` and `done` at zero for the next call, and stores the ticket
 // after everything else is visible to the host.
+// (No static shared memory here: the host plans all 48 KiB as dynamic shared memory.)
 __device__ __forceinline__ void hand_over(const HistogramParams& p) {
-  __shared__ bool last;
   __threadfence();  // this thread's atomics, before the block counts itself in
   __syncthreads();
-  if (threadIdx.x == 0) last = atomicAdd(p.done, 1u) == gridDim.x - 1;
-  __syncthreads();
+  const bool last = __syncthreads_or(threadIdx.x == 0 && atomicAdd(p.done, 1u) == gridDim.x - 1);
   if (!last) return;
   __threadfence();
   for (int bin = threadIdx.x; bin < p.num_bins; bin += blockDim.x) {

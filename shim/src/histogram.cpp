@@ -152,17 +152,19 @@ class HistogramSlots {
   }
 };
 
-// A slot held for one call: back to the pool only after its counts were read.
+// A slot held for one call. It goes back to the pool when its kernel was never queued or
+// stored its ticket (its counters are at zero again); after a kernel that did not finish it
+// is dropped. The call's SyncOnUnwind has drained the streams before this runs on a throw.
 struct LeasedHistogramSlot {
   LeasedHistogramSlot(const PlaceGroup& group, int device) : slot(HistogramSlots::acquire(group, device)) {}
   ~LeasedHistogramSlot() {
-    if (clean) HistogramSlots::release(slot);
+    if (!launched || *slot.ready == ticket) HistogramSlots::release(slot);
   }
   LeasedHistogramSlot(const LeasedHistogramSlot&) = delete;
   LeasedHistogramSlot& operator=(const LeasedHistogramSlot&) = delete;
   HistogramSlots::Slot slot;
   unsigned long long ticket = 0;
-  bool clean = false;
+  bool launched = false;
 };
 
 }  // namespace
@@ -262,6 +264,7 @@ void histogram_even(const ShardedArray& in, int num_bins, const void* edges, std
     const long long blocks = (n + kBlockItems - 1) / kBlockItems;
     const auto grid = static_cast<unsigned>(std::min<long long>(blocks, static_cast<long long>(sms) * 8));
     detail::launch(kernel, grid, k::kHistogramBlock, stream, params, "launching histogram", shared);
+    if (slots[place]) slots[place]->launched = true;
   }
   bool first = true;
   for (std::size_t place = 0; place < group.size(); ++place) {
@@ -279,7 +282,6 @@ void histogram_even(const ShardedArray& in, int num_bins, const void* edges, std
       for (int bin = 0; bin < num_bins; ++bin) {
         counts[bin] = (first ? 0LL : counts[bin]) + static_cast<long long>(from[bin]);
       }
-      lease.clean = true;
       scratches[place].free();
       first = false;
       continue;
