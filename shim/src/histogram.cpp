@@ -4,11 +4,8 @@
 #include <atomic>
 #include <cstdint>
 #include <cstring>
-#include <map>
 #include <memory>
-#include <mutex>
 #include <stdexcept>
-#include <utility>
 #include <vector>
 
 #include "../kernels/builtin_kernels.hpp"
@@ -17,6 +14,7 @@
 #include "cuda_check.hpp"
 #include "format.hpp"
 #include "launch.hpp"
+#include "slot_pool.hpp"
 
 namespace csj {
 namespace {
@@ -91,18 +89,10 @@ class HistogramSlots {
 
   static Slot acquire(const PlaceGroup& group, int device) {
     const unsigned long long context = group.context_id(device);
-    std::lock_guard<std::mutex> lock(mutex());
-    std::vector<Slot>& free_slots = pool()[{device, context}];
-    if (free_slots.empty()) add_batch(device, context, free_slots);
-    const Slot slot = free_slots.back();
-    free_slots.pop_back();
-    return slot;
+    return pool().acquire(device, context, [&](std::vector<Slot>& free_slots) { add_batch(device, context, free_slots); });
   }
 
-  static void release(const Slot& slot) {
-    std::lock_guard<std::mutex> lock(mutex());
-    pool()[{slot.device, slot.context}].push_back(slot);
-  }
+  static void release(const Slot& slot) { pool().release(slot); }
 
  private:
   static void add_batch(int device, unsigned long long context, std::vector<Slot>& free_slots) {
@@ -110,25 +100,10 @@ class HistogramSlots {
     constexpr std::size_t kCountBytes = kSlotBins * sizeof(unsigned long long);
     constexpr std::size_t kDeviceBytes = kCountBytes + 256;  // the counts, then the counter
     constexpr std::size_t kHostBytes = kCountBytes + 64;     // the counts, then the ready word
-    detail::DeviceGuard guard(device);
-    unsigned char* memory = nullptr;
-    unsigned char* host = nullptr;
-    check(cudaMalloc(reinterpret_cast<void**>(&memory), kDeviceBytes * kSlots), "cudaMalloc (histogram slots)");
-    // zeroed on a stream of our own and waited for (cudaMemset would queue on the legacy
-    // stream, which the group's non-blocking streams do not wait for)
-    cudaStream_t stream = nullptr;
-    cudaError_t status = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
-    if (status == cudaSuccess) status = cudaMemsetAsync(memory, 0, kDeviceBytes * kSlots, stream);
-    if (status == cudaSuccess) status = cudaStreamSynchronize(stream);
-    if (stream) cudaStreamDestroy(stream);
-    if (status == cudaSuccess) {
-      status = cudaHostAlloc(reinterpret_cast<void**>(&host), kHostBytes * kSlots,
-                             cudaHostAllocPortable | cudaHostAllocMapped);
-    }
-    if (status != cudaSuccess) {
-      cudaFree(memory);
-      check(status, "preparing the histogram slots");
-    }
+    const detail::SlotMemory batch = detail::allocate_slot_memory(device, kDeviceBytes * kSlots, kHostBytes * kSlots,
+                                                                  "preparing the histogram slots");
+    unsigned char* memory = batch.device;
+    unsigned char* host = batch.host;
     for (std::size_t i = 0; i < kSlots; ++i) {
       Slot slot;
       slot.device = device;
@@ -142,12 +117,8 @@ class HistogramSlots {
     }
   }
 
-  static std::mutex& mutex() {
-    static std::mutex m;
-    return m;
-  }
-  static std::map<std::pair<int, unsigned long long>, std::vector<Slot>>& pool() {
-    static std::map<std::pair<int, unsigned long long>, std::vector<Slot>> slots;
+  static detail::SlotPool<Slot>& pool() {
+    static detail::SlotPool<Slot> slots;
     return slots;
   }
 };

@@ -16,6 +16,7 @@
 #include "../kernels/params.hpp"
 #include "cuda_check.hpp"
 #include "launch.hpp"
+#include "slot_pool.hpp"
 
 // A record array scans into its own layout, so its records must fit an accumulator.
 static_assert(csj::kernels::kMaxAccSize >= static_cast<int>(csj::kMaxRecordSize),
@@ -103,18 +104,10 @@ class ReduceSlots {
   // slots are never handed out again: their memory went with it).
   static Slot acquire(const PlaceGroup& group, int device) {
     const unsigned long long context = group.context_id(device);
-    std::lock_guard<std::mutex> lock(mutex());
-    std::vector<Slot>& free_slots = pool()[{device, context}];
-    if (free_slots.empty()) add_batch(device, context, free_slots);
-    const Slot slot = free_slots.back();
-    free_slots.pop_back();
-    return slot;
+    return pool().acquire(device, context, [&](std::vector<Slot>& free_slots) { add_batch(device, context, free_slots); });
   }
 
-  static void release(const Slot& slot) {
-    std::lock_guard<std::mutex> lock(mutex());
-    pool()[{slot.device, slot.context}].push_back(slot);
-  }
+  static void release(const Slot& slot) { pool().release(slot); }
 
   // Whether kernels on every one of `devices` can store to and count atomically in memory
   // of `home` (peer access with native atomics over the link, or the same device).
@@ -122,7 +115,7 @@ class ReduceSlots {
     for (int device : devices) {
       if (device == home) continue;
       if (!group.can_access_peer(device, home)) return false;
-      std::lock_guard<std::mutex> lock(mutex());
+      std::lock_guard<std::mutex> lock(atomics_mutex());
       auto key = std::make_pair(device, home);
       auto found = atomics().find(key);
       if (found == atomics().end()) {
@@ -144,26 +137,10 @@ class ReduceSlots {
     const auto blocks = static_cast<unsigned>(detail::multiprocessors(device) * kReduceBlocksPerMultiprocessor);
     const std::size_t partial_bytes = (static_cast<std::size_t>(blocks) * k::kMaxAccSize + 255) / 256 * 256;
     const std::size_t slot_bytes = partial_bytes + 256 + kTotalsBytes + 256;
-    detail::DeviceGuard guard(device);
-    unsigned char* memory = nullptr;
-    unsigned char* host = nullptr;
-    check(cudaMalloc(reinterpret_cast<void**>(&memory), slot_bytes * kSlots), "cudaMalloc (reduce slots)");
-    // Counters must read zero before any kernel counts in them: cudaMemset would queue on
-    // the legacy stream, which the group's non-blocking streams do not wait for (and
-    // other libraries' work may hold it back), so clear on a stream of our own and wait.
-    cudaStream_t stream = nullptr;
-    cudaError_t status = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
-    if (status == cudaSuccess) status = cudaMemsetAsync(memory, 0, slot_bytes * kSlots, stream);
-    if (status == cudaSuccess) status = cudaStreamSynchronize(stream);
-    if (stream) cudaStreamDestroy(stream);
-    if (status == cudaSuccess) {
-      status = cudaHostAlloc(reinterpret_cast<void**>(&host), (k::kMaxAccSize + kReadyBytes) * kSlots,
-                             cudaHostAllocPortable | cudaHostAllocMapped);
-    }
-    if (status != cudaSuccess) {
-      cudaFree(memory);
-      check(status, "preparing the reduce slots");
-    }
+    const detail::SlotMemory batch = detail::allocate_slot_memory(
+        device, slot_bytes * kSlots, (k::kMaxAccSize + kReadyBytes) * kSlots, "preparing the reduce slots");
+    unsigned char* memory = batch.device;
+    unsigned char* host = batch.host;
     for (std::size_t i = 0; i < kSlots; ++i) {
       unsigned char* base = memory + i * slot_bytes;
       Slot slot;
@@ -181,13 +158,13 @@ class ReduceSlots {
     }
   }
 
-  static std::mutex& mutex() {
+  static detail::SlotPool<Slot>& pool() {
+    static detail::SlotPool<Slot> slots;
+    return slots;
+  }
+  static std::mutex& atomics_mutex() {
     static std::mutex m;
     return m;
-  }
-  static std::map<std::pair<int, unsigned long long>, std::vector<Slot>>& pool() {
-    static std::map<std::pair<int, unsigned long long>, std::vector<Slot>> slots;
-    return slots;
   }
   static std::map<std::pair<int, int>, bool>& atomics() {
     static std::map<std::pair<int, int>, bool> known;

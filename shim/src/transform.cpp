@@ -311,6 +311,10 @@ void adjacent_difference(const std::vector<const KernelLibrary*>& difference,
     const auto diff_kernel = detail::KernelHandle::linked(difference[place]->kernel("csj_transform", device));
     const auto pass_kernel = detail::KernelHandle::linked(difference[place]->kernel("csj_adjacent", device));
     const auto first_kernel = detail::KernelHandle::linked(first[place]->kernel("csj_transform", device));
+    auto launch_over = [&](const detail::KernelHandle& kernel, TransformParams& params) {
+      const auto grid = static_cast<unsigned>((params.n + kTileElements - 1) / kTileElements);
+      detail::launch(kernel, grid, kernels::kTransformBlock, stream, params, "launching adjacent_difference");
+    };
     auto run = [&](const detail::KernelHandle& kernel, const void* a, const void* b, void* to,
                    long long count) {
       TransformParams params{};
@@ -318,8 +322,7 @@ void adjacent_difference(const std::vector<const KernelLibrary*>& difference,
       params.inputs[1] = b;
       params.out = to;
       params.n = count;
-      const auto grid = static_cast<unsigned>((count + kTileElements - 1) / kTileElements);
-      detail::launch(kernel, grid, kernels::kTransformBlock, stream, params, "launching adjacent_difference");
+      launch_over(kernel, params);
     };
     const auto out_element = out.itemsize();
     // the element whose neighbour lives in another shard: this shard's first (or, with
@@ -336,8 +339,7 @@ void adjacent_difference(const std::vector<const KernelLibrary*>& difference,
       params.n = n;
       params.neighbour = successor ? 1 : -1;
       params.copy_edge = copy_edge ? 1 : 0;
-      const auto grid = static_cast<unsigned>((n + kTileElements - 1) / kTileElements);
-      detail::launch(pass_kernel, grid, kernels::kTransformBlock, stream, params, "launching adjacent_difference");
+      launch_over(pass_kernel, params);
     }
     if (copy_edge) {
       // written by the pass
