@@ -273,7 +273,7 @@ _ENTRY_POINTS = {
     "transform": ["csj_transform"],
     "transform_indexed": ["csj_transform_indexed"],
     "reduce": ["csj_reduce", "csj_fold", "csj_segmented_reduce", "csj_segmented_fold"],
-    "scan": ["csj_reduce", "csj_fold", "csj_scan", "csj_scan_fused"],
+    "scan": ["csj_reduce", "csj_fold", "csj_scan"],
     "merge_sort": ["csj_merge_sort_block", "csj_merge_partition", "csj_merge", "csj_merge_search"],
     "select": ["csj_select_count", "csj_select_scatter", "csj_select_keep", "csj_select_single"],
     "by_key": ["csj_by_key_reduce", "csj_by_key_chunks", "csj_by_key_groups", "csj_by_key_carry", "csj_by_key_sweep_inclusive",

@@ -32,13 +32,12 @@ const void* builtin_transform_kernel(BuiltinKernel op, int dtype);
 // Same order as csj::BuiltinReduction.
 enum class BuiltinReduction { sum, min, max };
 
-// The reduce / fold / scan / one-launch scan __global__ functions of one built-in operator
-// and dtype (accumulator = input dtype).
+// The reduce / fold / scan __global__ functions of one built-in operator and
+// dtype (accumulator = input dtype).
 struct BuiltinReduceKernels {
   const void* reduce;
   const void* fold;
   const void* scan;
-  const void* fused_scan;
 };
 BuiltinReduceKernels builtin_reduce_kernels(BuiltinReduction op, int dtype);
 

@@ -184,18 +184,4 @@ struct ScanParams {
   alignas(8) unsigned char seed_value[kMaxAccSize];
 };
 
-// A one-place scan in one launch: both passes' parameters (same chunks). `reduce.counter`
-// hands out the chunks in launch order (the last block to draw resets it); each block folds
-// its chunk into reduce.partials[chunk], then marks flags[chunk] with the call's mark, the
-// value at `epoch` plus one (the last block to draw advances `epoch`, so no call clears the
-// flags), folds the partials before its chunk as the first pass's last block would, and
-// scans the chunk. counter, epoch, flags and partials persist per place (PlaceGroup's pass
-// state) and serve only work queued on that place's stream.
-struct FusedScanParams {
-  ReduceParams reduce;
-  ScanParams scan;
-  unsigned long long* epoch;
-  unsigned long long* flags;
-};
-
 }  // namespace csj::kernels

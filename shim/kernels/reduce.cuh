@@ -529,20 +529,14 @@ struct Scan {
 
   __device__ static void run(const ScanParams& p) {
     __shared__ TempStorage temp;
-    const Acc* prefixes = static_cast<const Acc*>(p.prefixes);
-    scan_chunk(p, temp, blockIdx.x, blockIdx.x > 0 ? prefixes[blockIdx.x] : Acc{});
-  }
-
-  // Scans chunk `chunk` of the shard seeded with the seed and `before` (everything before the
-  // chunk in the shard, in a fixed association; unused for chunk 0).
-  __device__ __forceinline__ static void scan_chunk(const ScanParams& p, TempStorage& temp, unsigned int chunk,
-                                                    const Acc& before) {
-    const long long block_begin = static_cast<long long>(chunk) * p.chunk;
+    const long long block_begin = static_cast<long long>(blockIdx.x) * p.chunk;
     const long long block_end = min(block_begin + p.chunk, p.n);
-    bool have = p.has_seed != 0 || chunk > 0;
+    // The block's seed: everything before its chunk, in a fixed association.
+    bool have = p.has_seed != 0 || blockIdx.x > 0;
     RunningPrefix<Op, Acc> prefix{};
     const Acc seed = p.seed ? *static_cast<const Acc*>(p.seed) : *reinterpret_cast<const Acc*>(p.seed_value);
-    if (chunk > 0) {
+    if (blockIdx.x > 0) {
+      const Acc before = static_cast<const Acc*>(p.prefixes)[blockIdx.x];
       prefix.running = p.has_seed ? Combiner()(seed, before) : before;
     } else if (p.has_seed) {
       prefix.running = seed;
@@ -585,86 +579,6 @@ struct Scan {
       }
       __syncthreads();
     }
-  }
-};
-
-// Both passes of a one-place scan in one launch (FusedScanParams): the same chunks, partials,
-// prefixes and scan as Reduction's first pass and Scan's second, so the results are those
-// of the two launches, in the same association. Chunks are drawn in launch order, so a block
-// waits only for chunks that blocks already running hold, and each chunk's prefix is folded
-// from the partials before it as fold_partials folds it: every thread folds its run of
-// partials (those before the chunk), the runs are scanned across the block, and the thread
-// whose run holds the chunk finishes its prefix. The scan re-reads the chunk the block has
-// just folded (from L2 where the shard fits there).
-template <class ReduceMap, class ScanMap, class Op, int ReduceInSize, int ScanInSize, int AccSize>
-struct FusedScan {
-  using First = Reduction<ReduceMap, Op, ReduceInSize, AccSize>;
-  using Second = Scan<ScanMap, Op, ScanInSize, AccSize>;
-  using Acc = typename First::Acc;
-  static_assert(kReduceBlock == kScanBlock, "one block size serves both passes");
-
-  union TempStorage {
-    typename First::TempStorage first;
-    typename Second::TempStorage second;
-  };
-
-  __device__ static void run(const FusedScanParams& p) {
-    __shared__ TempStorage temp;
-    __shared__ unsigned int drawn;
-    __shared__ unsigned long long drawn_mark;
-    __shared__ Acc prefix;
-    if (threadIdx.x == 0) {
-      const unsigned long long epoch = *static_cast<volatile unsigned long long*>(p.epoch);
-      __threadfence();  // the epoch is read before the draw: the last draw comes after every read
-      const unsigned int chunk = atomicAdd(p.reduce.counter, 1u);
-      if (chunk == gridDim.x - 1) {
-        __threadfence();
-        *p.reduce.counter = 0;
-        *static_cast<volatile unsigned long long*>(p.epoch) = epoch + 1;
-      }
-      drawn = chunk;
-      drawn_mark = epoch + 1;
-    }
-    __syncthreads();
-    const unsigned int chunk = drawn;
-    const unsigned long long mark = drawn_mark;
-    const long long block_begin = static_cast<long long>(chunk) * p.reduce.chunk;
-    const long long block_end = min(block_begin + p.reduce.chunk, p.reduce.n);
-    const Acc total = First::block_range(p.reduce, temp.first, block_begin, block_end);
-    Acc* partials = static_cast<Acc*>(p.reduce.partials);
-    if (threadIdx.x == 0) {
-      partials[chunk] = total;
-      __threadfence();
-      static_cast<volatile unsigned long long*>(p.flags)[chunk] = mark;
-    }
-    __syncthreads();  // block_range's last window is read: temp is free
-    if (chunk > 0) {
-      // fold_partials' runs over the whole grid; each thread folds the part of its run that
-      // comes before this chunk (the scan's result for a thread depends on earlier runs only)
-      const int blocks = gridDim.x;
-      const int per_thread = (blocks + kReduceBlock - 1) / kReduceBlock;
-      const int first = min(static_cast<int>(threadIdx.x) * per_thread, blocks);
-      const int last = min(first + per_thread, blocks);
-      const int upto = min(last, static_cast<int>(chunk));
-      volatile unsigned long long* flags = static_cast<volatile unsigned long long*>(p.flags);
-      for (int b = first; b < upto; ++b) {
-        while (flags[b] != mark) __nanosleep(32);
-      }
-      __threadfence();
-      Acc run{};
-      for (int b = first; b < upto; ++b) run = b == first ? load_cg(partials + b) : Combine<Op, Acc>()(run, load_cg(partials + b));
-      Acc before;  // the runs of the threads before this one (undefined in thread 0)
-      typename First::BlockScanT(temp.first.scan).ExclusiveScan(run, before, Combine<Op, Acc>());
-      if (first <= static_cast<int>(chunk) && static_cast<int>(chunk) < last) {  // this thread's run holds the chunk
-        Acc acc = threadIdx.x == 0 ? run : before;
-        if (threadIdx.x != 0) {
-          for (int b = first; b < static_cast<int>(chunk); ++b) acc = Combine<Op, Acc>()(acc, load_cg(partials + b));
-        }
-        prefix = acc;
-      }
-      __syncthreads();
-    }
-    Second::scan_chunk(p.scan, temp.second, chunk, prefix);
   }
 };
 

@@ -102,9 +102,4 @@ extern "C" __global__ void __launch_bounds__(kScanBlock)
     csj_scan(const __grid_constant__ ScanParams params) {
   Scan<LinkedMap, LinkedOp, CSJ_IN_SIZE, CSJ_ACC_SIZE>::run(params);
 }
-
-extern "C" __global__ void __launch_bounds__(kScanBlock)
-    csj_scan_fused(const __grid_constant__ FusedScanParams params) {
-  FusedScan<ReduceMap, LinkedMap, LinkedOp, kReduceInSize, CSJ_IN_SIZE, CSJ_ACC_SIZE>::run(params);
-}
 #endif

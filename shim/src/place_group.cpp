@@ -226,29 +226,11 @@ PlaceGroup::PlaceGroup(std::vector<int> devices, std::vector<int> domains)
     }
 
     streams_.reserve(devices_.size());
-    pass_states_.reserve(devices_.size());
     for (int device : devices_) {
       detail::DeviceGuard guard(device);
       cudaStream_t stream;
       check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
       streams_.push_back(reinterpret_cast<std::uintptr_t>(stream));
-      // Allocated and zeroed in the stream's order: every kernel queued there later sees zero.
-      // One chunk a block of 256 threads, a full wave: as many as the one-launch scan uses.
-      int multiprocessors = 0, threads = 0;
-      check(cudaDeviceGetAttribute(&multiprocessors, cudaDevAttrMultiProcessorCount, device), "cudaDeviceGetAttribute");
-      check(cudaDeviceGetAttribute(&threads, cudaDevAttrMaxThreadsPerMultiProcessor, device), "cudaDeviceGetAttribute");
-      const auto capacity = static_cast<unsigned int>(multiprocessors * std::max(threads / 256, 1));
-      const std::size_t flag_bytes = (std::size_t{capacity} * 8 + 15) / 16 * 16;
-      const std::size_t bytes = 16 + flag_bytes + std::size_t{capacity} * 32;
-      void* base = nullptr;
-      check(cudaMallocFromPoolAsync(&base, bytes, reinterpret_cast<cudaMemPool_t>(place_pools_[streams_.size() - 1]),
-                                    stream),
-            "cudaMallocFromPoolAsync (pass state)");
-      auto* bytes_at = static_cast<unsigned char*>(base);
-      pass_states_.push_back({reinterpret_cast<unsigned int*>(bytes_at), reinterpret_cast<unsigned long long*>(bytes_at + 8),
-                              reinterpret_cast<unsigned long long*>(bytes_at + 16), bytes_at + 16 + flag_bytes,
-                              capacity});
-      check(cudaMemsetAsync(base, 0, bytes, stream), "cudaMemsetAsync (pass state)");
     }
   } catch (...) {
     release_resources();
@@ -321,7 +303,6 @@ void PlaceGroup::release_resources() noexcept {
   for (std::size_t place = 0; place < streams_.size(); ++place) {
     if (!device_alive(devices_[place])) continue;
     cudaSetDevice(devices_[place]);
-    if (place < pass_states_.size()) cudaFreeAsync(pass_states_[place].counter, reinterpret_cast<cudaStream_t>(streams_[place]));
     cudaStreamDestroy(reinterpret_cast<cudaStream_t>(streams_[place]));
   }
   cudaSetDevice(previous);
@@ -329,7 +310,6 @@ void PlaceGroup::release_resources() noexcept {
     if (csj::alive(pinned_contexts_[k])) cudaFreeHost(pinned_chunks_[k]);
   }
   streams_.clear();
-  pass_states_.clear();
   pool_owners_.clear();  // the last group on a device destroys its pool
   device_pools_.clear();
   pinned_chunks_.clear();
@@ -472,11 +452,6 @@ void PlaceGroup::release_cached_memory() const {
 std::uintptr_t PlaceGroup::memory_pool(std::size_t place) const {
   device(place);  // range check
   return place_pools_[place];
-}
-
-PlaceGroup::PassState PlaceGroup::pass_state(std::size_t place) const {
-  device(place);  // range check
-  return pass_states_[place];
 }
 
 }  // namespace csj

@@ -30,7 +30,7 @@ using detail::KernelHandle;
 namespace k = kernels;
 
 struct KernelSet {
-  KernelHandle reduce, fold, scan, fused_scan;
+  KernelHandle reduce, fold, scan;
 };
 
 std::vector<KernelSet> linked_sets(const std::vector<const KernelLibrary*>& libraries,
@@ -43,10 +43,7 @@ std::vector<KernelSet> linked_sets(const std::vector<const KernelLibrary*>& libr
     KernelSet set;
     set.reduce = KernelHandle::linked(library->kernel("csj_reduce", device));
     set.fold = KernelHandle::linked(library->kernel("csj_fold", device));
-    if (with_scan) {
-      set.scan = KernelHandle::linked(library->kernel("csj_scan", device));
-      set.fused_scan = KernelHandle::linked(library->kernel("csj_scan_fused", device));
-    }
+    if (with_scan) set.scan = KernelHandle::linked(library->kernel("csj_scan", device));
     sets.push_back(set);
   }
   return sets;
@@ -56,7 +53,7 @@ std::vector<KernelSet> builtin_sets(BuiltinReduction op, DType dtype, std::size_
   const k::BuiltinReduceKernels kernels =
       k::builtin_reduce_kernels(static_cast<k::BuiltinReduction>(op), static_cast<int>(dtype));
   KernelSet set{KernelHandle::builtin(kernels.reduce), KernelHandle::builtin(kernels.fold),
-                KernelHandle::builtin(kernels.scan), KernelHandle::builtin(kernels.fused_scan)};
+                KernelHandle::builtin(kernels.scan)};
   return std::vector<KernelSet>(places, set);
 }
 
@@ -203,21 +200,15 @@ Chunking chunking(const KernelSet& kernels, bool with_scan, long long n, int dev
   // A reduction streams fastest with few, long block streams: on an H200 four blocks of
   // 256 per multiprocessor read 2^28 float32 ~1% faster than a full-occupancy wave.
   if (!with_scan) resident = std::min(resident, kReduceBlocksPerMultiprocessor);
-  if (with_scan) {  // the one-launch scan cuts the same chunks, in one wave of its own blocks
-    resident = std::min(resident, detail::blocks_per_multiprocessor(kernels.scan, k::kScanBlock));
-    if (kernels.fused_scan.function) {
-      resident = std::min(resident, detail::blocks_per_multiprocessor(kernels.fused_scan, k::kScanBlock));
-    }
-  }
+  if (with_scan) resident = std::min(resident, detail::blocks_per_multiprocessor(kernels.scan, k::kScanBlock));
   const long long blocks = static_cast<long long>(detail::multiprocessors(device)) * resident;
   long long chunk = (n + blocks - 1) / blocks;
   chunk = (chunk + granule - 1) / granule * granule;
   return {chunk, static_cast<unsigned>((n + chunk - 1) / chunk)};
 }
 
-// Per-place scratch of the first pass: per-block partials and prefixes, total, and the
-// place's pass counter (PlaceGroup::pass_state: the kernel's last block leaves it at zero,
-// so no call clears it). Owned: freed on its place's stream when dropped.
+// Per-place scratch of the first pass: per-block partials and prefixes, counter, total.
+// Owned: freed on its place's stream when dropped.
 struct PassScratch {
   detail::StreamScratch memory;
   void* partials = nullptr;
@@ -228,18 +219,18 @@ struct PassScratch {
   unsigned long long ticket = 0;
 };
 
-PassScratch allocate_pass(const PlaceGroup& group, std::size_t place, unsigned grid, int acc_size,
-                          bool with_prefixes) {
-  const cudaStream_t stream = stream_of(group, place);
-  const cudaMemPool_t pool = pool_of(group, place);
+PassScratch allocate_pass(unsigned grid, int acc_size, bool with_prefixes, cudaStream_t stream,
+                          cudaMemPool_t pool) {
   const std::size_t block_bytes = (static_cast<std::size_t>(grid) * acc_size + 15) / 16 * 16;
   PassScratch scratch;
-  scratch.memory = detail::StreamScratch(block_bytes * (with_prefixes ? 2 : 1) + 2 * k::kMaxAccSize, stream, pool);
+  scratch.memory = detail::StreamScratch(block_bytes * (with_prefixes ? 2 : 1) + 16 + 2 * k::kMaxAccSize, stream, pool);
   unsigned char* base = scratch.memory.bytes();
   scratch.partials = base;
   scratch.prefixes = with_prefixes ? base + block_bytes : nullptr;
-  scratch.result = base + block_bytes * (with_prefixes ? 2 : 1);
-  scratch.counter = group.pass_state(place).counter;
+  unsigned char* tail = base + block_bytes * (with_prefixes ? 2 : 1);
+  scratch.counter = reinterpret_cast<unsigned int*>(tail);
+  scratch.result = tail + 16;
+  check(cudaMemsetAsync(scratch.counter, 0, sizeof(unsigned int), stream), "cudaMemsetAsync");
   return scratch;
 }
 
@@ -253,10 +244,13 @@ PassScratch slot_pass(const ReduceSlots::Slot& slot) {
   return scratch;
 }
 
-// The first pass's parameters over one shard (reduce_shard's, without a cross-place combine).
-k::ReduceParams first_pass_params(const ShardedArray& in, std::size_t place, const Chunking& cut,
-                                  const PassScratch& scratch, const std::string& init,
-                                  const std::string& map_value) {
+// Queues the first pass over one shard: its total lands at scratch.result (and per-block
+// exclusive prefixes at scratch.prefixes when allocated).
+void reduce_shard(const KernelSet& kernels, const ShardedArray& in, std::size_t place,
+                  const Chunking& cut, const PassScratch& scratch, const std::string& init = {},
+                  const std::string& map_value = {}, const ReduceSlots::Slot* combine = nullptr,
+                  int place_index = 0, int place_count = 0) {
+  const PlaceGroup& group = *in.group();
   k::ReduceParams params{};
   params.in = reinterpret_cast<const void*>(in.shard_pointer(place));
   params.n = in.shard_size(place);
@@ -277,17 +271,6 @@ k::ReduceParams first_pass_params(const ShardedArray& in, std::size_t place, con
     const std::uintptr_t base = in.global_base(place);
     std::memcpy(params.map_value, &base, sizeof(base));
   }
-  return params;
-}
-
-// Queues the first pass over one shard: its total lands at scratch.result (and per-block
-// exclusive prefixes at scratch.prefixes when allocated).
-void reduce_shard(const KernelSet& kernels, const ShardedArray& in, std::size_t place,
-                  const Chunking& cut, const PassScratch& scratch, const std::string& init = {},
-                  const std::string& map_value = {}, const ReduceSlots::Slot* combine = nullptr,
-                  int place_index = 0, int place_count = 0) {
-  const PlaceGroup& group = *in.group();
-  k::ReduceParams params = first_pass_params(in, place, cut, scratch, init, map_value);
   if (combine) {
     params.place_totals = combine->totals;
     params.place_counter = combine->place_counter;
@@ -328,7 +311,7 @@ void first_pass(const std::vector<KernelSet>& sets, const ShardedArray& in,
     const cudaStream_t stream = stream_of(group, place);
     detail::DeviceGuard guard(device);
     cuts[k] = chunking(sets[place], with_prefixes, in.shard_size(place), device, in_size, acc_size);
-    scratch[k] = allocate_pass(group, place, cuts[k].grid, acc_size, with_prefixes);
+    scratch[k] = allocate_pass(cuts[k].grid, acc_size, with_prefixes, stream, pool_of(group, place));
     reduce_shard(sets[place], in, place, cuts[k], scratch[k], {}, map_value);
     if (count == 1) return;
     if (group.can_access_peer(home, device)) {
@@ -534,7 +517,7 @@ void reduce_into_impl(const std::vector<KernelSet>& sets, const ShardedArray& in
     detail::DeviceGuard guard(total_device);
     cuts[0] = chunking(sets[place], false, in.shard_size(place), total_device, static_cast<int>(in.itemsize()),
                        acc_size);
-    scratch[0] = allocate_pass(group, place, cuts[0].grid, acc_size, false);
+    scratch[0] = allocate_pass(cuts[0].grid, acc_size, false, total_stream, pool_of(group, place));
     scratch[0].result = reinterpret_cast<void*>(out.shard_pointer(place));  // the fold writes its copy there
     reduce_shard(sets[place], in, place, cuts[0], scratch[0], init, map_value);
     total = scratch[0].result;
@@ -567,39 +550,6 @@ void reduce_into_impl(const std::vector<KernelSet>& sets, const ShardedArray& in
   staging.free();
 }
 
-// A scan of one place's shard in one launch (FusedScanParams): no scratch to allocate, no
-// counter to clear, no second launch. The same chunks and association as the two passes,
-// so the same result. False (nothing queued) where the grid exceeds the place's pass state.
-bool fused_scan(const KernelSet& kernels, const ShardedArray& in, ShardedArray& out, std::size_t place,
-                int acc_size, const std::string& init, bool exclusive) {
-  if (!kernels.fused_scan.function) return false;
-  const PlaceGroup& group = *in.group();
-  const int device = group.device(place);
-  detail::DeviceGuard guard(device);
-  const Chunking cut = chunking(kernels, true, in.shard_size(place), device, static_cast<int>(in.itemsize()),
-                                acc_size);
-  const PlaceGroup::PassState state = group.pass_state(place);
-  if (cut.grid > state.capacity) return false;
-  PassScratch persistent;
-  persistent.partials = state.partials;
-  persistent.counter = state.counter;
-  k::FusedScanParams params{};
-  params.reduce = first_pass_params(in, place, cut, persistent, {}, {});
-  k::ScanParams& scan = params.scan;
-  if (!init.empty()) std::memcpy(scan.seed_value, init.data(), acc_size);
-  scan.in = reinterpret_cast<const void*>(in.shard_pointer(place));
-  scan.out = reinterpret_cast<void*>(out.shard_pointer(place));
-  scan.n = in.shard_size(place);
-  scan.index_base = in.index_base(place);
-  scan.chunk = cut.chunk;
-  scan.has_seed = init.empty() ? 0 : 1;
-  scan.exclusive = exclusive ? 1 : 0;
-  params.epoch = state.epoch;
-  params.flags = state.flags;
-  detail::launch(kernels.fused_scan, cut.grid, k::kScanBlock, stream_of(group, place), params, "launching scan");
-  return true;
-}
-
 void scan_impl(const std::vector<KernelSet>& sets, const ShardedArray& in, ShardedArray& out,
                int acc_size, const std::string& init, bool exclusive) {
   check_acc(acc_size, init);
@@ -613,7 +563,6 @@ void scan_impl(const std::vector<KernelSet>& sets, const ShardedArray& in, Shard
   const std::vector<std::size_t> places = non_empty_places(in);
   if (places.empty()) return;
   const PlaceGroup& group = *in.group();
-  if (places.size() == 1 && fused_scan(sets[places[0]], in, out, places[0], acc_size, init, exclusive)) return;
   const int home = group.device(0);
   const cudaStream_t home_stream = stream_of(group, 0);
 
@@ -797,7 +746,7 @@ void scan_carried_impl(const std::vector<KernelSet>& sets, const ShardedArray& i
     const cudaStream_t stream = stream_of(group, place);
     detail::DeviceGuard guard(device);
     cuts[k] = chunking(sets[place], true, in.shard_size(place), device, in_size, acc_size);
-    scratch[k] = allocate_pass(group, place, cuts[k].grid, acc_size, true);
+    scratch[k] = allocate_pass(cuts[k].grid, acc_size, true, stream, pool_of(group, place));
     reduce_shard(sets[place], in, place, cuts[k], scratch[k]);
     slots.push_back(std::make_unique<HostSlot>(group));
     check(cudaMemcpyAsync(slots[k]->get(), scratch[k].result, acc_size, cudaMemcpyDeviceToHost, stream),

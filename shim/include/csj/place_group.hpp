@@ -65,19 +65,6 @@ class PlaceGroup {
   // pools: the device's default pool, which CuPy and torch may use too, is left as the
   // driver made it.
   std::uintptr_t memory_pool(std::size_t place) const;
-  // Device memory of the place's that kernels leave ready for the next call, so no call
-  // clears it: the block counter of a kernel whose last block resets it (the reduce's first
-  // pass), and the one-launch scan's epoch, chunk flags and partials (`capacity` chunks of
-  // up to 32-byte accumulators; FusedScanParams). Only work queued on the place's stream may
-  // use it, so two users never overlap.
-  struct PassState {
-    unsigned int* counter;
-    unsigned long long* epoch;
-    unsigned long long* flags;
-    void* partials;
-    unsigned int capacity;
-  };
-  PassState pass_state(std::size_t place) const;
 
   // Whether the contexts the group was made in still exist: a device reset (by any library
   // in the process) destroys a device's context with the group's streams, pools and memory.
@@ -106,7 +93,6 @@ class PlaceGroup {
   std::vector<std::shared_ptr<void>> pool_owners_;  // keep the shared pools alive
   std::vector<std::uintptr_t> device_pools_;        // parallel to unique_devices_
   std::vector<std::uintptr_t> place_pools_;         // per place
-  std::vector<PassState> pass_states_;              // per place, from its pool, on its stream
   std::vector<std::vector<bool>> peer_;  // indexed by device id
   // per unique device: (CUcontext, its cuCtxGetId) at creation
   std::vector<std::pair<std::uintptr_t, unsigned long long>> contexts_;
