@@ -63,6 +63,34 @@ def test_a_replay_follows_the_work_queued_before_it(places):
 
 
 @gpu
+def test_scans_replay_bit_for_bit(places):
+    """A scan in a captured function (its first pass's counter lives with the place; on
+    several places the totals are folded between the passes), replayed with eager scans of
+    other sizes in between: every replay matches the eager calls bit for bit, and the result
+    follows numpy."""
+    n = 300_007
+    host = sample(np.float64, n, 7)
+    sizes = uneven(places, n)
+    state = [sharded.ShardedArray.from_numpy(places, host, sizes=sizes) for _ in range(2)]
+    outs = [sharded.ShardedArray.allocate(places, sizes, np.float64) for _ in range(2)]
+    other = sharded.ShardedArray.from_numpy(places, sample(np.float64, 5_003, 8))
+
+    def halve_the_running_sum(x, y):
+        sharded.inclusive_scan(x, lambda a, b: a + b, out=y)
+        sharded.transform(lambda a: a * 0.5, y, out=x)
+
+    step = sharded.capture(lambda: halve_the_running_sum(state[0], outs[0]))
+    expected = host
+    for _ in range(3):
+        step()
+        halve_the_running_sum(state[1], outs[1])
+        sharded.inclusive_scan(other, "sum")  # an eager scan of another size between replays
+        expected = np.cumsum(expected) * 0.5
+    assert state[0].to_numpy().tobytes() == state[1].to_numpy().tobytes()
+    np.testing.assert_allclose(state[0].to_numpy(), expected, rtol=1e-9, atol=1e-12 * np.abs(expected).max())
+
+
+@gpu
 def test_what_cannot_be_captured_is_refused(three_places):
     x, y, s = _state(three_places, 5)
     with pytest.raises(ValueError, match="a reduction to a host value waits on the host"):

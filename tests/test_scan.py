@@ -76,6 +76,50 @@ def test_non_commutative_scan(three_places):
     np.testing.assert_array_equal(right, host)
 
 
+def test_a_shard_scans_alike_alone_or_beside_another(one_place):
+    """A shard's scan depends on the shard alone, not on the group around it: alone on its
+    group and as the first of two places, float sums agree bit for bit (built-in and Python
+    operators, an exclusive scan with a seed), over enough elements that the first pass's
+    last block folds several partials per thread."""
+    two_places = sharded.PlaceGroup.by_devices([0, 0])
+    host = sample(np.float32, 2_400_011, seed=31)
+    alone = sharded.ShardedArray.from_numpy(one_place, host)
+    beside = sharded.ShardedArray.from_numpy(two_places, np.append(host, np.float32(1.0)), sizes=[host.size, 1])
+    running = np.cumsum(host.astype(np.float64))
+    for scan, args, expected in ((sharded.inclusive_scan, (lambda x, y: x + y,), running),
+                                 (sharded.inclusive_scan, ("sum",), running),
+                                 (sharded.exclusive_scan, (lambda x, y: x + y, 0.25),
+                                  0.25 + np.concatenate([[0.0], running[:-1]]))):
+        one = scan(alone, *args).to_numpy()
+        two = scan(beside, *args).to_numpy()[:host.size]
+        np.testing.assert_array_equal(one.view(np.uint32), two.view(np.uint32))
+        np.testing.assert_allclose(one, expected, rtol=1e-3, atol=1e-2)
+
+
+def test_one_place_scans_in_a_row(one_place):
+    """The first pass's block counter lives with the place and each kernel leaves it at zero:
+    calls of shifting sizes (so of shifting block counts) in a row, a non-commutative operator
+    among them, each against numpy; then the lone non-empty shard of a larger group."""
+    matrices = _matrices(700_001, seed=32)
+    stacked = sharded.ShardedArray.from_numpy(one_place, matrices)
+    for size in (2_000_003, 17, 1 << 20, 4097, 1_500_000, 1, 2_000_003):
+        host = sample(np.int64, size, seed=size % 1000)
+        array = sharded.ShardedArray.from_numpy(one_place, host)
+        np.testing.assert_array_equal(sharded.inclusive_scan(array, lambda x, y: x + y).to_numpy(), np.cumsum(host))
+        np.testing.assert_array_equal(sharded.exclusive_scan(array, "sum", 7).to_numpy(),
+                                      np.concatenate([[7], 7 + np.cumsum(host)[:-1]]))
+        if size == 4097:
+            running = _running(matrices.astype(object), _matmul_packed)  # Python ints: the words mod 2^64
+            expected = np.array([int(v) % (1 << 64) for v in running], dtype=np.uint64).view(np.int64)
+            np.testing.assert_array_equal(sharded.inclusive_scan(stacked, _matmul_packed).to_numpy(), expected)
+    # the lone non-empty shard of a larger group, here the second place's
+    two_places = sharded.PlaceGroup.by_devices([0, 0])
+    host = sample(np.int64, 1_000_001, seed=33)
+    last = sharded.ShardedArray.from_numpy(two_places, host, sizes=[0, host.size])
+    np.testing.assert_array_equal(sharded.exclusive_scan(last, lambda x, y: x + y, 3).to_numpy(),
+                                  np.concatenate([[3], 3 + np.cumsum(host)[:-1]]))
+
+
 def test_scan_deterministic_and_out_dtype(group):
     host = sample(np.float32, 3_000_017, seed=4)
     array = sharded.ShardedArray.from_numpy(group, host)

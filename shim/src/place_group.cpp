@@ -226,11 +226,19 @@ PlaceGroup::PlaceGroup(std::vector<int> devices, std::vector<int> domains)
     }
 
     streams_.reserve(devices_.size());
+    pass_counters_.reserve(devices_.size());
     for (int device : devices_) {
       detail::DeviceGuard guard(device);
       cudaStream_t stream;
       check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
       streams_.push_back(reinterpret_cast<std::uintptr_t>(stream));
+      // Allocated and zeroed in the stream's order: every kernel queued there later sees zero.
+      void* counter = nullptr;
+      check(cudaMallocFromPoolAsync(&counter, 16, reinterpret_cast<cudaMemPool_t>(place_pools_[streams_.size() - 1]),
+                                    stream),
+            "cudaMallocFromPoolAsync (pass counter)");
+      pass_counters_.push_back(counter);
+      check(cudaMemsetAsync(counter, 0, 16, stream), "cudaMemsetAsync (pass counter)");
     }
   } catch (...) {
     release_resources();
@@ -303,6 +311,7 @@ void PlaceGroup::release_resources() noexcept {
   for (std::size_t place = 0; place < streams_.size(); ++place) {
     if (!device_alive(devices_[place])) continue;
     cudaSetDevice(devices_[place]);
+    if (place < pass_counters_.size()) cudaFreeAsync(pass_counters_[place], reinterpret_cast<cudaStream_t>(streams_[place]));
     cudaStreamDestroy(reinterpret_cast<cudaStream_t>(streams_[place]));
   }
   cudaSetDevice(previous);
@@ -310,6 +319,7 @@ void PlaceGroup::release_resources() noexcept {
     if (csj::alive(pinned_contexts_[k])) cudaFreeHost(pinned_chunks_[k]);
   }
   streams_.clear();
+  pass_counters_.clear();
   pool_owners_.clear();  // the last group on a device destroys its pool
   device_pools_.clear();
   pinned_chunks_.clear();
@@ -452,6 +462,11 @@ void PlaceGroup::release_cached_memory() const {
 std::uintptr_t PlaceGroup::memory_pool(std::size_t place) const {
   device(place);  // range check
   return place_pools_[place];
+}
+
+unsigned int* PlaceGroup::pass_counter(std::size_t place) const {
+  device(place);  // range check
+  return static_cast<unsigned int*>(pass_counters_[place]);
 }
 
 }  // namespace csj

@@ -207,8 +207,9 @@ Chunking chunking(const KernelSet& kernels, bool with_scan, long long n, int dev
   return {chunk, static_cast<unsigned>((n + chunk - 1) / chunk)};
 }
 
-// Per-place scratch of the first pass: per-block partials and prefixes, counter, total.
-// Owned: freed on its place's stream when dropped.
+// Per-place scratch of the first pass: per-block partials and prefixes, total, and the
+// place's pass counter (PlaceGroup::pass_counter: the kernel's last block leaves it at zero,
+// so no call clears it). Owned: freed on its place's stream when dropped.
 struct PassScratch {
   detail::StreamScratch memory;
   void* partials = nullptr;
@@ -219,18 +220,18 @@ struct PassScratch {
   unsigned long long ticket = 0;
 };
 
-PassScratch allocate_pass(unsigned grid, int acc_size, bool with_prefixes, cudaStream_t stream,
-                          cudaMemPool_t pool) {
+PassScratch allocate_pass(const PlaceGroup& group, std::size_t place, unsigned grid, int acc_size,
+                          bool with_prefixes) {
+  const cudaStream_t stream = stream_of(group, place);
+  const cudaMemPool_t pool = pool_of(group, place);
   const std::size_t block_bytes = (static_cast<std::size_t>(grid) * acc_size + 15) / 16 * 16;
   PassScratch scratch;
-  scratch.memory = detail::StreamScratch(block_bytes * (with_prefixes ? 2 : 1) + 16 + 2 * k::kMaxAccSize, stream, pool);
+  scratch.memory = detail::StreamScratch(block_bytes * (with_prefixes ? 2 : 1) + 2 * k::kMaxAccSize, stream, pool);
   unsigned char* base = scratch.memory.bytes();
   scratch.partials = base;
   scratch.prefixes = with_prefixes ? base + block_bytes : nullptr;
-  unsigned char* tail = base + block_bytes * (with_prefixes ? 2 : 1);
-  scratch.counter = reinterpret_cast<unsigned int*>(tail);
-  scratch.result = tail + 16;
-  check(cudaMemsetAsync(scratch.counter, 0, sizeof(unsigned int), stream), "cudaMemsetAsync");
+  scratch.result = base + block_bytes * (with_prefixes ? 2 : 1);
+  scratch.counter = group.pass_counter(place);
   return scratch;
 }
 
@@ -311,7 +312,7 @@ void first_pass(const std::vector<KernelSet>& sets, const ShardedArray& in,
     const cudaStream_t stream = stream_of(group, place);
     detail::DeviceGuard guard(device);
     cuts[k] = chunking(sets[place], with_prefixes, in.shard_size(place), device, in_size, acc_size);
-    scratch[k] = allocate_pass(cuts[k].grid, acc_size, with_prefixes, stream, pool_of(group, place));
+    scratch[k] = allocate_pass(group, place, cuts[k].grid, acc_size, with_prefixes);
     reduce_shard(sets[place], in, place, cuts[k], scratch[k], {}, map_value);
     if (count == 1) return;
     if (group.can_access_peer(home, device)) {
@@ -517,7 +518,7 @@ void reduce_into_impl(const std::vector<KernelSet>& sets, const ShardedArray& in
     detail::DeviceGuard guard(total_device);
     cuts[0] = chunking(sets[place], false, in.shard_size(place), total_device, static_cast<int>(in.itemsize()),
                        acc_size);
-    scratch[0] = allocate_pass(cuts[0].grid, acc_size, false, total_stream, pool_of(group, place));
+    scratch[0] = allocate_pass(group, place, cuts[0].grid, acc_size, false);
     scratch[0].result = reinterpret_cast<void*>(out.shard_pointer(place));  // the fold writes its copy there
     reduce_shard(sets[place], in, place, cuts[0], scratch[0], init, map_value);
     total = scratch[0].result;
@@ -746,7 +747,7 @@ void scan_carried_impl(const std::vector<KernelSet>& sets, const ShardedArray& i
     const cudaStream_t stream = stream_of(group, place);
     detail::DeviceGuard guard(device);
     cuts[k] = chunking(sets[place], true, in.shard_size(place), device, in_size, acc_size);
-    scratch[k] = allocate_pass(cuts[k].grid, acc_size, true, stream, pool_of(group, place));
+    scratch[k] = allocate_pass(group, place, cuts[k].grid, acc_size, true);
     reduce_shard(sets[place], in, place, cuts[k], scratch[k]);
     slots.push_back(std::make_unique<HostSlot>(group));
     check(cudaMemcpyAsync(slots[k]->get(), scratch[k].result, acc_size, cudaMemcpyDeviceToHost, stream),

@@ -65,6 +65,11 @@ class PlaceGroup {
   // pools: the device's default pool, which CuPy and torch may use too, is left as the
   // driver made it.
   std::uintptr_t memory_pool(std::size_t place) const;
+  // A device word of the place's that reads zero between kernels: the block counter of a
+  // kernel whose last block resets it (the reduce's first pass, which scans also run), so no
+  // call clears one. Only work queued on the place's stream may use it: two users never
+  // overlap.
+  unsigned int* pass_counter(std::size_t place) const;
 
   // Whether the contexts the group was made in still exist: a device reset (by any library
   // in the process) destroys a device's context with the group's streams, pools and memory.
@@ -93,6 +98,7 @@ class PlaceGroup {
   std::vector<std::shared_ptr<void>> pool_owners_;  // keep the shared pools alive
   std::vector<std::uintptr_t> device_pools_;        // parallel to unique_devices_
   std::vector<std::uintptr_t> place_pools_;         // per place
+  std::vector<void*> pass_counters_;                // per place, from its pool, on its stream
   std::vector<std::vector<bool>> peer_;  // indexed by device id
   // per unique device: (CUcontext, its cuCtxGetId) at creation
   std::vector<std::pair<std::uintptr_t, unsigned long long>> contexts_;
