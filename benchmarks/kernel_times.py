@@ -46,11 +46,11 @@ def main() -> None:
         cases = [case for case in cases if case.algorithm in arguments.only.split(",")]
     options = sweep.Options([], [np.dtype(np.float32)], [1], [0], sweep.PEERS)
     groups = {}
-    calls = []  # (label, impl)
     for log2 in (int(s) for s in arguments.sizes.split(",")):
         size = 1 << log2
         ours = sweep.ours_setup(cp, sharded, options, np.dtype(np.float32), size, [0], groups)
         peers = sweep.peer_setup(cp, options, np.dtype(np.float32), size)
+        calls = []  # (label, impl, data) of this size
         for case in cases:
             for name, maker in list(case.ours.items()) + list(case.peers.items()):
                 if name not in ("ours",) + sweep.PEERS:
@@ -63,12 +63,12 @@ def main() -> None:
                     continue
                 if impl is not None:
                     calls.append((f"{case.algorithm}|{name}|2^{log2}", impl, data))
-        for label, impl, data in [c for c in calls if c[0].endswith(f"2^{log2}")]:
+        for label, impl, data in calls:
             for _ in range(3):
                 impl.run()
             data.settle()
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as trace:
-            for label, impl, data in [c for c in calls if c[0].endswith(f"2^{log2}")]:
+            for label, impl, data in calls:
                 for repeat in range(arguments.repeats):
                     data.settle()
                     with record_function(f"{label}#{repeat}"):
