@@ -7,7 +7,8 @@ figure moves by several µs between runs on a shared machine, too much to compar
 Each directory holds an installed cuda_sharded_jit (pip install --target DIR wheel); every
 round runs one process per directory, pinned to one core where taskset exists, and prints
 the median and best of 7 batches per call, and the shim's part of a transform and a reduce
-alone (their Python side done once beforehand). Needs a GPU.
+alone (their Python side done once beforehand; for the transform also its plan's launch,
+which a repeated call makes). Needs a GPU.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ CALLS = {  # name -> (statement, calls per batch)
     "sum(a) -> host": ("sharded.sum(a)", 5000),
     # the shim's part alone: the same calls with the Python side done once beforehand
     "_shim.transform (prepared)": ("_shim.transform(libraries, impls, c_impl, packed, indexed)", 20000),
+    "plan.launch (a transform's plan)": ("plan.launch(arguments, c)", 20000),
     "_shim.reduce (prepared) -> host": ("_shim.reduce(reduce_libraries, a_impl, 4, b'')", 5000),
 }
 
@@ -47,11 +49,16 @@ def measure() -> str:
     float32 = np.dtype(np.float32)
     _, reduce_libraries = compiler.kernel_libraries(namespace["add"], "reduce", (("array", float32),), float32,
                                                     group.archs)
+    sharded.transform(namespace["add"], namespace["a"], namespace["b"], out=namespace["c"])
+    plan = getattr(namespace["add"], "_transform_plan", None)  # builds from before plans: none
+    namespace.update(plan=plan[-1] if plan else None, arguments=(namespace["a"], namespace["b"]))
     namespace.update(_shim=_shim, libraries=libraries, packed=packed, indexed=indexed,
                      reduce_libraries=reduce_libraries, impls=[namespace["a"]._impl, namespace["b"]._impl],
                      a_impl=namespace["a"]._impl, c_impl=namespace["c"]._impl)
     rows = []
     for label, (statement, count) in CALLS.items():
+        if "plan" in statement and namespace["plan"] is None:
+            continue
         call = eval(f"lambda: {statement}", namespace)  # noqa: S307 - our own statements
         for _ in range(count // 10):
             call()

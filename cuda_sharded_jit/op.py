@@ -375,7 +375,7 @@ class Op:
     """
 
     __slots__ = ("func", "name", "_has_dynamic", "_nparams", "_static_for", "_last_libraries",
-                 "_code_memo", "__weakref__")
+                 "_code_memo", "_transform_plan", "__weakref__")
 
     def __init__(self, func):
         if isinstance(func, Op):
@@ -413,6 +413,9 @@ class Op:
         # call's identity before use, so one of another operator of the same code is safe)
         memo = self._code_memo = facts[3]
         self._last_libraries = memo[0]
+        # algorithms/transform.py's plan of this operator's last transform with `out` (checked
+        # against the call's identity and arguments before use)
+        self._transform_plan = None
 
     def __call__(self, *args):
         return self.func(*args)

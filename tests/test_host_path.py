@@ -18,7 +18,7 @@ from cuda_sharded_jit._layout import layout_of
 from cuda_sharded_jit.algorithms import transform as transform_module
 from cuda_sharded_jit.op import Op, as_op
 
-from conftest import ALL_DTYPES
+from conftest import ALL_DTYPES, uneven
 from test_errors import stand_in_array, stand_in_group
 
 FLOATS = [0.0, -0.0, 1.5, 1 / 3, 5e-324, 3.4028235e38, 3.4028236e38, 1e300, -1e300,
@@ -226,3 +226,173 @@ def test_reduce_reads_a_nan_result_bit_for_bit(one_place):
     host = np.array([nan], np.float32)
     result = sharded.reduce(sharded.ShardedArray.from_numpy(one_place, host), lambda x, y: x + y)
     assert result.tobytes() == host.tobytes()
+
+
+# ---- transform plans: a repeated call launches from the operator's plan ---------------------
+
+@pytest.fixture
+def prepares(monkeypatch):
+    """How many transform calls took the full path (prepare) rather than a plan."""
+    calls = []
+    full = transform_module.prepare
+
+    def counted(*args, **kwargs):
+        calls.append(args[0])
+        return full(*args, **kwargs)
+
+    monkeypatch.setattr(transform_module, "prepare", counted)
+    return calls
+
+
+def _error_of(call):
+    """(type, text) of what `call` raises."""
+    with pytest.raises(Exception) as raised:
+        call()
+    return type(raised.value), str(raised.value)
+
+
+@pytest.mark.gpu
+def test_planned_transforms_give_what_numpy_gives(places, prepares):
+    sizes = uneven(places, 5003)
+    x_host = (np.arange(5003) % 97 - 48).astype(np.float32)  # products and sums stay exact
+    y_host = (np.arange(5003) % 89).astype(np.float32)
+    x = sharded.ShardedArray.from_numpy(places, x_host, sizes=sizes)
+    y = sharded.ShardedArray.from_numpy(places, y_host, sizes=sizes)
+    out = sharded.ShardedArray.allocate(places, sizes, np.float32)
+    axpy = sharded.op(lambda x, y, a: a * x + y)
+    for a in (2.0, -0.5, 3.25, 1e3):  # new values, one plan
+        sharded.transform(axpy, x, y, a, out=out)
+        np.testing.assert_array_equal(out.to_numpy(), (np.float64(a) * x_host + y_host).astype(np.float32))
+    assert len(prepares) == 1
+    for a in (np.float32(1.5), np.float32(-7.0)):  # a NumPy float32: another slot type, a new plan
+        sharded.transform(axpy, x, y, a, out=out)
+        np.testing.assert_array_equal(out.to_numpy(), a * x_host + y_host)
+    assert len(prepares) == 2
+    for a in (3, -2**40):  # a Python int travels as int64
+        sharded.transform(axpy, x, y, a, out=out)
+        np.testing.assert_array_equal(out.to_numpy(), (np.int64(a) * x_host + y_host).astype(np.float32))
+    assert len(prepares) == 3
+    sharded.transform(axpy, x, y, 0.5, out=out)  # a float again: the plan was the int's
+    sharded.transform(axpy, x, y, 2.0, out=y)  # out aliasing an input, from the plan
+    np.testing.assert_array_equal(y.to_numpy(), (2 * x_host + y_host).astype(np.float32))
+    assert len(prepares) == 4
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ALL_DTYPES)
+def test_planned_transforms_pack_every_scalar_type(three_places, prepares, dtype):
+    dtype = np.dtype(dtype)
+    host = (np.arange(301) % 5).astype(dtype)
+    x = sharded.ShardedArray.from_numpy(three_places, host)
+    out = sharded.ShardedArray.allocate(three_places, 301, dtype)
+    plus = sharded.op(lambda x, s: x + s)
+    info = np.iinfo(dtype) if dtype.kind in "iu" else None
+    values = [dtype.type(2), dtype.type(info.max - 4) if info else dtype.type(0.75)]
+    for value in values + values[::-1]:
+        sharded.transform(plus, x, value, out=out)
+        np.testing.assert_array_equal(out.to_numpy(), (host + value).astype(dtype), err_msg=str(value))
+    assert len(prepares) == 1
+
+
+@pytest.mark.gpu
+def test_planned_transforms_raise_what_the_full_path_raises(three_places):
+    x = sharded.ShardedArray.from_numpy(three_places, np.arange(10, dtype=np.float32))
+    out = sharded.ShardedArray.allocate(three_places, 10, np.float32)
+    other_group = sharded.ShardedArray.from_numpy(sharded.PlaceGroup.by_devices([0, 0, 0]),
+                                                  np.arange(10, dtype=np.float32))
+    other_sizes = sharded.ShardedArray.from_numpy(three_places, np.arange(10, dtype=np.float32), sizes=[10, 0, 0])
+    freed = sharded.ShardedArray.from_numpy(three_places, np.arange(10, dtype=np.float32))
+    freed.free()
+    calls = [
+        lambda op: sharded.transform(op, x, other_group, 1, out=out),
+        lambda op: sharded.transform(op, x, other_sizes, 1, out=out),
+        lambda op: sharded.transform(op, x, x, 2**63, out=out),  # does not fit int64
+        lambda op: sharded.transform(op, x, x, True, out=out),
+        lambda op: sharded.transform(op, x, x, "1", out=out),
+        lambda op: sharded.transform(op, x, x, out=out),
+        lambda op: sharded.transform(op, x, freed, 1, out=out),
+        lambda op: sharded.transform(op, x, x, 1, out=other_sizes),
+        lambda op: sharded.transform(op, x, x, 1, out=np.zeros(10, np.float32)),
+    ]
+
+    def fresh():
+        return sharded.op(lambda a, b, s: a + b * s)
+
+    planned = fresh()
+    sharded.transform(planned, x, x, 1, out=out)  # plans (array, array, int) into float32 out
+    assert planned._transform_plan is not None
+    for call in calls:
+        expected = _error_of(lambda: call(fresh()))
+        assert _error_of(lambda: call(planned)) == expected
+    sharded.transform(planned, x, x, 3, out=out)  # and the plan still serves
+    np.testing.assert_array_equal(out.to_numpy(), np.arange(10, dtype=np.float32) * 4)
+
+
+SCALE = 2.0
+
+
+@pytest.mark.gpu
+def test_a_plan_follows_the_operators_globals_closure_and_the_cache(one_place, prepares):
+    global SCALE
+    host = np.arange(100, dtype=np.float32)
+    x = sharded.ShardedArray.from_numpy(one_place, host)
+    out = sharded.ShardedArray.allocate(one_place, 100, np.float32)
+    scaled = sharded.op(lambda v: SCALE * v)
+    try:
+        for factor in (2.0, 3.0, 2.0):
+            SCALE = factor  # read when the kernel compiles: the identity changes with it
+            sharded.transform(scaled, x, out=out)
+            np.testing.assert_array_equal(out.to_numpy(), host * np.float32(factor))
+    finally:
+        SCALE = 2.0
+
+    by = 1.0
+    shift = sharded.op(lambda v: v + by)  # a closure: its cell is read at every call
+    sharded.transform(shift, x, out=out)
+    np.testing.assert_array_equal(out.to_numpy(), host + 1)
+    by = 5.0
+    sharded.transform(shift, x, out=out)
+    np.testing.assert_array_equal(out.to_numpy(), host + 5)
+    before = len(prepares)
+    sharded.clear_cache(memory=True, disk=False)  # a plan from before the clear is not used
+    sharded.transform(shift, x, out=out)
+    np.testing.assert_array_equal(out.to_numpy(), host + 5)
+    assert len(prepares) == before + 1
+
+
+@pytest.mark.gpu
+def test_plans_of_records_and_the_index(three_places, prepares):
+    host = np.zeros(1000, POINT)
+    host["x"], host["y"] = np.arange(1000), -np.arange(1000)
+    points = sharded.ShardedArray.from_numpy(three_places, host)
+    norms = sharded.ShardedArray.allocate(three_places, 1000, np.float32)
+    swapped = sharded.ShardedArray.allocate(three_places, 1000, POINT)
+    indexed = sharded.op(lambda p, o, i: p.x * 2 + p.y + i + o)
+    swap = sharded.op(lambda p: (p.y, p.x))
+    for offset in (0.0, 1.0, 2.0):
+        sharded.transform(indexed, points, offset, out=norms, with_index=True)
+        np.testing.assert_array_equal(norms.to_numpy(), host["x"] * 2 + host["y"] + np.arange(1000) + offset)
+        sharded.transform(swap, points, out=swapped)
+        result = swapped.to_numpy()
+        np.testing.assert_array_equal(result["x"], host["y"])
+        np.testing.assert_array_equal(result["y"], host["x"])
+    assert len(prepares) == 2
+    with pytest.raises(TypeError, match=r"takes 3 arguments, but transform passes 2"):
+        sharded.transform(indexed, points, 0.0, out=norms)  # the plan's call passed the index
+
+
+@pytest.mark.gpu
+def test_a_plan_keeps_no_group_alive():
+    import gc
+    import weakref
+
+    group = sharded.PlaceGroup.by_devices([0, 0])
+    x = sharded.ShardedArray.from_numpy(group, np.arange(64, dtype=np.float32))
+    doubled = sharded.op(lambda v: v * 2)
+    sharded.transform(doubled, x, out=x)
+    np.testing.assert_array_equal(x.to_numpy(), np.arange(64, dtype=np.float32) * 2)
+    assert doubled._transform_plan is not None
+    held = weakref.ref(group)
+    del group, x
+    gc.collect()
+    assert held() is None

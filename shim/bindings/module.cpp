@@ -24,6 +24,7 @@
 #include "csj/sort_compare.hpp"
 #include "csj/transform.hpp"
 #include "dlpack.hpp"
+#include "transform_plan.hpp"
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -486,4 +487,5 @@ NB_MODULE(_shim, m) {
       "op"_a, "inputs"_a, "out"_a, "scalars"_a);
 
   csj::bindings::bind_dlpack(m);
+  csj::bindings::bind_transform_plan(m);
 }

@@ -236,10 +236,32 @@ void check_conformable(const ArrayList& inputs, const ShardedArray& out, bool al
   }
 }
 
+TransformKernels transform_kernels(const std::vector<const KernelLibrary*>& libraries,
+                                   const PlaceGroup& group, bool indexed) {
+  detail::check_libraries(libraries, group.size());
+  TransformKernels resolved{{}, indexed};
+  resolved.kernels.reserve(libraries.size());
+  for (std::size_t place = 0; place < libraries.size(); ++place) {
+    resolved.kernels.push_back(
+        libraries[place]->kernel(indexed ? "csj_transform_indexed" : "csj_transform", group.device(place)));
+  }
+  return resolved;
+}
+
 void transform(const std::vector<const KernelLibrary*>& libraries, const ArrayList& inputs,
                ShardedArray& out, const std::string& scalars, bool indexed, const std::vector<int>& device_slots,
                const ArrayList& device_values) {
-  detail::check_libraries(libraries, out.group()->size());
+  transform(transform_kernels(libraries, *out.group(), indexed), inputs, out, scalars, device_slots,
+            device_values);
+}
+
+void transform(const TransformKernels& resolved, const ArrayList& inputs, ShardedArray& out,
+               const std::string& scalars, const std::vector<int>& device_slots, const ArrayList& device_values) {
+  if (resolved.kernels.size() != out.group()->size()) {
+    throw std::invalid_argument("kernels: resolved for " + std::to_string(resolved.kernels.size()) +
+                                " places, out's group has " + std::to_string(out.group()->size()));
+  }
+  const bool indexed = resolved.indexed;
   if (!indexed) {  // the vectorised modules move 4- and 8-byte words
     for (std::size_t k = 0; k < inputs.size(); ++k) {
       if (inputs[k] && inputs[k]->is_record()) {
@@ -247,11 +269,6 @@ void transform(const std::vector<const KernelLibrary*>& libraries, const ArrayLi
       }
     }
     if (out.is_record()) throw std::invalid_argument("out: records need an indexed transform");
-  }
-  std::vector<detail::KernelHandle> kernels;
-  for (std::size_t place = 0; place < libraries.size(); ++place) {
-    kernels.push_back(detail::KernelHandle::linked(libraries[place]->kernel(
-        indexed ? "csj_transform_indexed" : "csj_transform", out.group()->device(place))));
   }
   for_each_place(inputs, out, scalars,
                  [&](TransformParams& params, unsigned grid, std::size_t place, std::uintptr_t stream) {
@@ -261,8 +278,8 @@ void transform(const std::vector<const KernelLibrary*>& libraries, const ArrayLi
                      }
                      params.out = reinterpret_cast<void*>(out.global_base(place));
                    }
-                   detail::launch(kernels[place], grid, kernels::kTransformBlock,
-                                  reinterpret_cast<cudaStream_t>(stream), params,
+                   detail::launch(detail::KernelHandle::linked(resolved.kernels[place]), grid,
+                                  kernels::kTransformBlock, reinterpret_cast<cudaStream_t>(stream), params,
                                   "launching transform");
                  },
                  false, DeviceScalars{device_slots, device_values});

@@ -61,6 +61,20 @@ void transform(const std::vector<const KernelLibrary*>& libraries, const ArrayLi
 void transform_builtin(BuiltinOp op, const ArrayList& inputs, ShardedArray& out,
                        const std::string& scalars);
 
+// A transform's kernel resolved for each place of a group once, so that a call repeating the
+// operator and types (the Python package's transform plans) launches without looking it up.
+// The kernels belong to the libraries they were resolved from, which must outlive them.
+struct TransformKernels {
+  std::vector<void*> kernels;  // the CUkernel of each place
+  bool indexed = false;        // csj_transform_indexed, else csj_transform
+};
+TransformKernels transform_kernels(const std::vector<const KernelLibrary*>& libraries,
+                                   const PlaceGroup& group, bool indexed);
+// transform() with its kernels resolved for out's group.
+void transform(const TransformKernels& resolved, const ArrayList& inputs, ShardedArray& out,
+               const std::string& scalars, const std::vector<int>& device_slots = {},
+               const ArrayList& device_values = {});
+
 // out[0] = first(in[0]); out[i] = difference(in[i], in[i-1]) across shard boundaries (shard i
 // reads the last element of the previous non-empty shard). `first` and `difference` are
 // linked unary and binary transforms, one library per place. `out` must not alias `in`.
