@@ -3,7 +3,9 @@ suite (benchmarks/run.py --only host) and each step of their hot path, with the 
 stubbed (allocation, launches and KernelLibrary do nothing; a reduction returns a fixed
 value; the kernel cache is filled without compiling). What it leaves out is the shim's own
 part (nanobind's argument conversion, the C++ checks, the launches, a reduction's wait and
-read-back), which only a GPU run (benchmarks/host_time_ab.py) sees.
+read-back), which only a GPU run (benchmarks/host_time_ab.py) sees. The transforms here take the
+full path every time: a plan (algorithms/transform.py) is made only for the shim's own group and
+kernels, and a planned call is C++ from its argument checks on, so host_time_ab times it.
 
     PYTHONPATH=<tree> python benchmarks/host_python.py [--places 1 4] [--calls 20000]
 
