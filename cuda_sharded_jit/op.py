@@ -375,7 +375,7 @@ class Op:
     """
 
     __slots__ = ("func", "name", "_has_dynamic", "_nparams", "_static_for", "_last_libraries",
-                 "_code_memo", "_transform_plan", "__weakref__")
+                 "_code_memo", "_transform_plan", "_reduce_plan", "__weakref__")
 
     def __init__(self, func):
         if isinstance(func, Op):
@@ -416,6 +416,8 @@ class Op:
         # algorithms/transform.py's plan of this operator's last transform with `out` (checked
         # against the call's identity and arguments before use)
         self._transform_plan = None
+        # algorithms/reduce.py's plan of its last reduce to a host value, checked the same way
+        self._reduce_plan = None
 
     def __call__(self, *args):
         return self.func(*args)
@@ -511,6 +513,15 @@ def op(func=None):
 # keeps that function (its defaults, attributes and globals) alive until another replaces
 # it. One tuple, read and written whole.
 _last_plain: tuple = (None, None, None, None)
+
+
+def identity_or_none(op: Op):
+    """op.identity(), or None where it raises: a plan's check (algorithms/transform.py) then
+    leaves the error to the full path, which raises it in its own order."""
+    try:
+        return op.identity()
+    except TypeError:
+        return None
 
 
 def as_op(func, argument: str = "op") -> Op:

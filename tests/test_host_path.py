@@ -229,19 +229,26 @@ def test_reduce_reads_a_nan_result_bit_for_bit(one_place):
 
 
 # ---- transform plans: a repeated call launches from the operator's plan ---------------------
+# A plan is made at the second full-path call in a row with the same kinds, and serves from the
+# third on: the `prepares` fixture counts the full-path calls.
+
+def _count_calls(monkeypatch, module, name: str, argument: int) -> list:
+    """A list that gets the `argument`-th argument of every call of `module.name`."""
+    calls = []
+    full = getattr(module, name)
+
+    def counted(*args, **kwargs):
+        calls.append(args[argument])
+        return full(*args, **kwargs)
+
+    monkeypatch.setattr(module, name, counted)
+    return calls
+
 
 @pytest.fixture
 def prepares(monkeypatch):
     """How many transform calls took the full path (prepare) rather than a plan."""
-    calls = []
-    full = transform_module.prepare
-
-    def counted(*args, **kwargs):
-        calls.append(args[0])
-        return full(*args, **kwargs)
-
-    monkeypatch.setattr(transform_module, "prepare", counted)
-    return calls
+    return _count_calls(monkeypatch, transform_module, "prepare", 0)
 
 
 def _error_of(call):
@@ -260,22 +267,21 @@ def test_planned_transforms_give_what_numpy_gives(places, prepares):
     y = sharded.ShardedArray.from_numpy(places, y_host, sizes=sizes)
     out = sharded.ShardedArray.allocate(places, sizes, np.float32)
     axpy = sharded.op(lambda x, y, a: a * x + y)
-    for a in (2.0, -0.5, 3.25, 1e3):  # new values, one plan
-        sharded.transform(axpy, x, y, a, out=out)
-        np.testing.assert_array_equal(out.to_numpy(), (np.float64(a) * x_host + y_host).astype(np.float32))
-    assert len(prepares) == 1
-    for a in (np.float32(1.5), np.float32(-7.0)):  # a NumPy float32: another slot type, a new plan
-        sharded.transform(axpy, x, y, a, out=out)
-        np.testing.assert_array_equal(out.to_numpy(), a * x_host + y_host)
-    assert len(prepares) == 2
-    for a in (3, -2**40):  # a Python int travels as int64
-        sharded.transform(axpy, x, y, a, out=out)
-        np.testing.assert_array_equal(out.to_numpy(), (np.int64(a) * x_host + y_host).astype(np.float32))
-    assert len(prepares) == 3
-    sharded.transform(axpy, x, y, 0.5, out=out)  # a float again: the plan was the int's
-    sharded.transform(axpy, x, y, 2.0, out=y)  # out aliasing an input, from the plan
+
+    def check(values, expected, full_calls):
+        for a in values:
+            sharded.transform(axpy, x, y, a, out=out)
+            np.testing.assert_array_equal(out.to_numpy(), expected(a), err_msg=repr(a))
+        assert len(prepares) == full_calls
+
+    check((2.0, -0.5, 3.25, 1e3, 0.5), lambda a: (np.float64(a) * x_host + y_host).astype(np.float32), 2)
+    # a NumPy float32 is another slot type: a new plan, from the second call on
+    check((np.float32(1.5), np.float32(-7.0), np.float32(0.25)), lambda a: a * x_host + y_host, 4)
+    check((3, -2**40, 17), lambda a: (np.int64(a) * x_host + y_host).astype(np.float32), 6)
+    check((0.5, 0.25), lambda a: (np.float64(a) * x_host + y_host).astype(np.float32), 8)
+    sharded.transform(axpy, x, y, 2.0, out=y)  # out aliasing an input, from the float plan
     np.testing.assert_array_equal(y.to_numpy(), (2 * x_host + y_host).astype(np.float32))
-    assert len(prepares) == 4
+    assert len(prepares) == 8
 
 
 @pytest.mark.gpu
@@ -287,15 +293,39 @@ def test_planned_transforms_pack_every_scalar_type(three_places, prepares, dtype
     out = sharded.ShardedArray.allocate(three_places, 301, dtype)
     plus = sharded.op(lambda x, s: x + s)
     info = np.iinfo(dtype) if dtype.kind in "iu" else None
-    values = [dtype.type(2), dtype.type(info.max - 4) if info else dtype.type(0.75)]
+    values = [dtype.type(2), dtype.type(info.max - 4) if info else dtype.type(0.75), dtype.type(1)]
     for value in values + values[::-1]:
         sharded.transform(plus, x, value, out=out)
         np.testing.assert_array_equal(out.to_numpy(), (host + value).astype(dtype), err_msg=str(value))
-    assert len(prepares) == 1
+    assert len(prepares) == 2
+
+
+class _Float32Telling42(np.float32):
+    """A NumPy float32 subclass whose __float__ lies: its value is what numpy packs."""
+
+    def __float__(self):
+        return 42.0
 
 
 @pytest.mark.gpu
-def test_planned_transforms_raise_what_the_full_path_raises(three_places):
+def test_plans_take_exact_types_only(three_places, prepares):
+    host = np.arange(30, dtype=np.float32)
+    x = sharded.ShardedArray.from_numpy(three_places, host)
+    out = sharded.ShardedArray.allocate(three_places, 30, np.float32)
+    plus = sharded.op(lambda x, s: x + s)
+    for _ in range(3):
+        sharded.transform(plus, x, _Float32Telling42(1.5), out=out)
+        np.testing.assert_array_equal(out.to_numpy(), host + np.float32(1.5))
+    assert len(prepares) == 3 and plus._transform_plan is None
+    indexed = sharded.op(lambda v, i: v + i)
+    for flag in (np.True_, np.True_, np.True_):  # a true value, not True: the full path each time
+        sharded.transform(indexed, x, out=out, with_index=flag)
+        np.testing.assert_array_equal(out.to_numpy(), host + np.arange(30))
+    assert len(prepares) == 6
+
+
+@pytest.mark.gpu
+def test_planned_transforms_raise_what_the_full_path_raises(three_places, prepares):
     x = sharded.ShardedArray.from_numpy(three_places, np.arange(10, dtype=np.float32))
     out = sharded.ShardedArray.allocate(three_places, 10, np.float32)
     other_group = sharded.ShardedArray.from_numpy(sharded.PlaceGroup.by_devices([0, 0, 0]),
@@ -311,21 +341,26 @@ def test_planned_transforms_raise_what_the_full_path_raises(three_places):
         lambda op: sharded.transform(op, x, x, "1", out=out),
         lambda op: sharded.transform(op, x, x, out=out),
         lambda op: sharded.transform(op, x, freed, 1, out=out),
+        lambda op: sharded.transform(op, x, x, 1, out=freed),
         lambda op: sharded.transform(op, x, x, 1, out=other_sizes),
         lambda op: sharded.transform(op, x, x, 1, out=np.zeros(10, np.float32)),
+        lambda op: sharded.transform(op, x, x, 1, out=out, with_index="yes"),
     ]
 
     def fresh():
         return sharded.op(lambda a, b, s: a + b * s)
 
     planned = fresh()
-    sharded.transform(planned, x, x, 1, out=out)  # plans (array, array, int) into float32 out
-    assert planned._transform_plan is not None
+    for scale in (1, 2, 3):  # plans (array, array, int) into float32 out at the second call
+        sharded.transform(planned, x, x, scale, out=out)
+    assert planned._transform_plan[3] is not None and len(prepares) == 2
     for call in calls:
         expected = _error_of(lambda: call(fresh()))
         assert _error_of(lambda: call(planned)) == expected
+    served = len(prepares)
     sharded.transform(planned, x, x, 3, out=out)  # and the plan still serves
     np.testing.assert_array_equal(out.to_numpy(), np.arange(10, dtype=np.float32) * 4)
+    assert len(prepares) == served
 
 
 SCALE = 2.0
@@ -339,20 +374,32 @@ def test_a_plan_follows_the_operators_globals_closure_and_the_cache(one_place, p
     out = sharded.ShardedArray.allocate(one_place, 100, np.float32)
     scaled = sharded.op(lambda v: SCALE * v)
     try:
-        for factor in (2.0, 3.0, 2.0):
+        for factor in (2.0, 2.0, 2.0, 3.0, 3.0, 3.0, 2.0):
             SCALE = factor  # read when the kernel compiles: the identity changes with it
             sharded.transform(scaled, x, out=out)
             np.testing.assert_array_equal(out.to_numpy(), host * np.float32(factor))
     finally:
         SCALE = 2.0
-
     by = 1.0
     shift = sharded.op(lambda v: v + by)  # a closure: its cell is read at every call
-    sharded.transform(shift, x, out=out)
-    np.testing.assert_array_equal(out.to_numpy(), host + 1)
+    for _ in range(3):
+        sharded.transform(shift, x, out=out)
+        np.testing.assert_array_equal(out.to_numpy(), host + 1)
     by = 5.0
     sharded.transform(shift, x, out=out)
     np.testing.assert_array_equal(out.to_numpy(), host + 5)
+
+    def shifted(v):
+        return v + 1.0
+
+    code = sharded.op(shifted)
+    for _ in range(3):
+        sharded.transform(code, x, out=out)
+    shifted.__code__ = (lambda v: v - 1.0).__code__
+    sharded.transform(code, x, out=out)
+    np.testing.assert_array_equal(out.to_numpy(), host - 1)
+    for _ in range(3):
+        sharded.transform(shift, x, out=out)
     before = len(prepares)
     sharded.clear_cache(memory=True, disk=False)  # a plan from before the clear is not used
     sharded.transform(shift, x, out=out)
@@ -369,30 +416,125 @@ def test_plans_of_records_and_the_index(three_places, prepares):
     swapped = sharded.ShardedArray.allocate(three_places, 1000, POINT)
     indexed = sharded.op(lambda p, o, i: p.x * 2 + p.y + i + o)
     swap = sharded.op(lambda p: (p.y, p.x))
-    for offset in (0.0, 1.0, 2.0):
+    for offset in (0.0, 1.0, 2.0, 3.0):
         sharded.transform(indexed, points, offset, out=norms, with_index=True)
         np.testing.assert_array_equal(norms.to_numpy(), host["x"] * 2 + host["y"] + np.arange(1000) + offset)
         sharded.transform(swap, points, out=swapped)
         result = swapped.to_numpy()
         np.testing.assert_array_equal(result["x"], host["y"])
         np.testing.assert_array_equal(result["y"], host["x"])
-    assert len(prepares) == 2
+    assert len(prepares) == 4
     with pytest.raises(TypeError, match=r"takes 3 arguments, but transform passes 2"):
         sharded.transform(indexed, points, 0.0, out=norms)  # the plan's call passed the index
 
 
 @pytest.mark.gpu
-def test_a_plan_keeps_no_group_alive():
+def test_a_plan_keeps_no_group_alive_and_a_new_group_is_not_the_old_one(prepares):
     import gc
     import weakref
 
-    group = sharded.PlaceGroup.by_devices([0, 0])
-    x = sharded.ShardedArray.from_numpy(group, np.arange(64, dtype=np.float32))
     doubled = sharded.op(lambda v: v * 2)
-    sharded.transform(doubled, x, out=x)
-    np.testing.assert_array_equal(x.to_numpy(), np.arange(64, dtype=np.float32) * 2)
-    assert doubled._transform_plan is not None
+    host = np.arange(64, dtype=np.float32)
+    group = sharded.PlaceGroup.by_devices([0, 0])
+    x = sharded.ShardedArray.from_numpy(group, host)
+    for _ in range(3):
+        sharded.transform(doubled, x, out=x)
+    np.testing.assert_array_equal(x.to_numpy(), host * 8)
+    assert doubled._transform_plan[3] is not None and len(prepares) == 2
     held = weakref.ref(group)
     del group, x
+    gc.collect()
+    assert held() is None
+    group = sharded.PlaceGroup.by_devices([0, 0, 0])  # may take the old one's address
+    x = sharded.ShardedArray.from_numpy(group, host)
+    sharded.transform(doubled, x, out=x)
+    np.testing.assert_array_equal(x.to_numpy(), host * 2)
+    assert len(prepares) == 3
+
+
+# ---- reduce plans: a repeated reduce to a host value skips the full path's steps -------------
+
+@pytest.fixture
+def reduce_lookups(monkeypatch):
+    """How many reduce calls took the full path (its kernel-cache lookup) rather than a plan."""
+    from cuda_sharded_jit.algorithms import reduce as reduce_module
+
+    return _count_calls(monkeypatch, reduce_module, "kernel_libraries", 1)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ALL_DTYPES)
+def test_planned_reduces_give_what_numpy_gives(places, reduce_lookups, dtype):
+    dtype = np.dtype(dtype)
+    host = (np.arange(7001) % 13).astype(dtype)
+    array = sharded.ShardedArray.from_numpy(places, host, sizes=uneven(places, 7001))
+    add = sharded.op(lambda x, y: x + y)
+    total = int(host.astype(np.int64).sum())
+    for init in (None, 0, 3, 2.0 if dtype.kind == "f" else 7, None):
+        result = sharded.reduce(array, add, init)
+        assert type(result) is dtype.type
+        assert result == dtype.type(total + (init or 0)), (dtype, init)
+    assert reduce_lookups == ["reduce"]
+    empty = sharded.ShardedArray.from_numpy(places, host[:0])
+    assert sharded.reduce(empty, add, 5) == dtype.type(5)
+    with pytest.raises(ValueError, match="the array is empty and no init was given"):
+        sharded.reduce(empty, add)
+
+
+@pytest.mark.gpu
+def test_planned_reduces_raise_what_the_full_path_raises(three_places):
+    ints = sharded.ShardedArray.from_numpy(three_places, np.arange(10, dtype=np.int32))
+    floats = sharded.ShardedArray.from_numpy(three_places, np.arange(10, dtype=np.float32))
+    freed = sharded.ShardedArray.from_numpy(three_places, np.arange(10, dtype=np.int32))
+    freed.free()
+    calls = [
+        lambda op: sharded.reduce(ints, op, 1.5),  # does not fit int32
+        lambda op: sharded.reduce(ints, op, 2**40),
+        lambda op: sharded.reduce(ints, op, "1"),
+        lambda op: sharded.reduce(freed, op),
+        lambda op: sharded.capture(lambda: sharded.reduce(ints, op)),
+    ]
+
+    def fresh():
+        return sharded.op(lambda x, y: x + y)
+
+    planned = fresh()
+    assert sharded.reduce(ints, planned) == 45
+    assert planned._reduce_plan is not None
+    for call in calls:
+        expected = _error_of(lambda: call(fresh()))
+        assert _error_of(lambda: call(planned)) == expected
+    assert sharded.reduce(floats, planned, 0.5) == np.float32(45.5)  # another dtype: a new plan
+    assert sharded.reduce(ints, planned, 1) == 46
+
+
+@pytest.mark.gpu
+def test_a_reduce_plan_follows_the_operator_and_the_cache_and_keeps_no_group(reduce_lookups):
+    import gc
+    import weakref
+
+    global SCALE
+    group = sharded.PlaceGroup.by_devices([0, 0])
+    host = np.arange(100, dtype=np.float64)
+    x = sharded.ShardedArray.from_numpy(group, host)
+    floor = sharded.op(lambda a, b: max(a, b, SCALE))  # associative; SCALE is baked in
+    try:
+        for factor in (200.0, 200.0, 300.0, 300.0, 50.0, 200.0, 200.0):
+            SCALE = factor
+            assert sharded.reduce(x, floor) == max(host.max(), factor)
+        assert len(reduce_lookups) == 4  # each change of SCALE: a new identity, the full path
+        sharded.clear_cache(memory=True, disk=False)  # a plan from before the clear is not used
+        assert sharded.reduce(x, floor) == 200.0
+        assert len(reduce_lookups) == 5
+    finally:
+        SCALE = 2.0
+    points = np.zeros(50, POINT)
+    points["x"], points["y"] = np.arange(50), 1
+    records = sharded.ShardedArray.from_numpy(group, points)
+    swap_sum = sharded.op(lambda p, q: (p.x + q.x, p.y + q.y))
+    for _ in range(2):
+        assert sharded.reduce(records, swap_sum) == (np.float32(1225), np.float32(50))
+    held = weakref.ref(group)
+    del group, x, records
     gc.collect()
     assert held() is None

@@ -12,7 +12,7 @@ from .._dtypes import as_dtype, as_flag, exact_cast, is_scalar, scalar_dtype
 from .._layout import layout_of
 from ..array import ShardedArray, check_out
 from ..compiler import INDEX_MAP, VALUE_MAP, check_transform_counts, is_indexed_transform, kernel_libraries
-from ..op import Op, as_op
+from ..op import Op, as_op, identity_or_none
 from ..ops import Descriptor
 from ..scalar import DeviceScalar
 
@@ -70,17 +70,22 @@ def transform(op, *args, out: ShardedArray | None = None, with_index: bool = Fal
         if with_index:
             raise TypeError("with_index: descriptor operators take no index; pass a Python operator")
         return _transform_descriptor(op, args, out)
-    if out is not None:  # a call that repeats the last one's kinds launches from its plan
-        op = as_op(op)
-        plan = op._transform_plan
-        if (plan is not None and plan[0] is with_index and plan[1] == compiler._generation
-                and plan[2] == op.identity() and plan[3].launch(args, out)):
-            return out
+    if out is None or (with_index is not True and with_index is not False):
+        return run(prepare(op, args, out, with_index), out)
+    # A call that repeats the kinds of the operator's last one launches from its plan. The
+    # generation and identity are read before anything compiles: a plan made below pairs the
+    # kernels with an identity no newer than theirs, whatever another thread changes meanwhile.
+    op = as_op(op)
+    generation, identity = compiler._generation, identity_or_none(op)
+    plan = op._transform_plan
+    if (plan is not None and plan[3] is not None and plan[0] is with_index and plan[1] == generation
+            and identity is not None and plan[2] == identity and plan[3].launch(args, out)):
+        return out
     prepared = prepare(op, args, out, with_index)
-    result = run(prepared, out)
-    if out is not None:
-        _remember_plan(op, args, out, prepared, with_index)
-    return result
+    run(prepared, out)
+    if identity is not None:
+        _remember_plan(op, args, out, prepared, with_index, generation, identity)
+    return out
 
 
 def prepare(op, args, out: ShardedArray | None, with_index: bool = False, request: np.dtype | None = None):
@@ -167,11 +172,14 @@ def run(prepared, out: ShardedArray | None) -> ShardedArray:
     return out
 
 
-def _remember_plan(op: Op, args: tuple, out: ShardedArray, prepared, with_index: bool) -> None:
+def _remember_plan(op: Op, args: tuple, out: ShardedArray, prepared, with_index: bool, generation: int,
+                   identity) -> None:
     """Keeps on `op` what a call with these arguments' kinds needs to launch again (the shim's
     TransformPlan): arrays of this group and dtypes, scalars of these types. A call whose
-    arguments match it skips `prepare`; anything else takes the full path. Not for the arrays
-    of from_mpi groups (their calls agree across ranks first) nor DeviceScalar arguments."""
+    arguments match it skips `prepare`; anything else takes the full path. Made at the second
+    full-path call in a row with the same kinds (an operator made anew at every call, or calls
+    alternating kinds, never pay for one). Not for the arrays of from_mpi groups (their calls
+    agree across ranks first) nor DeviceScalar arguments."""
     _, _, _, libraries, indexed, (slots, _) = prepared
     group = out._group
     if (slots or group._distributed or type(out) is not ShardedArray or type(group._impl) is not _SHIM_GROUP
@@ -189,14 +197,20 @@ def _remember_plan(op: Op, args: tuple, out: ShardedArray, prepared, with_index:
         elif kind is int:
             kinds.append(("int", None))
             slot_dtypes.append("int64")
-        elif isinstance(value, np.generic):
+        elif isinstance(value, np.generic) and kind is value.dtype.type:
             kinds.append(("numpy", kind))
             slot_dtypes.append(value.dtype.name)
         else:  # a subclass of an array or a number: the plan matches exact types only
             return
-    op._transform_plan = (with_index, compiler._generation, op.identity(),
+    # the group by its id: a pending entry holds nothing alive, and a reused id costs one plan
+    key = (with_index, generation, identity, id(group), out._dtype, tuple(kinds))
+    last = op._transform_plan
+    if last is None or last[3] is not None or last[4] != key:
+        op._transform_plan = (with_index, generation, identity, None, key)  # seen once
+        return
+    op._transform_plan = (with_index, generation, identity,
                           _shim.TransformPlan(ShardedArray, group, out._dtype, kinds, slot_dtypes, list(libraries),
-                                              indexed))
+                                              indexed), key)
 
 
 def launch(op: Op, arrays: list, kinds: tuple, packed: bytes, out: ShardedArray) -> ShardedArray:

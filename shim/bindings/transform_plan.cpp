@@ -139,6 +139,8 @@ class TransformPlan {
     }
     if (args.size() != positions_.size() || !matches_array(out, group.ptr(), out_dtype_.ptr(), nullptr)) return false;
     PyObject* sizes = attribute(out, shard_sizes_name());
+    ShardedArray* out_impl = impl_of(out);
+    if (!sizes || !out_impl) return false;
     ArrayList inputs;
     inputs.reserve(arrays_);
     std::string packed(scalars_ * 8, '\0');
@@ -172,9 +174,8 @@ class TransformPlan {
           break;
       }
     }
-    ShardedArray& out_impl = *impl_of(out);
     nb::gil_scoped_release release;
-    transform(kernels_, inputs, out_impl, packed);
+    transform(kernels_, inputs, *out_impl, packed);
     return true;
   }
 
@@ -184,7 +185,8 @@ class TransformPlan {
     return name;
   }
 
-  // A borrowed reference to an attribute every ShardedArray has (its __slots__), or null.
+  // A borrowed reference to an attribute every ShardedArray has (its __slots__), or null:
+  // the slot keeps it, as ShardedArray never rebinds _impl, _group, _dtype or _shard_sizes.
   static PyObject* attribute(nb::handle object, PyObject* name) {
     PyObject* value = PyObject_GetAttr(object.ptr(), name);
     if (!value) {

@@ -287,6 +287,12 @@ struct Reduction {
     const long long block_end = min(block_begin + p.chunk, p.n);
     const Acc block_total = block_range(p, temp, block_begin, block_end);
 
+    if (gridDim.x == 1 && !p.prefixes && p.place_count <= 1) {
+      // One block on one place (a small reduce): its total is the result, as fold_partials
+      // would give for one partial, without the partial's round trip, the counter and the scan.
+      if (threadIdx.x == 0) finish(p, block_total);
+      return;
+    }
     Acc* partials = static_cast<Acc*>(p.partials);
     if (threadIdx.x == 0) {
       partials[blockIdx.x] = block_total;
@@ -343,13 +349,19 @@ struct Reduction {
     }
     if (static_cast<int>(threadIdx.x) != runs - 1) return;
     const Acc total = first_run ? run : Combine<Op, Acc>()(before, run);
+    *p.counter = 0;
     if (p.place_count > 1) {
       combine_places(p, total);
-    } else {
-      *static_cast<Acc*>(p.result) = with_init(p, total);
+      return;
     }
-    *p.counter = 0;
-    if (p.ready) {  // the result and the reset first, then the word the host polls
+    finish(p, total);
+  }
+
+  // One place's total: init applied, the result stored, then (after the result and the
+  // counter's reset) the ticket the host polls.
+  __device__ __forceinline__ static void finish(const ReduceParams& p, const Acc& total) {
+    *static_cast<Acc*>(p.result) = with_init(p, total);
+    if (p.ready) {
       __threadfence_system();
       *static_cast<volatile unsigned long long*>(p.ready) = p.ticket;
     }
