@@ -542,6 +542,18 @@ def kernel_libraries(op: Op, algorithm: str, arg_kinds: tuple, out_request, arch
     return found
 
 
+def libraries_made_for(op: Op, libraries) -> tuple | None:
+    """(generation, identity) under which op's last kernel_libraries call returned
+    `libraries` (the list of its answer), or None when its memo now holds another call's (one
+    of another thread, or of a map that is not plain). The plans of algorithms/transform.py and
+    algorithms/reduce.py pair kernels with exactly this identity: an identity read apart from
+    the lookup could differ from the one the kernels were built for."""
+    last = op._last_libraries
+    if last is not None and last[7][1] is libraries:
+        return last[0], last[3]
+    return None
+
+
 def _loaded_libraries() -> list:
     """Every kernel library loaded now: what a captured graph keeps alive (an evicted
     library is unloaded once nothing holds it, and a graph launches its kernels)."""

@@ -516,11 +516,12 @@ _last_plain: tuple = (None, None, None, None)
 
 
 def identity_or_none(op: Op):
-    """op.identity(), or None where it raises: a plan's check (algorithms/transform.py) then
-    leaves the error to the full path, which raises it in its own order."""
+    """op.identity(), or None where it raises (whatever it raises: an operator's globals may be
+    any object): a plan's check (algorithms/transform.py) then leaves the error to the full
+    path, which raises it in its own order."""
     try:
         return op.identity()
-    except TypeError:
+    except Exception:  # noqa: BLE001 - raised again by the full path
         return None
 
 

@@ -21,6 +21,8 @@ from cuda_sharded_jit.op import Op, as_op
 from conftest import ALL_DTYPES, uneven
 from test_errors import stand_in_array, stand_in_group
 
+SCALE = 2.0  # a global operators of the plan tests read (its changes change their identity)
+
 FLOATS = [0.0, -0.0, 1.5, 1 / 3, 5e-324, 3.4028235e38, 3.4028236e38, 1e300, -1e300,
           float("inf"), float("-inf"), float("nan")]
 INTS = [0, 1, -1, 2**31 - 1, 2**31, -2**31, -2**31 - 1, 2**32 - 1, 2**32, 16777217, 2**53,
@@ -159,6 +161,29 @@ def test_operators_of_one_code_share_answers_only_with_equal_identities(built):
     three = libraries(scaled(3.0))
     assert three is not two and len(built) == 2
     assert libraries(scaled(2.0)) is two and libraries(scaled(3.0)) is three and len(built) == 2
+
+
+def test_plans_pair_kernels_with_the_identity_they_were_looked_up_with(built):
+    global SCALE
+    operator = Op(lambda x: x * SCALE)
+    kinds = (("array", np.dtype(np.float32)),)
+
+    def libraries():
+        return compiler.kernel_libraries(operator, "transform", kinds, None, ("sm_90",))[1]
+
+    try:
+        SCALE = 2.0
+        first = libraries()
+        assert compiler.libraries_made_for(operator, first) == (compiler._generation, operator.identity())
+        SCALE = 3.0  # another identity: the memo now answers for another list
+        second = libraries()
+        assert compiler.libraries_made_for(operator, first) is None
+        assert compiler.libraries_made_for(operator, second)[1] == operator.identity()
+        SCALE = 2.0  # back: the lookup answers the first list again, under the first identity
+        assert libraries() is first and compiler.libraries_made_for(operator, first)[1] == operator.identity()
+    finally:
+        SCALE = 2.0
+    assert compiler.libraries_made_for(Op(lambda x: x), first) is None  # never looked up
 
 
 POINT = np.dtype([("x", np.float32), ("y", np.float32)], align=True)
@@ -361,9 +386,6 @@ def test_planned_transforms_raise_what_the_full_path_raises(three_places, prepar
     sharded.transform(planned, x, x, 3, out=out)  # and the plan still serves
     np.testing.assert_array_equal(out.to_numpy(), np.arange(10, dtype=np.float32) * 4)
     assert len(prepares) == served
-
-
-SCALE = 2.0
 
 
 @pytest.mark.gpu

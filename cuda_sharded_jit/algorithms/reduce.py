@@ -145,17 +145,14 @@ def reduce(a: ShardedArray, op="sum", init=None, out=None):
     >>> sharded.reduce(points, lambda p, q: (p.x + q.x, p.y + q.y))          # doctest: +SKIP
     (np.float32(12.5), np.float32(-3.0))
     """
-    generation = identity = None
-    if out is None and type(a) is ShardedArray and (init is None or type(init) is float or type(init) is int) \
-            and not isinstance(op, str):
+    plannable = (out is None and type(a) is ShardedArray and not isinstance(op, str)
+                 and (init is None or type(init) is float or type(init) is int))
+    if plannable:
         op = as_op(op)  # what _operator does first
-        # read before anything compiles (see transform): a plan pairs kernels with an identity
-        # no newer than theirs
-        generation, identity = compiler._generation, identity_or_none(op)
         plan = op._reduce_plan
-        if (plan is not None and identity is not None and plan[0]() is a._group and plan[1] is a._dtype
-                and plan[2] == generation and plan[3] == identity):  # the last call's group, dtype, code
-            acc = plan[5]
+        if (plan is not None and plan[0]() is a._group and plan[1] is a._dtype
+                and plan[2] == compiler._generation and plan[3] == identity_or_none(op)):
+            acc = plan[5]  # the last call's group, dtype and identity: its kernels
             valid, raw = _reduce_call(a, acc.itemsize, acc.pack_init(init), plan[4])
             return _result(valid, raw, acc, None, "reduce")
     check_array(a)
@@ -179,10 +176,11 @@ def reduce(a: ShardedArray, op="sum", init=None, out=None):
         name = None
     _, libraries = kernel_libraries(op, "reduce", (("array", dtype),), acc_dtype, a._group.archs)
     valid, raw = _reduce_call(a, acc.itemsize, packed, libraries)
-    if identity is not None and acc is values and not a._group._distributed:
+    made_for = compiler.libraries_made_for(op, libraries) if plannable and acc is values else None
+    if made_for is not None and not a._group._distributed:
         # what a call on an array of this group and dtype, with no init or a Python number as
         # init (its accumulator is a's dtype), needs again; the group held weakly
-        op._reduce_plan = (weakref.ref(a._group), dtype, generation, identity, libraries, acc)
+        op._reduce_plan = (weakref.ref(a._group), dtype) + made_for + (libraries, acc)
     return _result(valid, raw, acc, name, "reduce")
 
 

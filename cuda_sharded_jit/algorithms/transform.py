@@ -72,19 +72,16 @@ def transform(op, *args, out: ShardedArray | None = None, with_index: bool = Fal
         return _transform_descriptor(op, args, out)
     if out is None or (with_index is not True and with_index is not False):
         return run(prepare(op, args, out, with_index), out)
-    # A call that repeats the kinds of the operator's last one launches from its plan. The
-    # generation and identity are read before anything compiles: a plan made below pairs the
-    # kernels with an identity no newer than theirs, whatever another thread changes meanwhile.
+    # A call that repeats the kinds of the operator's last one launches from its plan, made
+    # for the identity its kernels were compiled for (compiler.libraries_made_for).
     op = as_op(op)
-    generation, identity = compiler._generation, identity_or_none(op)
     plan = op._transform_plan
-    if (plan is not None and plan[3] is not None and plan[0] is with_index and plan[1] == generation
-            and identity is not None and plan[2] == identity and plan[3].launch(args, out)):
+    if (plan is not None and plan[3] is not None and plan[0] is with_index and plan[1] == compiler._generation
+            and plan[2] == identity_or_none(op) and plan[3].launch(args, out)):
         return out
     prepared = prepare(op, args, out, with_index)
     run(prepared, out)
-    if identity is not None:
-        _remember_plan(op, args, out, prepared, with_index, generation, identity)
+    _remember_plan(op, args, out, prepared, with_index)
     return out
 
 
@@ -172,8 +169,7 @@ def run(prepared, out: ShardedArray | None) -> ShardedArray:
     return out
 
 
-def _remember_plan(op: Op, args: tuple, out: ShardedArray, prepared, with_index: bool, generation: int,
-                   identity) -> None:
+def _remember_plan(op: Op, args: tuple, out: ShardedArray, prepared, with_index: bool) -> None:
     """Keeps on `op` what a call with these arguments' kinds needs to launch again (the shim's
     TransformPlan): arrays of this group and dtypes, scalars of these types. A call whose
     arguments match it skips `prepare`; anything else takes the full path. Made at the second
@@ -182,9 +178,11 @@ def _remember_plan(op: Op, args: tuple, out: ShardedArray, prepared, with_index:
     agree across ranks first) nor DeviceScalar arguments."""
     _, _, _, libraries, indexed, (slots, _) = prepared
     group = out._group
-    if (slots or group._distributed or type(out) is not ShardedArray or type(group._impl) is not _SHIM_GROUP
-            or any(type(library) is not _SHIM_LIBRARY for library in libraries)):
+    made_for = compiler.libraries_made_for(op, libraries)
+    if (made_for is None or slots or group._distributed or type(out) is not ShardedArray
+            or type(group._impl) is not _SHIM_GROUP or any(type(library) is not _SHIM_LIBRARY for library in libraries)):
         return
+    generation, identity = made_for
     kinds, slot_dtypes = [], []
     for value in args:
         kind = type(value)
