@@ -25,6 +25,9 @@ _PACK = {np.dtype(name): struct.Struct(layout) for name, layout in (
 # what _remember_plan's plans are made of (the shim's own types, not stand-ins)
 _SHIM_GROUP, _SHIM_LIBRARY = _shim.PlaceGroup, _shim.KernelLibrary
 
+# an operator's plan entry after one full-path call: no plan yet (see _remember_plan)
+_SEEN = (None, None, None, None)
+
 # prepare's device scalars when there are none (slots, values): run tests the slots
 _NO_DEVICE = ((), ())
 
@@ -172,17 +175,23 @@ def run(prepared, out: ShardedArray | None) -> ShardedArray:
 def _remember_plan(op: Op, args: tuple, out: ShardedArray, prepared, with_index: bool) -> None:
     """Keeps on `op` what a call with these arguments' kinds needs to launch again (the shim's
     TransformPlan): arrays of this group and dtypes, scalars of these types. A call whose
-    arguments match it skips `prepare`; anything else takes the full path. Made at the second
-    full-path call in a row with the same kinds (an operator made anew at every call, or calls
-    alternating kinds, never pay for one). Not for the arrays of from_mpi groups (their calls
-    agree across ranks first) nor DeviceScalar arguments."""
+    arguments match it skips `prepare`; anything else takes the full path. Made at an
+    operator's second full-path call in a row: the first only marks the operator, so one made
+    anew at every call (a lambda with a closure, written in the loop) pays one attribute write.
+    Not for the arrays of from_mpi groups (their calls agree across ranks first) nor DeviceScalar
+    arguments."""
+    if op._transform_plan is None or op._transform_plan[3] is not None:  # new, or its plan declined
+        op._transform_plan = _SEEN
+        return
     _, _, _, libraries, indexed, (slots, _) = prepared
     group = out._group
     made_for = compiler.libraries_made_for(op, libraries)
-    if (made_for is None or slots or group._distributed or type(out) is not ShardedArray
-            or type(group._impl) is not _SHIM_GROUP or any(type(library) is not _SHIM_LIBRARY for library in libraries)):
+    if made_for is None or slots or group._distributed or type(out) is not ShardedArray \
+            or type(group._impl) is not _SHIM_GROUP:
         return
-    generation, identity = made_for
+    for library in libraries:
+        if type(library) is not _SHIM_LIBRARY:
+            return
     kinds, slot_dtypes = [], []
     for value in args:
         kind = type(value)
@@ -200,15 +209,10 @@ def _remember_plan(op: Op, args: tuple, out: ShardedArray, prepared, with_index:
             slot_dtypes.append(value.dtype.name)
         else:  # a subclass of an array or a number: the plan matches exact types only
             return
-    # the group by its id: a pending entry holds nothing alive, and a reused id costs one plan
-    key = (with_index, generation, identity, id(group), out._dtype, tuple(kinds))
-    last = op._transform_plan
-    if last is None or last[3] is not None or last[4] != key:
-        op._transform_plan = (with_index, generation, identity, None, key)  # seen once
-        return
+    generation, identity = made_for
     op._transform_plan = (with_index, generation, identity,
                           _shim.TransformPlan(ShardedArray, group, out._dtype, kinds, slot_dtypes, list(libraries),
-                                              indexed), key)
+                                              indexed))
 
 
 def launch(op: Op, arrays: list, kinds: tuple, packed: bytes, out: ShardedArray) -> ShardedArray:
