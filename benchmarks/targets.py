@@ -79,6 +79,7 @@ def _transform(label="sharded.transform(lambda a, b: a + b)", **keys) -> Ref:
     return Ref(label, "transform_binary", "ours", **keys)
 
 
+_HOST_TRANSFORM = Ref("transform(lambda a, b: a + b, out=c)", "transform_binary", "ours", timer="host", size="none")
 _WALL2 = dict(places=2, gpus=2, timer="wall")
 _WALL4 = dict(places=4, gpus=4, timer="wall")
 
@@ -95,9 +96,16 @@ TARGETS = (
     Target("first call in a new process, warm disk cache ≤ 50 ms",
         Ref("first call", "compile", "ours", variant="new process, warm disk cache", timer="process",
             size="none"), (), 0.05, "time"),
-    Target("host time per call, 1024 elements, 1 place ≤ 10 µs",
-        Ref("transform(lambda a, b: a + b)", "transform_binary", "ours", timer="host", size="none"),
-        (), 10e-6, "time"),
+    Target("host time per call of a user-operator transform, 1024 elements, 1 place ≤ 5 µs",
+        _HOST_TRANSFORM, (), 5e-6, "time"),
+    Target("host time per call of a user-operator transform ≤ 1.0 × torch.add's, 1024 elements, 1 place",
+        _HOST_TRANSFORM, (Ref("torch.add(a, b, out=c)", "transform_binary", "torch", timer="host", size="none"),),
+        1.0, "time"),
+    Target("host time per call of a user-operator transform on 4 places of one GPU ≤ 2.5 × on 1 place",
+        Ref("transform(lambda a, b: a + b), 4 places", "transform_binary", "ours", places=4, timer="host",
+            size="none"), (_HOST_TRANSFORM,), 2.5, "time"),
+    Target("host time per call of a reduce to a host value, user add, 1024 elements, 1 place ≤ 10 µs",
+        Ref("reduce(a, lambda a, b: a + b)", "reduce", "ours", timer="host", size="none"), (), 10e-6, "time"),
     Target("a + b host time ≤ 1.5 × transform(sharded.ops.add, a, b), both allocating, 1024 elements, 1 place",
         Ref("a + b", "transform_binary", "ours a + b", timer="host", size="none"),
         (Ref("transform(sharded.ops.add, a, b)", "transform_binary", "ours built-in, new array", timer="host",

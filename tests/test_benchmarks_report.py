@@ -221,6 +221,12 @@ def fake_measures() -> list[Measure]:
                 elements=1024, places=1, gpus=1, timer="host"),
         Measure("host 2", [14e-6], algorithm="transform_binary", impl="ours", dtype="float32",
                 elements=2048, places=2, gpus=2, timer="host"),
+        Measure("host 4", [20e-6], algorithm="transform_binary", impl="ours", dtype="float32",
+                elements=4096, places=4, gpus=1, timer="host"),
+        Measure("torch host", [8e-6], algorithm="transform_binary", impl="torch", dtype="float32",
+                elements=1024, places=1, gpus=1, timer="host"),
+        Measure("reduce host", [12e-6], algorithm="reduce", impl="ours", dtype="float32",
+                elements=1024, places=1, gpus=1, timer="host"),
         Measure("a + b", [12e-6, 12.4e-6], algorithm="transform_binary", impl="ours a + b", dtype="float32",
                 elements=1024, places=1, gpus=1, timer="host"),
         Measure("ops.add", [10e-6], algorithm="transform_binary", impl="ours built-in, new array",
@@ -272,8 +278,14 @@ def test_targets_read_both_figures_from_the_same_run():
     assert _target(results, "count").ratio == pytest.approx(1 / 1.05)
     assert _target(results, "histogram_even faster").ratio == pytest.approx(9 / 1.4)
 
-    host = _target(results, "host time per call")
-    assert host.ours == pytest.approx(9.25e-6) and host.status == "pass" and host.elements is None
+    host = _target(results, "host time per call of a user-operator transform, 1024 elements")
+    assert host.ours == pytest.approx(9.25e-6) and host.status == "FAIL" and host.elements is None
+    below_torch = _target(results, "host time per call of a user-operator transform ≤ 1.0 × torch")
+    assert below_torch.ratio == pytest.approx(9.25 / 8) and below_torch.status == "FAIL"
+    four_places = _target(results, "host time per call of a user-operator transform on 4 places")
+    assert four_places.ratio == pytest.approx(20 / 9.25) and four_places.status == "pass"
+    reduce_host = _target(results, "host time per call of a reduce to a host value")
+    assert reduce_host.ours == pytest.approx(12e-6) and reduce_host.status == "FAIL"
     operator = _target(results, "a + b host time")
     assert operator.ratio == pytest.approx(12.2 / 10) and operator.status == "pass"
     assert _target(results, "first call of a new operator").status == "pass"
@@ -307,8 +319,8 @@ def test_markdown_has_every_section_and_lists_errors():
     assert targets_section.count("| pass |") + targets_section.count("| FAIL |") >= 10
     assert "| binary transform, user lambda ≥ 0.95 × cuda.compute binary_transform (2^28/GPU) | 4000 GB/s | " \
            "4082 GB/s (cuda.compute binary_transform) | 0.980 | ≥ 0.95 | pass |" in targets_section
-    assert "| host time per call, 1024 elements, 1 place ≤ 10 µs | 9.25 µs | — |  | ≤ 10 µs | pass |" \
-        in targets_section
+    assert "| host time per call of a user-operator transform, 1024 elements, 1 place ≤ 5 µs | 9.25 µs | — |  " \
+           "| ≤ 5 µs | FAIL |" in targets_section
     assert "issue" not in printed.lower()
     # several places: aggregate GB/s and the speed-up over one place, by wall clock
     throughput = printed.split("### float32, 2^28 elements per GPU")[1].split("###")[0]
