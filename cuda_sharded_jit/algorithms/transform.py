@@ -192,27 +192,22 @@ def _remember_plan(op: Op, args: tuple, out: ShardedArray, prepared, with_index:
     for library in libraries:
         if type(library) is not _SHIM_LIBRARY:
             return
-    kinds, slot_dtypes = [], []
+    kinds = []
     for value in args:
         kind = type(value)
         if kind is ShardedArray:
             kinds.append(("array", value._dtype))
-            slot_dtypes.append("")
-        elif kind is float:
+        elif kind is float:  # a float64 slot, as scalar_dtype gives it
             kinds.append(("float", None))
-            slot_dtypes.append("float64")
-        elif kind is int:
+        elif kind is int:  # an int64 slot
             kinds.append(("int", None))
-            slot_dtypes.append("int64")
         elif isinstance(value, np.generic) and kind is value.dtype.type:
-            kinds.append(("numpy", kind))
-            slot_dtypes.append(value.dtype.name)
+            kinds.append(("numpy", kind, value.dtype.name))
         else:  # a subclass of an array or a number: the plan matches exact types only
             return
     generation, identity = made_for
     op._transform_plan = (with_index, generation, identity,
-                          _shim.TransformPlan(ShardedArray, group, out._dtype, kinds, slot_dtypes, list(libraries),
-                                              indexed))
+                          _shim.TransformPlan(ShardedArray, group, out._dtype, kinds, list(libraries), indexed))
 
 
 def launch(op: Op, arrays: list, kinds: tuple, packed: bytes, out: ShardedArray) -> ShardedArray:

@@ -98,26 +98,31 @@ bool pack_slot(PyObject* value, Kind kind, DType slot, unsigned char* to) {
 
 class TransformPlan {
  public:
-  // `kinds`: per argument, ("array", dtype), ("float", None), ("int", None) or ("numpy", type)
-  // with `slots` naming each scalar's slot dtype (None for arrays). `libraries`: one per place.
+  // `kinds`: per argument, ("array", dtype), ("float", None) (a float64 slot), ("int", None)
+  // (an int64 slot) or ("numpy", type, its dtype's name). `libraries`: one per place.
   TransformPlan(nb::handle array_type, nb::object group, nb::object out_dtype, const nb::list& kinds,
-                const std::vector<std::string>& slots, nb::list libraries, bool indexed)
+                nb::list libraries, bool indexed)
       : array_type_(nb::borrow(array_type)), group_(nb::steal(check(PyWeakref_NewRef(group.ptr(), nullptr)))),
         out_dtype_(std::move(out_dtype)), libraries_(std::move(libraries)) {
-    if (nb::len(kinds) != slots.size()) throw std::invalid_argument("slots: expected one per argument");
-    for (std::size_t k = 0; k < slots.size(); ++k) {
-      nb::tuple kind = nb::cast<nb::tuple>(kinds[k]);
+    for (nb::handle entry : kinds) {
+      nb::tuple kind = nb::cast<nb::tuple>(entry);
       const std::string name = nb::cast<std::string>(kind[0]);
       Position position{Kind::array, nb::borrow(kind[1])};
       if (name == "array") {
         ++arrays_;
       } else {
-        if (name == "float") position.kind = Kind::python_float;
-        else if (name == "int") position.kind = Kind::python_int;
-        else if (name == "numpy") position.kind = Kind::numpy_scalar;
-        else throw std::invalid_argument("kinds: unknown kind '" + name + "'");
-        position.slot = dtype_from_name(slots[k]);
-        if (position.slot == DType::record) throw std::invalid_argument("slots: a scalar is a number, not a record");
+        if (name == "float") {
+          position.kind = Kind::python_float;
+        } else if (name == "int") {
+          position.kind = Kind::python_int;
+          position.slot = DType::int64;
+        } else if (name == "numpy") {
+          position.kind = Kind::numpy_scalar;
+          position.slot = dtype_from_name(nb::cast<std::string>(kind[2]));
+          if (position.slot == DType::record) throw std::invalid_argument("kinds: a scalar is a number, not a record");
+        } else {
+          throw std::invalid_argument("kinds: unknown kind '" + name + "'");
+        }
         ++scalars_;
       }
       positions_.push_back(std::move(position));
@@ -137,10 +142,12 @@ class TransformPlan {
       PyErr_Clear();
       return false;
     }
-    if (args.size() != positions_.size() || !matches_array(out, group.ptr(), out_dtype_.ptr(), nullptr)) return false;
+    ShardedArray* out_impl = nullptr;
+    if (args.size() != positions_.size() || !matches_array(out, group.ptr(), out_dtype_.ptr(), nullptr, &out_impl)) {
+      return false;
+    }
     PyObject* sizes = attribute(out, shard_sizes_name());
-    ShardedArray* out_impl = impl_of(out);
-    if (!sizes || !out_impl) return false;
+    if (!sizes) return false;
     ArrayList inputs;
     inputs.reserve(arrays_);
     std::string packed(scalars_ * 8, '\0');
@@ -148,30 +155,20 @@ class TransformPlan {
     for (std::size_t k = 0; k < positions_.size(); ++k) {
       const Position& position = positions_[k];
       PyObject* value = args[k].ptr();
-      switch (position.kind) {
-        case Kind::array: {
-          ShardedArray* impl = nullptr;
-          if (!matches_array(value, group.ptr(), position.expected.ptr(), sizes, &impl)) return false;
-          // the caller's arguments hold the array for the whole call: a pointer that owns nothing
-          inputs.emplace_back(std::shared_ptr<ShardedArray>(), impl);
-          break;
-        }
-        case Kind::python_float:
-          if (!PyFloat_CheckExact(value)) return false;
-          pack_slot(value, position.kind, position.slot, reinterpret_cast<unsigned char*>(packed.data()) + 8 * slot++);
-          break;
-        case Kind::python_int:
-          if (!PyLong_CheckExact(value) ||
-              !pack_slot(value, position.kind, position.slot, reinterpret_cast<unsigned char*>(packed.data()) + 8 * slot++)) {
-            return false;
-          }
-          break;
-        case Kind::numpy_scalar:
-          if (Py_TYPE(value) != reinterpret_cast<PyTypeObject*>(position.expected.ptr()) ||
-              !pack_slot(value, position.kind, position.slot, reinterpret_cast<unsigned char*>(packed.data()) + 8 * slot++)) {
-            return false;
-          }
-          break;
+      if (position.kind == Kind::array) {
+        ShardedArray* impl = nullptr;
+        if (!matches_array(value, group.ptr(), position.expected.ptr(), sizes, &impl)) return false;
+        // the caller's arguments hold the array for the whole call: a pointer that owns nothing
+        inputs.emplace_back(std::shared_ptr<ShardedArray>(), impl);
+        continue;
+      }
+      const bool exact = position.kind == Kind::python_float ? PyFloat_CheckExact(value)
+                         : position.kind == Kind::python_int ? PyLong_CheckExact(value)
+                                                             : Py_TYPE(value) == reinterpret_cast<PyTypeObject*>(
+                                                                                     position.expected.ptr());
+      if (!exact ||
+          !pack_slot(value, position.kind, position.slot, reinterpret_cast<unsigned char*>(packed.data()) + 8 * slot++)) {
+        return false;
       }
     }
     nb::gil_scoped_release release;
@@ -250,9 +247,8 @@ class TransformPlan {
 
 void bind_transform_plan(nb::module_& m) {
   nb::class_<TransformPlan>(m, "TransformPlan")
-      .def(nb::init<nb::handle, nb::object, nb::object, const nb::list&, const std::vector<std::string>&, nb::list,
-                    bool>(),
-           "array_type"_a, "group"_a, "out_dtype"_a, "kinds"_a, "slots"_a, "libraries"_a, "indexed"_a)
+      .def(nb::init<nb::handle, nb::object, nb::object, const nb::list&, nb::list, bool>(),
+           "array_type"_a, "group"_a, "out_dtype"_a, "kinds"_a, "libraries"_a, "indexed"_a)
       .def("launch", &TransformPlan::launch, "args"_a, "out"_a);
 }
 
