@@ -9,7 +9,9 @@
 // operators) and the driver API on a CUkernel (cuLaunchKernel, linked user operators). The
 // kernel takes a 136-byte parameter block, the size of the transform's. Then the floor under a
 // reduce to a host value: a launch whose kernel stores a word to mapped host memory and the
-// host's spin until it sees it, and the same launch waited for with cudaStreamSynchronize.
+// host's spin until it sees it, the same with a value stored first and a system fence between
+// the two (what a separate value and ticket cost, which the reduce's words carrying both
+// avoid), and the same launch waited for with cudaStreamSynchronize.
 #include <cuda.h>
 #include <cuda_runtime.h>
 
@@ -28,6 +30,13 @@ __global__ void empty_kernel(Params) {}
 // One thread stores `ticket` to a word of mapped host memory, as the reduce's last block
 // hands its value over.
 __global__ void store_kernel(volatile unsigned long long* word, unsigned long long ticket) { *word = ticket; }
+
+// A value to one word, a system fence, then the ticket to another.
+__global__ void fenced_store_kernel(volatile unsigned long long* word, unsigned long long ticket) {
+  word[1] = ticket;
+  __threadfence_system();
+  word[0] = ticket;
+}
 
 static void check(cudaError_t status, const char* what) {
   if (status != cudaSuccess) {
@@ -92,6 +101,11 @@ int main() {
   unsigned long long ticket = 0;
   report("launch + spin on a mapped word", [&] {
     store_kernel<<<1, 1, 0, stream>>>(device_word, ++ticket);
+    while (*static_cast<volatile unsigned long long*>(host_word) != ticket) {
+    }
+  }, stream);
+  report("launch + spin, a value, a fence, the word", [&] {
+    fenced_store_kernel<<<1, 1, 0, stream>>>(device_word, ++ticket);
     while (*static_cast<volatile unsigned long long*>(host_word) != ticket) {
     }
   }, stream);

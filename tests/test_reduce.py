@@ -114,6 +114,40 @@ def test_deterministic(group):
     assert sharded.sum(array).tobytes() == sharded.sum(array).tobytes()
 
 
+def test_host_results_of_every_width_in_a_row(one_place):
+    """Results of 4 to 32 bytes, one after another on one place, from one block and from
+    many: each call's words must not be taken for an earlier, wider result's."""
+    small = sample(np.float64, 1000, seed=21)
+    large = sample(np.float64, 300_001, seed=22)
+
+    def four(x):
+        return (x, x * x, -x, 1.0)
+
+    def three(x):
+        return (x, x * x, -x)
+
+    def add4(p, q):
+        return (p[0] + q[0], p[1] + q[1], p[2] + q[2], p[3] + q[3])
+
+    def add3(p, q):
+        return (p[0] + q[0], p[1] + q[1], p[2] + q[2])
+
+    for _ in range(3):
+        for host in (small, large):
+            a64 = sharded.ShardedArray.from_numpy(one_place, host)
+            a32 = sharded.ShardedArray.from_numpy(one_place, host.astype(np.float32))
+            wide = sharded.transform_reduce(a64, four, add4, None)
+            np.testing.assert_allclose(wide, [host.sum(), (host * host).sum(), -host.sum(), host.size],
+                                       rtol=1e-9)
+            assert sharded.reduce(a32, lambda x, y: x if x > y else y) == host.astype(np.float32).max()
+            twelve = sharded.transform_reduce(a32, three, add3, None)
+            assert all(value.dtype == np.float32 for value in twelve)
+            narrow = host.astype(np.float32).astype(np.float64)
+            np.testing.assert_allclose(twelve, [narrow.sum(), (narrow * narrow).sum(), -narrow.sum()],
+                                       rtol=1e-3, atol=1e-2)
+            assert sharded.reduce(a64, lambda x, y: x if x < y else y) == host.min()
+
+
 def test_transform_reduce(three_places):
     host = sample(np.float64, 123_457, seed=2)
     host[::1000] = np.nan

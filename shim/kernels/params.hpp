@@ -79,12 +79,16 @@ struct ReduceParams {
   void* final_result;
   int place_index;
   int place_count;
-  // One place, a host result: after the result and the counter's reset, the last block
-  // stores `ticket` into `ready` (a word of mapped pinned host memory), which the host polls
-  // instead of synchronising the stream. Null: nothing stored.
-  unsigned long long* ready;
-  unsigned long long ticket;
+  // One place, a host result: the last block hands the result over in `handover` (mapped
+  // pinned host memory, handover_words(acc size) words), which the host polls instead of
+  // synchronising the stream. Each 8-byte word carries 4 bytes of the result below `ticket`
+  // and is stored whole, so a word showing this call's ticket holds this call's bytes: no
+  // system fence between the value and a flag, and `result` is unused. Null: `result` gets
+  // the value instead.
+  unsigned long long* handover;
+  unsigned int ticket;
 };
+constexpr int handover_words(int acc_size) { return (acc_size + 3) / 4; }
 
 // Folds `count` accumulators in order: total = init? op v0 op v1 ...; prefixes[k] holds the
 // exclusive prefix before v_k (undefined for k == 0 without init). Each v_k is read where

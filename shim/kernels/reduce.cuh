@@ -354,17 +354,26 @@ struct Reduction {
       combine_places(p, total);
       return;
     }
+    // The host hands the slot on once it sees the result: the counter's reset (device
+    // memory, next used by a kernel on this device) is visible on the device before that.
+    if (p.handover) __threadfence();
     finish(p, total);
   }
 
-  // One place's total: init applied, the result stored, then (after the result and the
-  // counter's reset) the ticket the host polls.
+  // One place's total, init applied: stored at `result`, or handed to the host word by word
+  // with the call's ticket (ReduceParams::handover), each word one 8-byte store.
   __device__ __forceinline__ static void finish(const ReduceParams& p, const Acc& total) {
-    *static_cast<Acc*>(p.result) = with_init(p, total);
-    if (p.ready) {
-      __threadfence_system();
-      *static_cast<volatile unsigned long long*>(p.ready) = p.ticket;
+    const Acc value = with_init(p, total);
+    if (!p.handover) {
+      *static_cast<Acc*>(p.result) = value;
+      return;
     }
+    constexpr int kWords = handover_words(AccSize);
+    unsigned int pieces[kWords] = {};
+    memcpy(pieces, &value, AccSize);
+    volatile unsigned long long* words = p.handover;
+#pragma unroll
+    for (int w = 0; w < kWords; ++w) words[w] = static_cast<unsigned long long>(p.ticket) << 32 | pieces[w];
   }
 
   // See ReduceParams::place_totals. The totals are read back in place order whatever the

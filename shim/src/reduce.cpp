@@ -95,9 +95,9 @@ class ReduceSlots {
     void* totals = nullptr;
     unsigned int* place_counter = nullptr;
     void* result = nullptr;
-    // The word a one-place reduce's kernel stores its ticket into once the result is there
-    // (ReduceParams::ready): the last ticket stored, the next one above it.
-    volatile unsigned long long* ready = nullptr;
+    // The words a one-place reduce's kernel hands its result over in (ReduceParams::handover;
+    // word 0 shows the last ticket stored).
+    volatile unsigned long long* handover = nullptr;
   };
 
   // A slot of the group's context on `device` (after a device reset, the old context's
@@ -132,13 +132,13 @@ class ReduceSlots {
  private:
   static void add_batch(int device, unsigned long long context, std::vector<Slot>& free_slots) {
     constexpr std::size_t kSlots = 32;
-    constexpr std::size_t kReadyBytes = 8;
+    constexpr std::size_t kHandoverBytes = k::handover_words(k::kMaxAccSize) * 8;
     constexpr std::size_t kTotalsBytes = k::kMaxFoldValues * k::kMaxAccSize;
     const auto blocks = static_cast<unsigned>(detail::multiprocessors(device) * kReduceBlocksPerMultiprocessor);
     const std::size_t partial_bytes = (static_cast<std::size_t>(blocks) * k::kMaxAccSize + 255) / 256 * 256;
     const std::size_t slot_bytes = partial_bytes + 256 + kTotalsBytes + 256;
     const detail::SlotMemory batch = detail::allocate_slot_memory(
-        device, slot_bytes * kSlots, (k::kMaxAccSize + kReadyBytes) * kSlots, "preparing the reduce slots");
+        device, slot_bytes * kSlots, (k::kMaxAccSize + kHandoverBytes) * kSlots, "preparing the reduce slots");
     unsigned char* memory = batch.device;
     unsigned char* host = batch.host;
     for (std::size_t i = 0; i < kSlots; ++i) {
@@ -152,8 +152,9 @@ class ReduceSlots {
       slot.totals = base + partial_bytes + 256;
       slot.place_counter = reinterpret_cast<unsigned int*>(base + partial_bytes + 256 + kTotalsBytes);
       slot.result = host + i * k::kMaxAccSize;  // with unified addressing, also its device address
-      slot.ready = reinterpret_cast<volatile unsigned long long*>(host + kSlots * k::kMaxAccSize + i * kReadyBytes);
-      *slot.ready = 0;
+      slot.handover =
+          reinterpret_cast<volatile unsigned long long*>(host + kSlots * k::kMaxAccSize + i * kHandoverBytes);
+      for (int w = 0; w < k::handover_words(k::kMaxAccSize); ++w) slot.handover[w] = 0;
       free_slots.push_back(slot);
     }
   }
@@ -216,8 +217,8 @@ struct PassScratch {
   void* prefixes = nullptr;
   unsigned int* counter = nullptr;
   void* result = nullptr;
-  unsigned long long* ready = nullptr;  // ReduceParams::ready and ticket (one place, a host result)
-  unsigned long long ticket = 0;
+  unsigned long long* handover = nullptr;  // ReduceParams::handover and ticket (one place, a host result)
+  unsigned int ticket = 0;
 };
 
 PassScratch allocate_pass(const PlaceGroup& group, std::size_t place, unsigned grid, int acc_size,
@@ -261,7 +262,7 @@ void reduce_shard(const KernelSet& kernels, const ShardedArray& in, std::size_t 
   params.prefixes = scratch.prefixes;
   params.counter = scratch.counter;
   params.result = scratch.result;
-  params.ready = scratch.ready;
+  params.handover = scratch.handover;
   params.ticket = scratch.ticket;
   params.has_init = init.empty() ? 0 : 1;
   if (!init.empty()) std::memcpy(params.init, init.data(), init.size());
@@ -381,10 +382,12 @@ void combine_in_kernel(const std::vector<KernelSet>& sets, const ShardedArray& i
   for (auto& slot : slots) slot->clean = true;
 }
 
-// One place: the kernel applies init and writes the result to the slot's host word, then
-// its ticket to the slot's ready word, which the host spins on: on an H100 a launch and a
-// stream synchronisation took 10.2 us a round trip, a launch and a spin on such a word 8.0.
-// A device set to block on synchronisation is waited for so.
+// One place: the kernel applies init and hands the result over in the slot's host words,
+// each with the call's ticket (ReduceParams::handover), which the host spins on: on an H100 a
+// launch and a stream synchronisation took 10.2 us a round trip, a launch and a spin on such a
+// word 8.0. The words are cleared first, so that one left from an older call (a wider
+// accumulator's, a ticket ago or 2^32) never matches. A device set to block on
+// synchronisation is waited for so.
 void reduce_one_place(const KernelSet& kernels, const ShardedArray& in, std::size_t place, int acc_size,
                       const std::string& init, const std::string& map_value, ReduceResult& result) {
   const PlaceGroup& group = *in.group();
@@ -397,16 +400,27 @@ void reduce_one_place(const KernelSet& kernels, const ShardedArray& in, std::siz
   if (cut.grid > slot.slot.blocks) throw std::logic_error("reduce: more blocks than a slot holds");
   const detail::SyncOnUnwind settle(group);
   PassScratch pass = slot_pass(slot.slot);
-  volatile unsigned long long* ready = slot.slot.ready;
-  const unsigned long long ticket = *ready + 1;  // the slot's last use is over: nothing stores to it now
-  pass.ready = const_cast<unsigned long long*>(ready);
+  // the slot's last use is over: nothing stores to its words now
+  volatile unsigned long long* words = slot.slot.handover;
+  const int count = k::handover_words(acc_size);
+  unsigned int ticket = static_cast<unsigned int>(words[0] >> 32) + 1;
+  if (ticket == 0) ticket = 1;  // 0 marks a cleared word
+  for (int w = 0; w < count; ++w) words[w] = 0;
+  pass.handover = const_cast<unsigned long long*>(words);
   pass.ticket = ticket;
   reduce_shard(kernels, in, place, cut, pass, init, map_value);
-  if (!detail::wait_until_stored([&] { return *ready == ticket; }, stream, "waiting for the reduce result")) {
+  const auto landed = [&] {
+    for (int w = 0; w < count; ++w) {
+      if (static_cast<unsigned int>(words[w] >> 32) != ticket) return false;
+    }
+    return true;
+  };
+  if (!detail::wait_until_stored(landed, stream, "waiting for the reduce result")) {
     throw std::runtime_error("reduce: the kernel stored no result");
   }
-  std::atomic_thread_fence(std::memory_order_acquire);
-  std::memcpy(result.value.data(), static_cast<const void*>(slot.slot.result), acc_size);
+  unsigned int pieces[k::handover_words(k::kMaxAccSize)];
+  for (int w = 0; w < count; ++w) pieces[w] = static_cast<unsigned int>(words[w]);
+  std::memcpy(result.value.data(), pieces, acc_size);
   slot.clean = true;
 }
 
