@@ -171,10 +171,11 @@ def sweep_table(measures: list, dtype: str) -> str:
             peers = [throughput(m) for m in peers if m is not None and m.ok]
             if text and ours.ok and peers and algorithm != "copy":
                 ratio = throughput(ours) / max(peers)
-                text += f" ({ratio:.2f}×)"
                 threshold = by_size_threshold(size)
-                if threshold is not None and ratio < threshold:
-                    text += " **miss**"
+                missed = threshold is not None and ratio < threshold
+                # a third decimal where two would round a miss up to its threshold
+                digits = 3 if missed and round(ratio, 2) >= threshold else 2
+                text += f" ({ratio:.{digits}f}×)" + (" **miss**" if missed else "")
             row.append(text)
         rows.append(row)
     return _table(["algorithm"] + [log2_label(size) for size in sizes], rows)

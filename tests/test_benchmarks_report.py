@@ -390,6 +390,18 @@ def test_by_size_table_marks_the_cells_under_the_by_size_target():
     assert lines["transform_binary"].count("**miss**") == 1  # 0.98× cuda.compute at 2^28
 
 
+def test_by_size_table_gives_a_third_decimal_where_two_would_hide_a_miss():
+    r = N * 4 / (4000 * GB)
+    rows = [_row("reduce", "ours", r / 0.996), _row("reduce", "cupy", r),
+            _row("count", "ours", r), _row("count", "cupy", r),
+            _row("argmin", "ours", r / 0.97), _row("argmin", "cupy", r)]
+    table = report.sweep_table(rows, "float32")
+    lines = {line.split("|")[1].strip(): line for line in table.splitlines() if line.startswith("| ")}
+    assert "(0.996×) **miss**" in lines["reduce"]   # under 1.0, which two decimals would show
+    assert "(1.00×)" in lines["count"] and "**miss**" not in lines["count"]
+    assert "(0.97×) **miss**" in lines["argmin"]
+
+
 def test_gpu_side_table_compares_the_held_timings_and_shows_what_the_idle_gpu_adds():
     def row(impl, idle, held):
         return Measure(name=impl, seconds=[idle] * 3, bytes_moved=12 << 20, algorithm="transform_binary",
