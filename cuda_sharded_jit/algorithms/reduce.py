@@ -153,8 +153,8 @@ def reduce(a: ShardedArray, op="sum", init=None, out=None):
         if (plan is not None and plan[0]() is a._group and plan[1] is a._dtype
                 and plan[2] == compiler._generation and plan[3] == identity_or_none(op)):
             acc = plan[5]  # the last call's group, dtype and identity: its kernels
-            valid, raw = _reduce_call(a, acc.itemsize, acc.pack_init(init), plan[4])
-            return _result(valid, raw, acc, None, "reduce")
+            valid, raw = _reduce_call(a, acc.itemsize, b"" if init is None else acc.pack_init(init), plan[4])
+            return acc.unpack(raw) if valid else _result(valid, raw, acc, None, "reduce")
     check_array(a)
     dtype = a._dtype  # a.dtype, read once
     values = layout_of(dtype)
