@@ -291,6 +291,8 @@ def _entry_points(kernel: CompiledKernel) -> list[str]:
         sizes = kernel.module.rpartition("_i")[2].split("_")
         if len(sizes) == 2 and sizes[0] == sizes[1]:  # two inputs of one size: adjacent_difference's pass too
             return _ENTRY_POINTS["transform"] + ["csj_adjacent"]
+    if kernel.algorithm == "scan" and kernel.module.startswith(("scan_a4_", "scan_a8_")):
+        return _ENTRY_POINTS["scan"] + ["csj_scan_one_pass"]  # one place's scan in one pass
     return _ENTRY_POINTS[kernel.algorithm]
 
 

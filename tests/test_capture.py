@@ -64,16 +64,16 @@ def test_a_replay_follows_the_work_queued_before_it(places):
 
 @gpu
 def test_scans_replay_bit_for_bit(places):
-    """A scan in a captured function (its first pass's counter lives with the place; on
-    several places the totals are folded between the passes), replayed with eager scans of
-    other sizes in between: every replay matches the eager calls bit for bit, and the result
-    follows numpy."""
+    """A scan in a captured function (on one place its single pass's draw word lives with the
+    place and the graph has tile states of its own; on several places the totals are folded
+    between the passes), replayed with eager scans of other sizes in between, a larger one
+    among them: every replay matches the eager calls bit for bit, and follows numpy."""
     n = 300_007
     host = sample(np.float64, n, 7)
     sizes = uneven(places, n)
     state = [sharded.ShardedArray.from_numpy(places, host, sizes=sizes) for _ in range(2)]
     outs = [sharded.ShardedArray.allocate(places, sizes, np.float64) for _ in range(2)]
-    other = sharded.ShardedArray.from_numpy(places, sample(np.float64, 5_003, 8))
+    others = [sharded.ShardedArray.from_numpy(places, sample(np.float64, size, 8)) for size in (5_003, 3_000_001)]
 
     def halve_the_running_sum(x, y):
         sharded.inclusive_scan(x, lambda a, b: a + b, out=y)
@@ -84,7 +84,8 @@ def test_scans_replay_bit_for_bit(places):
     for _ in range(3):
         step()
         halve_the_running_sum(state[1], outs[1])
-        sharded.inclusive_scan(other, "sum")  # an eager scan of another size between replays
+        for other in others:  # eager scans of other sizes between replays (a larger one among them)
+            sharded.inclusive_scan(other, "sum")
         expected = np.cumsum(expected) * 0.5
     assert state[0].to_numpy().tobytes() == state[1].to_numpy().tobytes()
     np.testing.assert_allclose(state[0].to_numpy(), expected, rtol=1e-9, atol=1e-12 * np.abs(expected).max())

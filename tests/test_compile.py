@@ -268,7 +268,7 @@ def test_reduce_and_scan_operators_are_inlined(fresh_cache, algorithm, dtype):
     sass = kernel.sass()
     assert "csj_reduce" in sass and "csj_fold" in sass
     if algorithm == "scan":
-        assert "csj_scan" in sass
+        assert "csj_scan" in sass and "csj_scan_one_pass" in sass
     assert "CALL" not in sass
     assert kernel.out_dtype == np.dtype(dtype) and kernel.map_ltoir
 

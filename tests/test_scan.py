@@ -76,14 +76,15 @@ def test_non_commutative_scan(three_places):
     np.testing.assert_array_equal(right, host)
 
 
-def test_a_shard_scans_alike_alone_or_beside_another(one_place):
-    """A shard's scan depends on the shard alone, not on the group around it: alone on its
-    group and as the first of two places, float sums agree bit for bit (built-in and Python
-    operators, an exclusive scan with a seed), over enough elements that the first pass's
-    last block folds several partials per thread."""
+def test_a_lone_shard_scans_alike_in_any_group(one_place):
+    """A lone non-empty shard scans in one pass whatever group holds it: alone on one place
+    and as the only non-empty shard of two places, float sums agree bit for bit (built-in and
+    Python operators, an exclusive scan with a seed). Beside a second non-empty shard it scans
+    in two passes (another association): near the float64 sums, and the same bits again."""
     two_places = sharded.PlaceGroup.by_devices([0, 0])
     host = sample(np.float32, 2_400_011, seed=31)
     alone = sharded.ShardedArray.from_numpy(one_place, host)
+    lone = sharded.ShardedArray.from_numpy(two_places, host, sizes=[0, host.size])
     beside = sharded.ShardedArray.from_numpy(two_places, np.append(host, np.float32(1.0)), sizes=[host.size, 1])
     running = np.cumsum(host.astype(np.float64))
     for scan, args, expected in ((sharded.inclusive_scan, (lambda x, y: x + y,), running),
@@ -91,9 +92,43 @@ def test_a_shard_scans_alike_alone_or_beside_another(one_place):
                                  (sharded.exclusive_scan, (lambda x, y: x + y, 0.25),
                                   0.25 + np.concatenate([[0.0], running[:-1]]))):
         one = scan(alone, *args).to_numpy()
-        two = scan(beside, *args).to_numpy()[:host.size]
-        np.testing.assert_array_equal(one.view(np.uint32), two.view(np.uint32))
+        np.testing.assert_array_equal(one.view(np.uint32), scan(lone, *args).to_numpy().view(np.uint32))
         np.testing.assert_allclose(one, expected, rtol=1e-3, atol=1e-2)
+        two = scan(beside, *args).to_numpy()[:host.size]
+        np.testing.assert_array_equal(two.view(np.uint32), scan(beside, *args).to_numpy()[:host.size].view(np.uint32))
+        np.testing.assert_allclose(two, expected, rtol=1e-3, atol=1e-2)
+
+
+@pytest.mark.parametrize("dtype", [np.int32, np.uint64])
+def test_one_pass_at_tile_edges(one_place, dtype):
+    """One place's scan in one pass, at sizes around its tiles (8192 elements for 4-byte
+    accumulators, 4096 for 8-byte ones) and over a thousand tiles: integer sums equal numpy's
+    (wrapping alike), inclusive with and without init and exclusive."""
+    for size in (1, 4095, 4096, 4097, 8191, 8192, 8193, (1 << 23) + 5):
+        host = sample(dtype, size, seed=size % 997)
+        array = sharded.ShardedArray.from_numpy(one_place, host)
+        running = np.cumsum(host, dtype=dtype)
+        np.testing.assert_array_equal(sharded.inclusive_scan(array, lambda x, y: x + y).to_numpy(), running)
+        np.testing.assert_array_equal(sharded.inclusive_scan(array, "sum", init=dtype(9)).to_numpy(),
+                                      (running + dtype(9)).astype(dtype))
+        np.testing.assert_array_equal(sharded.exclusive_scan(array, lambda x, y: x + y, dtype(4)).to_numpy(),
+                                      np.concatenate([[dtype(4)], running[:-1] + dtype(4)]).astype(dtype))
+
+
+def test_one_pass_float_bits_over_many_tiles(one_place):
+    """Over 2049 tiles, where look-backs find their nearest published prefix at whatever
+    distance the timing gives, a float32 sum is the same bits on every call (the tiles fold
+    as one left fold) and near the float64 sums; a float64 running maximum is exact."""
+    host = sample(np.float32, (1 << 24) + 11, seed=41)
+    array = sharded.ShardedArray.from_numpy(one_place, host)
+    first = sharded.inclusive_scan(array, lambda x, y: x + y).to_numpy()
+    for _ in range(3):
+        np.testing.assert_array_equal(sharded.inclusive_scan(array, lambda x, y: x + y).to_numpy().view(np.uint32),
+                                      first.view(np.uint32))
+    np.testing.assert_allclose(first, np.cumsum(host.astype(np.float64)), rtol=1e-3, atol=0.25)
+    wide = sharded.ShardedArray.from_numpy(one_place, host.astype(np.float64))
+    np.testing.assert_array_equal(sharded.inclusive_scan(wide, "max").to_numpy(),
+                                  np.maximum.accumulate(host.astype(np.float64)))
 
 
 def test_one_place_scans_in_a_row(one_place):

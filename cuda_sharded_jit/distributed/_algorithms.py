@@ -9,7 +9,9 @@ by_devices with the same P places and shard sizes.
   place, allgathered, folded in place order (init first).
 - inclusive and exclusive scans: the first pass on every place, its totals allgathered and
   folded into each place's seed (an exclusive prefix, with init), then the second pass
-  seeded with it: one call of the shim, which calls back between the passes.
+  seeded with it: one call of the shim, which calls back between the passes. Where one
+  place holds every element, its rank scans it as one process scans a lone shard (in one
+  pass where the accumulator allows), so the bits are one process's there too.
 - count and histogram_even: integer counts, added by an allreduce (any order, same sum).
 - adjacent_difference: every rank's last element allgathered; a rank's first non-empty
   place takes its neighbour (the halo plan's, across empty shards and ranks) from there.
@@ -61,6 +63,13 @@ def scan(a, out, acc_size: int, init: bytes, exclusive: bool, libraries=None, bu
     """The shim's scan over every rank: the places' totals meet between the two passes."""
     group = a.group
     signature = _signature("scan", a, ("accumulator bytes", acc_size), ("exclusive", exclusive))
+    if sum(1 for size in a.shard_sizes if size) <= 1:  # nothing to carry: the lone shard's rank scans it
+        begin(group, signature)
+        if builtin is None:
+            _shim.scan(libraries, a._impl, out._impl, acc_size, init, exclusive)
+        else:
+            _shim.scan_builtin(builtin, a._impl, out._impl, init, exclusive)
+        return
     fold = _fold(a, acc_size, libraries, builtin)
 
     def carry(totals):

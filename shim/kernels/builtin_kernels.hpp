@@ -38,6 +38,7 @@ struct BuiltinReduceKernels {
   const void* reduce;
   const void* fold;
   const void* scan;
+  const void* scan_one_pass;  // OnePassScan (reduce.cuh)
 };
 BuiltinReduceKernels builtin_reduce_kernels(BuiltinReduction op, int dtype);
 

@@ -188,4 +188,29 @@ struct ScanParams {
   alignas(8) unsigned char seed_value[kMaxAccSize];
 };
 
+// A scan of one place in one pass (OnePassScan in reduce.cuh), for accumulators of 4 or 8
+// bytes: one tile of one_pass_tile(acc_size) elements a block, taken in order from `draw`, and
+// joined to the tiles before it by a look-back over `states` (a 16-byte word a tile, tagged with
+// the launch's epoch). `draw` (PlaceGroup::pass_counter's second word) holds the epoch above
+// kOnePassTileBits and the tiles drawn below; the block that draws the last tile sets it to the
+// next epoch with none drawn, so no call clears it. States from an earlier epoch read as not
+// yet published, so no call clears them either; they are zero when allocated (epochs tag from 1).
+constexpr int kOnePassTileBits = 24;
+constexpr int kOnePassBlock = 512;
+constexpr int kOnePassReads = 2;  // tile states a lane of the look-back reads at a time
+constexpr int one_pass_items(int acc_size) { return acc_size == 4 ? 16 : 8; }
+constexpr int one_pass_tile(int acc_size) { return kOnePassBlock * one_pass_items(acc_size); }
+struct OnePassScanParams {
+  const void* in;
+  void* out;
+  long long n;
+  long long index_base;
+  long long num_tiles;  // < 2^kOnePassTileBits
+  void* states;         // num_tiles 16-byte words
+  unsigned long long* draw;
+  int has_seed;
+  int exclusive;
+  alignas(8) unsigned char seed_value[kMaxAccSize];
+};
+
 }  // namespace csj::kernels

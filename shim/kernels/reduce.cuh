@@ -7,11 +7,13 @@
 //   Op:  op(const Acc* a, const Acc* b, Acc* out)                  (a before b)
 // Accumulators travel as raw 4- or 8-byte words.
 //
-// A scan is reduce-then-scan at every level: pass 1 (Reduction with prefixes) folds each
-// block's chunk and gives each block its exclusive prefix; pass 2 (Scan) scans each chunk,
-// tile by tile, seeded with it. (A barrier-free warp-level second pass measured slower.)
-// Decoupled look-back would save one read, but the association of its
-// prefixes depends on timing, which breaks bitwise determinism for floating point.
+// A scan across places is reduce-then-scan at every level: pass 1 (Reduction with prefixes)
+// folds each block's chunk and gives each block its exclusive prefix; pass 2 (Scan) scans each
+// chunk, tile by tile, seeded with it. (A barrier-free warp-level second pass measured slower.)
+// A scan of one place with an accumulator of 4 or 8 bytes reads its input once (OnePassScan):
+// a decoupled look-back whose fold over the tiles is a strict left fold, so the bits do not
+// depend on which published prefix a look-back happened to find (CUB's look-back folds a window
+// as a tree whose shape depends on timing).
 #pragma once
 
 #include <cub/block/block_exchange.cuh>
@@ -599,6 +601,222 @@ struct Scan {
         Store(temp.store).Store(out, values, valid);
       }
       __syncthreads();
+    }
+  }
+};
+
+// ---- The scan of one place in one pass ---------------------------------------------------
+// Each block draws one tile in order (so every tile before a running one has started and will
+// publish), maps, loads and scans it, and learns what precedes it from the tiles' states: each
+// tile publishes its aggregate at once, then its inclusive prefix once it knows it. The
+// inclusive prefix of tile t is ((seed . agg(0)) . agg(1)) . ... . agg(t), a strict left fold:
+// a look-back finds the nearest published inclusive prefix j and folds agg(j + 1) .. agg(t - 1)
+// onto it from the left, which gives the same bits whichever j it found. So the result is the
+// same bits run after run, as the two passes' are (a different association from theirs, fixed
+// by n alone). The first warp reads the states of a window of 64 tiles at a time (two a lane,
+// one L2 trip a window); lane 0 folds the staged window in order. The tiles' prefixes move
+// forward by about a window per look-back, so the tiles are large (8192 elements of 4 bytes)
+// and the windows wide. The association inside a tile is CUB's block scan's, seeded with the
+// tile's exclusive prefix.
+struct alignas(16) TileState {
+  unsigned long long value;  // the accumulator's bytes, low-aligned
+  unsigned long long tag;    // (epoch + 1) << 1, | 1 once value is the inclusive prefix
+};
+
+__device__ __forceinline__ void store_state(TileState* slot, unsigned long long value, unsigned long long tag) {
+  asm volatile("st.relaxed.gpu.global.v2.u64 [%0], {%1, %2};" ::"l"(slot), "l"(value), "l"(tag) : "memory");
+}
+
+__device__ __forceinline__ TileState load_state(const TileState* slot) {
+  TileState state;
+  asm volatile("ld.relaxed.gpu.global.v2.u64 {%0, %1}, [%2];"
+               : "=l"(state.value), "=l"(state.tag)
+               : "l"(slot)
+               : "memory");
+  return state;
+}
+
+template <class Map, class Op, int InSize, int AccSize>
+struct OnePassScan {
+  static_assert(AccSize == 4 || AccSize == 8, "a tile state holds an accumulator of 4 or 8 bytes");
+  using In = typename Word<InSize>::type;
+  using Acc = typename Word<AccSize>::type;
+  static constexpr int kItems = one_pass_items(AccSize);
+  static constexpr long long kTile = one_pass_tile(AccSize);
+  static constexpr int kWindow = 32 * kOnePassReads;  // tiles a look-back reads at a time
+  using Mask = unsigned long long;                    // a bit per tile of the window
+  static_assert(kWindow <= 64, "a window's tiles fit a 64-bit mask");
+  static constexpr Mask kAll = kWindow == 64 ? ~Mask{0} : (Mask{1} << kWindow) - 1;
+  using Combiner = Combine<Op, Acc>;
+  using Exchange = cub::BlockExchange<In, kOnePassBlock, kItems>;
+  using Store = cub::BlockStore<Acc, kOnePassBlock, kItems, cub::BLOCK_STORE_WARP_TRANSPOSE>;
+  using BlockScanT = cub::BlockScan<Acc, kOnePassBlock, cub::BLOCK_SCAN_WARP_SCANS>;
+
+  struct TempStorage {
+    union {
+      typename Exchange::TempStorage exchange;
+      typename Store::TempStorage store;
+      typename BlockScanT::TempStorage scan;
+    } steps;
+    Acc stage[kWindow];  // the look-back's window, nearest tile first
+    long long tile;
+    unsigned long long tag;
+  };
+
+  // Whether each tile of the window (bit k: tile end - 1 - k; lane l reads k = l + 32 r)
+  // satisfies the lanes' flags.
+  __device__ __forceinline__ static Mask window_mask(const bool (&flags)[kOnePassReads]) {
+    Mask mask = 0;
+#pragma unroll
+    for (int r = 0; r < kOnePassReads; ++r) mask |= static_cast<Mask>(__ballot_sync(0xffffffffu, flags[r])) << (32 * r);
+    return mask;
+  }
+
+  // The first warp's prefix callback in the tile's block scan: publishes the tile's aggregate,
+  // looks back, publishes its inclusive prefix and returns its exclusive one (lane 0's counts).
+  struct LookBack {
+    TileState* states;
+    long long tile;
+    unsigned long long tag;
+    Acc* stage;
+
+    __device__ __forceinline__ Acc operator()(const Acc& aggregate) const {
+      const int lane = threadIdx.x & 31;
+      if (lane == 0) store_state(states + tile, aggregate, tag);
+      // Walk back a window at a time until one holds a published inclusive prefix (tile 0
+      // publishes only that, so the walk ends there at the latest); within the window, every
+      // tile up to the nearest such one must have published.
+      long long end = tile;  // the window is tiles end - kWindow .. end - 1
+      TileState state[kOnePassReads];
+      Mask inclusives;
+      for (;;) {
+        bool seen[kOnePassReads], inclusive[kOnePassReads];
+#pragma unroll
+        for (int r = 0; r < kOnePassReads; ++r) {
+          seen[r] = end - 1 - lane - 32 * r < 0;  // before tile 0: never folded (tile 0's prefix is nearer)
+          inclusive[r] = false;
+          state[r] = TileState{0, 0};
+        }
+        for (;;) {
+#pragma unroll
+          for (int r = 0; r < kOnePassReads; ++r) {
+            if (!seen[r]) state[r] = load_state(states + (end - 1 - lane - 32 * r));
+          }
+#pragma unroll
+          for (int r = 0; r < kOnePassReads; ++r) {
+            if (!seen[r]) {
+              seen[r] = (state[r].tag | 1) == (tag | 1);
+              inclusive[r] = seen[r] && (state[r].tag & 1);
+            }
+          }
+          inclusives = window_mask(inclusive);
+          const Mask needed = inclusives ? ((inclusives & (0 - inclusives)) << 1) - 1 : kAll;
+          if ((window_mask(seen) & needed) == needed) break;
+        }
+        if (inclusives) break;
+        end -= kWindow;
+      }
+      // Fold from the nearest inclusive prefix toward the tile, the far window first, then
+      // each nearer one read again (seen already, so published; a tile that has published its
+      // inclusive prefix since starts the fold afresh from it: the same bits).
+      Acc prefix{};
+      for (;;) {
+#pragma unroll
+        for (int r = 0; r < kOnePassReads; ++r) stage[lane + 32 * r] = static_cast<Acc>(state[r].value);
+        __syncwarp();
+        if (lane == 0) {
+          int from = kWindow - 1;
+          if (inclusives) {
+            const int nearest = __ffsll(static_cast<long long>(inclusives)) - 1;
+            prefix = stage[nearest];
+            from = nearest - 1;
+          }
+          for (int k = from; k >= 0; --k) prefix = Combiner()(prefix, stage[k]);
+        }
+        __syncwarp();
+        end += kWindow;
+        if (end > tile) break;
+        bool inclusive[kOnePassReads];
+#pragma unroll
+        for (int r = 0; r < kOnePassReads; ++r) {
+          state[r] = load_state(states + (end - 1 - lane - 32 * r));
+          inclusive[r] = state[r].tag & 1;
+        }
+        inclusives = window_mask(inclusive);
+      }
+      if (lane == 0) store_state(states + tile, Combiner()(prefix, aggregate), tag | 1);
+      return prefix;
+    }
+  };
+
+  // Tile 0's callback: the seed, if any, is its exclusive prefix.
+  struct FirstTile {
+    TileState* states;
+    unsigned long long tag;
+    Acc seed;
+    __device__ __forceinline__ Acc operator()(const Acc& aggregate) const {
+      if ((threadIdx.x & 31) == 0) store_state(states, Combiner()(seed, aggregate), tag | 1);
+      return seed;
+    }
+  };
+
+  __device__ static void run(const OnePassScanParams& p) {
+    __shared__ TempStorage temp;
+    TileState* states = static_cast<TileState*>(p.states);
+    if (threadIdx.x == 0) {
+      const unsigned long long drawn = atomicAdd(p.draw, 1ULL);
+      const unsigned long long epoch = drawn >> kOnePassTileBits;
+      const long long tile = static_cast<long long>(drawn & ((1ULL << kOnePassTileBits) - 1));
+      // every tile is drawn: the next launch starts the next epoch from none drawn
+      if (tile == p.num_tiles - 1) atomicExch(p.draw, (epoch + 1) << kOnePassTileBits);
+      temp.tile = tile;
+      temp.tag = (epoch + 1) << 1;
+    }
+    __syncthreads();
+    const long long tile = temp.tile;
+    const unsigned long long tag = temp.tag;
+    const long long base = tile * kTile;
+    const long long remaining = p.n - base;
+    const int valid = remaining >= kTile ? static_cast<int>(kTile) : static_cast<int>(remaining);
+    const In* in = static_cast<const In*>(p.in) + base;
+    In items[kItems];
+    if (valid == kTile) {
+      cub::LoadDirectStriped<kOnePassBlock>(threadIdx.x, in, items);
+    } else {
+      cub::LoadDirectStriped<kOnePassBlock>(threadIdx.x, in, items, valid, in[0]);
+    }
+    Exchange(temp.steps.exchange).StripedToBlocked(items, items);
+    __syncthreads();
+    Acc values[kItems];
+    const long long first_index = p.index_base + base + static_cast<long long>(threadIdx.x) * kItems;
+#pragma unroll
+    for (int i = 0; i < kItems; ++i) Map()(&items[i], first_index + i, &values[i]);
+    BlockScanT scan(temp.steps.scan);
+    if (tile > 0) {
+      LookBack look_back{states, tile, tag, temp.stage};
+      if (p.exclusive) {
+        scan.ExclusiveScan(values, values, Combiner(), look_back);
+      } else {
+        scan.InclusiveScan(values, values, Combiner(), look_back);
+      }
+    } else if (p.has_seed) {
+      FirstTile first{states, tag, *reinterpret_cast<const Acc*>(p.seed_value)};
+      if (p.exclusive) {
+        scan.ExclusiveScan(values, values, Combiner(), first);
+      } else {
+        scan.InclusiveScan(values, values, Combiner(), first);
+      }
+    } else {  // an unseeded inclusive scan's first tile
+      Acc aggregate;
+      scan.InclusiveScan(values, values, Combiner(), aggregate);
+      if (threadIdx.x == 0) store_state(states, aggregate, tag | 1);
+    }
+    __syncthreads();
+    Acc* out = static_cast<Acc*>(p.out) + base;
+    if (valid == kTile) {
+      Store(temp.steps.store).Store(out, values);
+    } else {
+      Store(temp.steps.store).Store(out, values, valid);
     }
   }
 };

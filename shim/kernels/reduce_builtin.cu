@@ -71,10 +71,16 @@ __global__ void __launch_bounds__(kScanBlock) scan_kernel(const __grid_constant_
 }
 
 template <template <class> class Op, class T>
+__global__ void __launch_bounds__(kOnePassBlock) scan_one_pass_kernel(const __grid_constant__ OnePassScanParams p) {
+  OnePassScan<Identity<T>, Op<T>, sizeof(T), sizeof(T)>::run(p);
+}
+
+template <template <class> class Op, class T>
 BuiltinReduceKernels kernels_for() {
   return {reinterpret_cast<const void*>(&reduce_kernel<Op, T>),
           reinterpret_cast<const void*>(&fold_kernel<Op, T>),
-          reinterpret_cast<const void*>(&scan_kernel<Op, T>)};
+          reinterpret_cast<const void*>(&scan_kernel<Op, T>),
+          reinterpret_cast<const void*>(&scan_one_pass_kernel<Op, T>)};
 }
 
 template <class T>
@@ -90,7 +96,7 @@ BuiltinReduceKernels kernels_for(BuiltinReduction op) {
 template <class T>
 BuiltinReduceKernels count_kernels_for() {
   return {reinterpret_cast<const void*>(&count_kernel<T>),
-          reinterpret_cast<const void*>(&fold_kernel<Sum, long long>), nullptr};
+          reinterpret_cast<const void*>(&fold_kernel<Sum, long long>), nullptr, nullptr};
 }
 
 // segmented_reduce's check of device positions where no fold runs (PositionsCheckParams):

@@ -1,4 +1,4 @@
-// Reduce and segmented reduce (and, with CSJ_WITH_SCAN, scan) kernels with their operators
+// Reduce, segmented reduce and (with CSJ_WITH_SCAN) scan kernels with their operators
 // left undefined: built to LTO-IR, one module per (CSJ_IN_SIZE, CSJ_ACC_SIZE), and linked at
 // run time with the operator wrappers numba compiled:
 //   void csj_map(const In* value, long long global_index, Acc* out)
@@ -102,4 +102,11 @@ extern "C" __global__ void __launch_bounds__(kScanBlock)
     csj_scan(const __grid_constant__ ScanParams params) {
   Scan<LinkedMap, LinkedOp, CSJ_IN_SIZE, CSJ_ACC_SIZE>::run(params);
 }
+
+#if CSJ_ACC_SIZE == 4 || CSJ_ACC_SIZE == 8
+extern "C" __global__ void __launch_bounds__(kOnePassBlock)
+    csj_scan_one_pass(const __grid_constant__ OnePassScanParams params) {
+  OnePassScan<LinkedMap, LinkedOp, CSJ_IN_SIZE, CSJ_ACC_SIZE>::run(params);
+}
+#endif
 #endif

@@ -16,6 +16,7 @@
 #include <new>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace csj {
@@ -93,6 +94,8 @@ class StreamScratch {
   explicit operator bool() const { return pointer_ != nullptr; }
   // Queues the free now (after the work already queued on the stream), reporting failure.
   void free();
+  // Hands the memory to the caller, who frees it in some stream's order.
+  void* release() { return std::exchange(pointer_, nullptr); }
 
  private:
   void free_noexcept() noexcept;

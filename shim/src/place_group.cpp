@@ -239,6 +239,7 @@ PlaceGroup::PlaceGroup(std::vector<int> devices, std::vector<int> domains)
             "cudaMallocFromPoolAsync (pass counter)");
       pass_counters_.push_back(counter);
       check(cudaMemsetAsync(counter, 0, 16, stream), "cudaMemsetAsync (pass counter)");
+      scan_states_.push_back(std::make_unique<ScanStates>());
     }
   } catch (...) {
     release_resources();
@@ -312,6 +313,9 @@ void PlaceGroup::release_resources() noexcept {
     if (!device_alive(devices_[place])) continue;
     cudaSetDevice(devices_[place]);
     if (place < pass_counters_.size()) cudaFreeAsync(pass_counters_[place], reinterpret_cast<cudaStream_t>(streams_[place]));
+    if (place < scan_states_.size() && scan_states_[place]->memory != nullptr) {
+      cudaFreeAsync(scan_states_[place]->memory, reinterpret_cast<cudaStream_t>(streams_[place]));
+    }
     cudaStreamDestroy(reinterpret_cast<cudaStream_t>(streams_[place]));
   }
   cudaSetDevice(previous);
@@ -320,6 +324,7 @@ void PlaceGroup::release_resources() noexcept {
   }
   streams_.clear();
   pass_counters_.clear();
+  scan_states_.clear();
   pool_owners_.clear();  // the last group on a device destroys its pool
   device_pools_.clear();
   pinned_chunks_.clear();
@@ -467,6 +472,16 @@ std::uintptr_t PlaceGroup::memory_pool(std::size_t place) const {
 unsigned int* PlaceGroup::pass_counter(std::size_t place) const {
   device(place);  // range check
   return static_cast<unsigned int*>(pass_counters_[place]);
+}
+
+unsigned long long* PlaceGroup::scan_draw(std::size_t place) const {
+  device(place);  // range check
+  return reinterpret_cast<unsigned long long*>(static_cast<unsigned char*>(pass_counters_[place]) + 8);
+}
+
+PlaceGroup::ScanStates& PlaceGroup::scan_states(std::size_t place) const {
+  device(place);  // range check
+  return *scan_states_[place];
 }
 
 }  // namespace csj

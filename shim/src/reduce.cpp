@@ -31,10 +31,11 @@ namespace k = kernels;
 
 struct KernelSet {
   KernelHandle reduce, fold, scan;
+  KernelHandle one_pass;  // OnePassScan: scans with accumulators of 4 or 8 bytes
 };
 
 std::vector<KernelSet> linked_sets(const std::vector<const KernelLibrary*>& libraries,
-                                   const PlaceGroup& group, bool with_scan) {
+                                   const PlaceGroup& group, bool with_scan, bool with_one_pass = false) {
   detail::check_libraries(libraries, group.size());
   std::vector<KernelSet> sets;
   for (std::size_t place = 0; place < libraries.size(); ++place) {
@@ -44,6 +45,7 @@ std::vector<KernelSet> linked_sets(const std::vector<const KernelLibrary*>& libr
     set.reduce = KernelHandle::linked(library->kernel("csj_reduce", device));
     set.fold = KernelHandle::linked(library->kernel("csj_fold", device));
     if (with_scan) set.scan = KernelHandle::linked(library->kernel("csj_scan", device));
+    if (with_one_pass) set.one_pass = KernelHandle::linked(library->kernel("csj_scan_one_pass", device));
     sets.push_back(set);
   }
   return sets;
@@ -53,7 +55,7 @@ std::vector<KernelSet> builtin_sets(BuiltinReduction op, DType dtype, std::size_
   const k::BuiltinReduceKernels kernels =
       k::builtin_reduce_kernels(static_cast<k::BuiltinReduction>(op), static_cast<int>(dtype));
   KernelSet set{KernelHandle::builtin(kernels.reduce), KernelHandle::builtin(kernels.fold),
-                KernelHandle::builtin(kernels.scan)};
+                KernelHandle::builtin(kernels.scan), KernelHandle::builtin(kernels.scan_one_pass)};
   return std::vector<KernelSet>(places, set);
 }
 
@@ -565,6 +567,52 @@ void reduce_into_impl(const std::vector<KernelSet>& sets, const ShardedArray& in
   staging.free();
 }
 
+// A scan of one place in one pass (OnePassScan): the kernel draws its tiles from the place's
+// draw word and looks back over the place's tile states, which no call clears (each launch
+// tags its states with a new epoch). A scan being captured into a graph gets zeroed states of
+// its own in the graph instead: the place's may be reallocated before the graph is replayed.
+void scan_one_pass(const KernelHandle& kernel, const ShardedArray& in, ShardedArray& out, std::size_t place,
+                   long long tiles, int acc_size, const std::string& init, bool exclusive) {
+  const PlaceGroup& group = *in.group();
+  const cudaStream_t stream = stream_of(group, place);
+  k::OnePassScanParams params{};
+  params.in = reinterpret_cast<const void*>(in.shard_pointer(place));
+  params.out = reinterpret_cast<void*>(out.shard_pointer(place));
+  params.n = in.shard_size(place);
+  params.index_base = in.index_base(place);
+  params.num_tiles = tiles;
+  params.draw = group.scan_draw(place);
+  params.has_seed = init.empty() ? 0 : 1;
+  params.exclusive = exclusive ? 1 : 0;
+  if (!init.empty()) std::memcpy(params.seed_value, init.data(), acc_size);
+  const std::size_t bytes = static_cast<std::size_t>(tiles) * 16;
+
+  detail::DeviceGuard guard(group.device(place));
+  cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+  check(cudaStreamIsCapturing(stream, &capturing), "cudaStreamIsCapturing");
+  if (capturing != cudaStreamCaptureStatusNone) {
+    detail::StreamScratch states(bytes, stream, pool_of(group, place));
+    check(cudaMemsetAsync(states.get(), 0, bytes, stream), "clearing a scan's tile states");
+    params.states = states.get();
+    detail::launch(kernel, static_cast<unsigned>(tiles), k::kOnePassBlock, stream, params, "launching scan");
+    states.free();
+    return;
+  }
+  PlaceGroup::ScanStates& states = group.scan_states(place);
+  const std::lock_guard<std::mutex> lock(states.mutex);  // until the kernel that reads them is queued
+  if (states.bytes < bytes) {
+    std::size_t grown = std::max<std::size_t>(states.bytes, 64 << 10);
+    while (grown < bytes) grown *= 2;
+    detail::StreamScratch memory(grown, stream, pool_of(group, place));
+    check(cudaMemsetAsync(memory.get(), 0, grown, stream), "clearing a scan's tile states");
+    if (states.memory != nullptr) check(cudaFreeAsync(states.memory, stream), "cudaFreeAsync (scan states)");
+    states.memory = memory.release();
+    states.bytes = grown;
+  }
+  params.states = states.memory;
+  detail::launch(kernel, static_cast<unsigned>(tiles), k::kOnePassBlock, stream, params, "launching scan");
+}
+
 void scan_impl(const std::vector<KernelSet>& sets, const ShardedArray& in, ShardedArray& out,
                int acc_size, const std::string& init, bool exclusive) {
   check_acc(acc_size, init);
@@ -577,6 +625,14 @@ void scan_impl(const std::vector<KernelSet>& sets, const ShardedArray& in, Shard
   }
   const std::vector<std::size_t> places = non_empty_places(in);
   if (places.empty()) return;
+  if (places.size() == 1 && sets[places[0]].one_pass.function != nullptr) {
+    const long long tile = k::one_pass_tile(acc_size);
+    const long long tiles = (in.shard_size(places[0]) + tile - 1) / tile;
+    if (tiles < (1LL << k::kOnePassTileBits)) {
+      scan_one_pass(sets[places[0]].one_pass, in, out, places[0], tiles, acc_size, init, exclusive);
+      return;
+    }
+  }
   const PlaceGroup& group = *in.group();
   const int home = group.device(0);
   const cudaStream_t home_stream = stream_of(group, 0);
@@ -849,7 +905,8 @@ long long count(const ShardedArray& in, const std::string& value) {
 
 void scan(const std::vector<const KernelLibrary*>& libraries, const ShardedArray& in,
           ShardedArray& out, int acc_size, const std::string& init, bool exclusive) {
-  scan_impl(linked_sets(libraries, *in.group(), true), in, out, acc_size, init, exclusive);
+  scan_impl(linked_sets(libraries, *in.group(), true, acc_size == 4 || acc_size == 8), in, out, acc_size, init,
+            exclusive);
 }
 
 void scan_builtin(BuiltinReduction op, const ShardedArray& in, ShardedArray& out,

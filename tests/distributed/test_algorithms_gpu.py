@@ -236,6 +236,20 @@ def test_scans_match_by_devices_bit_for_bit(groups, dtype):
     assert np.array_equal(ours["running first min"]["f0"], minima)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_a_lone_shard_scans_as_in_one_process(groups, dtype):
+    """Where the last place holds every element, its rank scans it as one process scans a
+    lone shard (in one pass): float sums the same bits as by_devices', and near numpy's."""
+    group, _ = groups
+    host, a, r = _pair(groups, dtype, seed=6, sizes=[0] * (len(group) - 1) + [N])
+    calls = (lambda x: sharded.inclusive_scan(x, lambda p, q: p + q), lambda x: sharded.exclusive_scan(x, "sum", 0.5))
+    for call in calls:
+        ours, theirs = call(a).to_numpy(root=None), call(r).to_numpy()
+        assert _bits(ours) == _bits(theirs)
+    running = np.cumsum(host.astype(np.float64))
+    assert np.allclose(ours, 0.5 + np.concatenate([[0.0], running[:-1]]), rtol=1e-3, atol=1e-2)
+
+
 def test_transform_and_sequence_see_global_indices(groups):
     host, a, r = _pair(groups, np.float64, seed=5)
     indexed = sharded.transform(lambda x, i: x * 2 + i, a, with_index=True).to_numpy(root=None)

@@ -70,6 +70,20 @@ class PlaceGroup {
   // call clears one. Only work queued on the place's stream may use it: two users never
   // overlap.
   unsigned int* pass_counter(std::size_t place) const;
+  // The draw word of a scan in one pass on the place (kernels::OnePassScanParams::draw), beside
+  // the pass counter: zero at first, left by each such kernel ready for the next.
+  unsigned long long* scan_draw(std::size_t place) const;
+  // The tile states of a scan in one pass on the place (OnePassScanParams::states): device
+  // memory that only those kernels write, zeroed when allocated and kept for the group's life,
+  // so that no call clears it. A caller holds `mutex` from reading `memory` until its kernel is
+  // queued; growing it (in the place's stream order) frees the old memory after the kernels
+  // already queued there.
+  struct ScanStates {
+    std::mutex mutex;
+    void* memory = nullptr;
+    std::size_t bytes = 0;
+  };
+  ScanStates& scan_states(std::size_t place) const;
 
   // Whether the contexts the group was made in still exist: a device reset (by any library
   // in the process) destroys a device's context with the group's streams, pools and memory.
@@ -99,6 +113,7 @@ class PlaceGroup {
   std::vector<std::uintptr_t> device_pools_;        // parallel to unique_devices_
   std::vector<std::uintptr_t> place_pools_;         // per place
   std::vector<void*> pass_counters_;                // per place, from its pool, on its stream
+  std::vector<std::unique_ptr<ScanStates>> scan_states_;  // per place; memory as the counters'
   std::vector<std::vector<bool>> peer_;  // indexed by device id
   // per unique device: (CUcontext, its cuCtxGetId) at creation
   std::vector<std::pair<std::uintptr_t, unsigned long long>> contexts_;
