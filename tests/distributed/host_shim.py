@@ -4,8 +4,8 @@ every collective's agreements, data movement and folds, on this rank's part of e
 
 It stands in for what the from_mpi paths call: PlaceGroup.by_devices, ShardedArray.allocate
 and its host copies, the built-in reductions' per-place partials and fold, the built-in
-scans with their carry, count, histogram_even, fill, sequence, the built-in add and negate,
-copy_lanes, the radix sorts (sort, sort_by_key: stable, over the rank's places as one
+scans (with their carry, and a lone place's), count, histogram_even, fill, sequence, the
+built-in add and negate, copy_lanes, the radix sorts (sort, sort_by_key: stable, over the rank's places as one
 sequence, NaNs last ascending and first descending, the exact reverse), top_k, searchsorted
 select, the scans by key, reduce_by_key, adjacent_difference, the flagged compaction, the
 run heads, segmented_reduce, the comparator sort and search and the transform of numbers (whose
@@ -152,6 +152,23 @@ def scan_builtin_carried(op, impl, out, exclusive, carry):
         if exclusive:
             scanned = np.concatenate([[np.frombuffer(seed, dtype)[0]], scanned[:-1]]).astype(dtype)
         out.typed(place)[:] = scanned
+
+
+def scan_builtin(op, impl, out, init, exclusive):
+    """The one-process scan of this rank's places, which a from_mpi scan runs where one place
+    holds every element: each non-empty place seeded with init and the places before it."""
+    ufunc, dtype = _OPS[op.name], np.dtype(impl.dtype)
+
+    def carry(totals):
+        seeds, acc = [], np.frombuffer(init, dtype)[0] if init else None
+        for valid, value in totals:
+            seeds.append(None if acc is None else acc.tobytes())
+            if valid:
+                total = np.frombuffer(value, dtype)[0]
+                acc = total if acc is None else ufunc(acc, total)
+        return seeds
+
+    scan_builtin_carried(op, impl, out, exclusive, carry)
 
 
 def count(impl, value):
@@ -509,7 +526,7 @@ def pinned_host_free(address):
 
 
 NAMES = ["PlaceGroup", "ShardedArray", "reduce_builtin_partials", "fold_builtin", "scan_builtin_carried",
-         "count", "check_histogram_memory", "histogram_even", "transform_builtin", "copy_lanes",
+         "scan_builtin", "count", "check_histogram_memory", "histogram_even", "transform_builtin", "copy_lanes",
          "visible_device_count", "sort", "sort_by_key", "top_k", "searchsorted", "select",
          "scan_by_key", "reduce_by_key", "adjacent_difference", "select_flagged", "select_heads", "segmented_reduce",
          "sort_compare", "search_compare", "transform", "pinned_host_alloc", "pinned_host_free"]
