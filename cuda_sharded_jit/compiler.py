@@ -284,6 +284,10 @@ _ENTRY_POINTS = {
 }
 
 
+# the scan modules that also hold the single pass (4- or 8-byte inputs and accumulators)
+_ONE_PASS_SCANS = frozenset(f"scan_a{acc}_i{size}" for acc in (4, 8) for size in (4, 8))
+
+
 def _entry_points(kernel: CompiledKernel) -> list[str]:
     if kernel.module.startswith("transform_indexed"):
         return _ENTRY_POINTS["transform_indexed"]
@@ -291,7 +295,7 @@ def _entry_points(kernel: CompiledKernel) -> list[str]:
         sizes = kernel.module.rpartition("_i")[2].split("_")
         if len(sizes) == 2 and sizes[0] == sizes[1]:  # two inputs of one size: adjacent_difference's pass too
             return _ENTRY_POINTS["transform"] + ["csj_adjacent"]
-    if kernel.algorithm == "scan" and kernel.module.startswith(("scan_a4_", "scan_a8_")):
+    if kernel.algorithm == "scan" and kernel.module in _ONE_PASS_SCANS:
         return _ENTRY_POINTS["scan"] + ["csj_scan_one_pass"]  # one place's scan in one pass
     return _ENTRY_POINTS[kernel.algorithm]
 

@@ -273,6 +273,17 @@ def test_reduce_and_scan_operators_are_inlined(fresh_cache, algorithm, dtype):
     assert kernel.out_dtype == np.dtype(dtype) and kernel.map_ltoir
 
 
+@pytest.mark.parametrize("in_dtype", [np.int32, np.int64])
+@pytest.mark.parametrize("acc_dtype", [np.int32, np.int64])
+def test_every_one_pass_scan_module_links(fresh_cache, in_dtype, acc_dtype):
+    """Each scan module of 4- and 8-byte inputs and accumulators links with its single pass
+    (whose tile must fit the static shared memory: 8-byte inputs into a 4-byte accumulator
+    once did not)."""
+    kernel = sharded.compile(lambda a, b: a + b, "scan", (in_dtype,), arch=ARCH, out_dtype=acc_dtype)
+    assert kernel.module == f"scan_a{np.dtype(acc_dtype).itemsize}_i{np.dtype(in_dtype).itemsize}"
+    assert "csj_scan_one_pass" in kernel.sass() and "csj_scan" in kernel.sass()
+
+
 def test_reduce_with_map_infers_accumulator(fresh_cache):
     kernel = sharded.compile(lambda a, b: a + b, "reduce", (np.int32,), arch=ARCH,
                              map_op=lambda x: x * 0.5)

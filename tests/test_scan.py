@@ -115,6 +115,18 @@ def test_one_pass_at_tile_edges(one_place, dtype):
                                       np.concatenate([[dtype(4)], running[:-1] + dtype(4)]).astype(dtype))
 
 
+def test_one_pass_into_a_narrower_accumulator(one_place):
+    """int64 elements scanned into int32 (out=): 8-byte inputs take tiles of 4096 elements;
+    the sums equal numpy's of the int32 values, inclusive and exclusive."""
+    host = sample(np.int64, 3 * 4096 + 5, seed=43)
+    array = sharded.ShardedArray.from_numpy(one_place, host)
+    out = sharded.ShardedArray.allocate(one_place, [host.size], np.int32)
+    running = np.cumsum(host.astype(np.int32), dtype=np.int32)
+    np.testing.assert_array_equal(sharded.inclusive_scan(array, lambda x, y: x + y, out=out).to_numpy(), running)
+    np.testing.assert_array_equal(sharded.exclusive_scan(array, lambda x, y: x + y, np.int32(2), out=out).to_numpy(),
+                                  np.concatenate([[2], running[:-1] + 2]).astype(np.int32))
+
+
 def test_one_pass_float_bits_over_many_tiles(one_place):
     """Over 2049 tiles, where look-backs find their nearest published prefix at whatever
     distance the timing gives, a float32 sum is the same bits on every call (the tiles fold

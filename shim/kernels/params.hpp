@@ -189,7 +189,7 @@ struct ScanParams {
 };
 
 // A scan of one place in one pass (OnePassScan in reduce.cuh), for accumulators of 4 or 8
-// bytes: one tile of one_pass_tile(acc_size) elements a block, taken in order from `draw`, and
+// bytes: one tile of one_pass_tile(in_size, acc_size) elements a block, taken in order from `draw`, and
 // joined to the tiles before it by a look-back over `states` (a 16-byte word a tile, tagged with
 // the launch's epoch). `draw` (PlaceGroup::pass_counter's second word) holds the epoch above
 // kOnePassTileBits and the tiles drawn below; the block that draws the last tile sets it to the
@@ -198,8 +198,10 @@ struct ScanParams {
 constexpr int kOnePassTileBits = 24;
 constexpr int kOnePassBlock = 512;
 constexpr int kOnePassReads = 2;  // tile states a lane of the look-back reads at a time
-constexpr int one_pass_items(int acc_size) { return acc_size == 4 ? 16 : 8; }
-constexpr int one_pass_tile(int acc_size) { return kOnePassBlock * one_pass_items(acc_size); }
+// Items a thread: a tile's exchange (inputs) and store (accumulators) each fit the 48 KiB of
+// static shared memory, so 8 where either is 8 bytes wide.
+constexpr int one_pass_items(int in_size, int acc_size) { return in_size == 4 && acc_size == 4 ? 16 : 8; }
+constexpr int one_pass_tile(int in_size, int acc_size) { return kOnePassBlock * one_pass_items(in_size, acc_size); }
 struct OnePassScanParams {
   const void* in;
   void* out;

@@ -615,8 +615,8 @@ struct Scan {
 // same bits run after run, as the two passes' are (a different association from theirs, fixed
 // by n alone). The first warp reads the states of a window of 64 tiles at a time (two a lane,
 // one L2 trip a window); lane 0 folds the staged window in order. The tiles' prefixes move
-// forward by about a window per look-back, so the tiles are large (8192 elements of 4 bytes)
-// and the windows wide. The association inside a tile is CUB's block scan's, seeded with the
+// forward by about a window per look-back, so the tiles are large (8192 elements of 4 bytes,
+// 4096 where the input or the accumulator is 8 bytes wide) and the windows wide. The association inside a tile is CUB's block scan's, seeded with the
 // tile's exclusive prefix.
 struct alignas(16) TileState {
   unsigned long long value;  // the accumulator's bytes, low-aligned
@@ -641,12 +641,13 @@ struct OnePassScan {
   static_assert(AccSize == 4 || AccSize == 8, "a tile state holds an accumulator of 4 or 8 bytes");
   using In = typename Word<InSize>::type;
   using Acc = typename Word<AccSize>::type;
-  static constexpr int kItems = one_pass_items(AccSize);
-  static constexpr long long kTile = one_pass_tile(AccSize);
+  static_assert(InSize == 4 || InSize == 8, "one-pass scans read 4- or 8-byte elements");
+  static constexpr int kItems = one_pass_items(InSize, AccSize);
+  static constexpr long long kTile = one_pass_tile(InSize, AccSize);
   static constexpr int kWindow = 32 * kOnePassReads;  // tiles a look-back reads at a time
   using Mask = unsigned long long;                    // a bit per tile of the window
   static_assert(kWindow <= 64, "a window's tiles fit a 64-bit mask");
-  static constexpr Mask kAll = kWindow == 64 ? ~Mask{0} : (Mask{1} << kWindow) - 1;
+  static constexpr Mask kAll = kWindow == 64 ? ~Mask{0} : (Mask{1} << (kWindow % 64)) - 1;
   using Combiner = Combine<Op, Acc>;
   using Exchange = cub::BlockExchange<In, kOnePassBlock, kItems>;
   using Store = cub::BlockStore<Acc, kOnePassBlock, kItems, cub::BLOCK_STORE_WARP_TRANSPOSE>;
@@ -775,6 +776,7 @@ struct OnePassScan {
     __syncthreads();
     const long long tile = temp.tile;
     const unsigned long long tag = temp.tag;
+    if (tile >= p.num_tiles) return;  // only if another launch shared the draw word: fail without writing
     const long long base = tile * kTile;
     const long long remaining = p.n - base;
     const int valid = remaining >= kTile ? static_cast<int>(kTile) : static_cast<int>(remaining);

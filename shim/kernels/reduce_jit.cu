@@ -103,7 +103,7 @@ extern "C" __global__ void __launch_bounds__(kScanBlock)
   Scan<LinkedMap, LinkedOp, CSJ_IN_SIZE, CSJ_ACC_SIZE>::run(params);
 }
 
-#if CSJ_ACC_SIZE == 4 || CSJ_ACC_SIZE == 8
+#if (CSJ_ACC_SIZE == 4 || CSJ_ACC_SIZE == 8) && (CSJ_IN_SIZE == 4 || CSJ_IN_SIZE == 8)
 extern "C" __global__ void __launch_bounds__(kOnePassBlock)
     csj_scan_one_pass(const __grid_constant__ OnePassScanParams params) {
   OnePassScan<LinkedMap, LinkedOp, CSJ_IN_SIZE, CSJ_ACC_SIZE>::run(params);

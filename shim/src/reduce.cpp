@@ -626,7 +626,7 @@ void scan_impl(const std::vector<KernelSet>& sets, const ShardedArray& in, Shard
   const std::vector<std::size_t> places = non_empty_places(in);
   if (places.empty()) return;
   if (places.size() == 1 && sets[places[0]].one_pass.function != nullptr) {
-    const long long tile = k::one_pass_tile(acc_size);
+    const long long tile = k::one_pass_tile(static_cast<int>(in.itemsize()), acc_size);
     const long long tiles = (in.shard_size(places[0]) + tile - 1) / tile;
     if (tiles < (1LL << k::kOnePassTileBits)) {
       scan_one_pass(sets[places[0]].one_pass, in, out, places[0], tiles, acc_size, init, exclusive);
