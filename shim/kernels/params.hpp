@@ -195,6 +195,9 @@ struct ScanParams {
 // kOnePassTileBits and the tiles drawn below; the block that draws the last tile sets it to the
 // next epoch with none drawn, so no call clears it. States from an earlier epoch read as not
 // yet published, so no call clears them either; they are zero when allocated (epochs tag from 1).
+constexpr bool one_pass_scans(int in_size, int acc_size) {  // the modules that hold csj_scan_one_pass
+  return (in_size == 4 || in_size == 8) && (acc_size == 4 || acc_size == 8);
+}
 constexpr int kOnePassTileBits = 24;
 constexpr int kOnePassBlock = 512;
 constexpr int kOnePassReads = 2;  // tile states a lane of the look-back reads at a time

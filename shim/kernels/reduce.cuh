@@ -638,10 +638,9 @@ __device__ __forceinline__ TileState load_state(const TileState* slot) {
 
 template <class Map, class Op, int InSize, int AccSize>
 struct OnePassScan {
-  static_assert(AccSize == 4 || AccSize == 8, "a tile state holds an accumulator of 4 or 8 bytes");
+  static_assert(one_pass_scans(InSize, AccSize), "4- or 8-byte elements, and a tile state holds 8 bytes");
   using In = typename Word<InSize>::type;
   using Acc = typename Word<AccSize>::type;
-  static_assert(InSize == 4 || InSize == 8, "one-pass scans read 4- or 8-byte elements");
   static constexpr int kItems = one_pass_items(InSize, AccSize);
   static constexpr long long kTile = one_pass_tile(InSize, AccSize);
   static constexpr int kWindow = 32 * kOnePassReads;  // tiles a look-back reads at a time

@@ -590,27 +590,28 @@ void scan_one_pass(const KernelHandle& kernel, const ShardedArray& in, ShardedAr
   detail::DeviceGuard guard(group.device(place));
   cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
   check(cudaStreamIsCapturing(stream, &capturing), "cudaStreamIsCapturing");
+  detail::StreamScratch own;  // a captured scan's states
+  std::unique_lock<std::mutex> lock;  // the place's states: held until the kernel that reads them is queued
   if (capturing != cudaStreamCaptureStatusNone) {
-    detail::StreamScratch states(bytes, stream, pool_of(group, place));
-    check(cudaMemsetAsync(states.get(), 0, bytes, stream), "clearing a scan's tile states");
-    params.states = states.get();
-    detail::launch(kernel, static_cast<unsigned>(tiles), k::kOnePassBlock, stream, params, "launching scan");
-    states.free();
-    return;
+    own = detail::StreamScratch(bytes, stream, pool_of(group, place));
+    check(cudaMemsetAsync(own.get(), 0, bytes, stream), "clearing a scan's tile states");
+    params.states = own.get();
+  } else {
+    PlaceGroup::ScanStates& states = group.scan_states(place);
+    lock = std::unique_lock<std::mutex>(states.mutex);
+    if (states.bytes < bytes) {
+      std::size_t grown = std::max<std::size_t>(states.bytes, 64 << 10);
+      while (grown < bytes) grown *= 2;
+      detail::StreamScratch memory(grown, stream, pool_of(group, place));
+      check(cudaMemsetAsync(memory.get(), 0, grown, stream), "clearing a scan's tile states");
+      if (states.memory != nullptr) check(cudaFreeAsync(states.memory, stream), "cudaFreeAsync (scan states)");
+      states.memory = memory.release();
+      states.bytes = grown;
+    }
+    params.states = states.memory;
   }
-  PlaceGroup::ScanStates& states = group.scan_states(place);
-  const std::lock_guard<std::mutex> lock(states.mutex);  // until the kernel that reads them is queued
-  if (states.bytes < bytes) {
-    std::size_t grown = std::max<std::size_t>(states.bytes, 64 << 10);
-    while (grown < bytes) grown *= 2;
-    detail::StreamScratch memory(grown, stream, pool_of(group, place));
-    check(cudaMemsetAsync(memory.get(), 0, grown, stream), "clearing a scan's tile states");
-    if (states.memory != nullptr) check(cudaFreeAsync(states.memory, stream), "cudaFreeAsync (scan states)");
-    states.memory = memory.release();
-    states.bytes = grown;
-  }
-  params.states = states.memory;
   detail::launch(kernel, static_cast<unsigned>(tiles), k::kOnePassBlock, stream, params, "launching scan");
+  own.free();  // after the kernel, in stream order (nothing where the place's states served)
 }
 
 void scan_impl(const std::vector<KernelSet>& sets, const ShardedArray& in, ShardedArray& out,
@@ -905,8 +906,8 @@ long long count(const ShardedArray& in, const std::string& value) {
 
 void scan(const std::vector<const KernelLibrary*>& libraries, const ShardedArray& in,
           ShardedArray& out, int acc_size, const std::string& init, bool exclusive) {
-  scan_impl(linked_sets(libraries, *in.group(), true, acc_size == 4 || acc_size == 8), in, out, acc_size, init,
-            exclusive);
+  scan_impl(linked_sets(libraries, *in.group(), true, k::one_pass_scans(static_cast<int>(in.itemsize()), acc_size)),
+            in, out, acc_size, init, exclusive);
 }
 
 void scan_builtin(BuiltinReduction op, const ShardedArray& in, ShardedArray& out,
