@@ -1,6 +1,8 @@
 """Compile latency: first call of a new operator in a warm process, first call in a new
 process with a cold and with a warm disk cache; cuda.compute's first call of the same
-operator, in a new process and in a warm one."""
+operator, in a new process and in a warm one. Then the first call of a new reduce operator
+and of a new scan operator on one place and on two (each links its own kernel module), in
+the warm process."""
 
 from __future__ import annotations
 
@@ -81,6 +83,33 @@ def _ours_warm_process(state: dict, row: Measure, reps: int) -> Measure:
     return row
 
 
+def _ours_warm_algorithm(state: dict, row: Measure, reps: int, call) -> Measure:
+    """First calls of `call(state, op)` with new binary operators, each until its result is
+    on the host."""
+    times = []
+    for rep in range(reps):
+        op = _new_operator(rep, 2)
+        started = time.perf_counter()
+        call(state, op)
+        times.append(time.perf_counter() - started)
+    row.seconds = times
+    return row
+
+
+def _reduce(state: dict, op) -> None:
+    sharded.reduce(state["x"], op)  # a host value: returns once the GPU is done
+
+
+def _scan_one_place(state: dict, op) -> None:
+    sharded.inclusive_scan(state["x"], op)
+    state["group"].sync()
+
+
+def _scan_two_places(state: dict, op) -> None:
+    sharded.inclusive_scan(state["x2"], op)
+    state["group2"].sync()
+
+
 def _ours_new_process(state: dict, row: Measure, runs: int, cold: bool) -> Measure:
     if not cold and not state.get("cold_done"):
         raise RuntimeError("the cold-cache run failed, so the disk cache is not warm")
@@ -125,6 +154,12 @@ def blocks(reps: int, cccl: bool) -> list[Block]:
         Task("ours, new process, warm disk cache",
              lambda state: _ours_new_process(state, warm_disk, max(3, reps // 2), False), warm_disk),
     ]
+    for variant, call in (("warm process, reduce", _reduce), ("warm process, inclusive_scan", _scan_one_place),
+                          ("warm process, inclusive_scan on two places", _scan_two_places)):
+        measure = row("ours", variant, "a new binary operator, 1024 float32 (two places: of one GPU)")
+        tasks.append(Task(f"ours, {variant}",
+                          lambda state, measure=measure, call=call: _ours_warm_algorithm(state, measure, reps, call),
+                          measure))
     if cccl:
         cccl_new = row("cuda.compute", "new process", "includes importing numba; it has no disk cache")
         cccl_warm = row("cuda.compute", "warm process", "a new operator after a first one was compiled")
@@ -139,8 +174,10 @@ def blocks(reps: int, cccl: bool) -> list[Block]:
         x = sharded.ShardedArray.from_numpy(group, np.arange(1024, dtype=np.float32))
         sharded.transform(lambda a: a + 1, x)  # numba loaded, JIT warm
         group.sync()
+        group2 = sharded.PlaceGroup.by_devices([0, 0])
+        x2 = sharded.ShardedArray.from_numpy(group2, np.arange(1024, dtype=np.float32))
         cache = tempfile.mkdtemp(prefix="csj-bench-cache-")
-        return {"group": group, "x": x, "cache": cache,
+        return {"group": group, "x": x, "group2": group2, "x2": x2, "cache": cache,
                 "env": dict(os.environ, CUDA_SHARDED_JIT_CACHE_DIR=cache)}
 
     def teardown(state: dict) -> None:

@@ -22,7 +22,10 @@ from ._dtypes import as_array_dtype, as_dtype, as_flag, is_integer
 from ._layout import dtype_from_key, layout_of
 from .op import Op, as_op, disk_cacheable
 
-ALGORITHMS = ("transform", "reduce", "scan", "merge_sort")
+ALGORITHMS = ("transform", "reduce", "segmented_reduce", "scan", "scan_one_pass", "merge_sort")
+# the module kind of each reduction's kernels (reduce_jit.cu): a module holds only the kernels
+# its calls launch, since each new operator links (compiles) every kernel of its module
+_REDUCTION_MODULES = {"reduce": "reduce", "segmented_reduce": "segmented", "scan": "scan", "scan_one_pass": "scan1"}
 VALUE_MAP = ("value", None)
 INDEX_MAP = ("index", None)  # transform: the operator also receives each element's global index
 # merge_sort: the order the comparator's wrapper bakes in, in the place of a map: ("ascending"
@@ -138,10 +141,13 @@ def _transform_module(arg_kinds, out_dtype, map_spec) -> str:
 def _reduction_module(op: Op, algorithm: str, map_spec, in_dtype: np.dtype, acc: np.dtype) -> tuple[str, bool]:
     """(LTO module, whether its map addresses the input from the global base)."""
     in_layout = layout_of(in_dtype)
+    kind = _REDUCTION_MODULES[algorithm]
+    if kind == "scan1" and not (in_dtype.itemsize in (4, 8) and acc.itemsize in (4, 8)):
+        kind = "scan"  # the single pass takes 4- and 8-byte inputs and accumulators: two passes
     if not in_layout.is_record:
-        return f"{algorithm}_a{acc.itemsize}_i{in_dtype.itemsize}", False
-    if algorithm == "reduce":  # one module per accumulator for records of any size
-        return f"reduce_a{acc.itemsize}_irec", True
+        return f"{kind}_a{acc.itemsize}_i{in_dtype.itemsize}", False
+    if algorithm in ("reduce", "segmented_reduce"):  # one module per accumulator for records of any size
+        return f"{kind}_a{acc.itemsize}_irec", True
     # a scan of records runs over the records themselves, into their own layout
     if map_spec[0] != "value":
         raise TypeError(f"map_op: a scan of records ({in_layout.description}) takes no map; "
@@ -150,7 +156,7 @@ def _reduction_module(op: Op, algorithm: str, map_spec, in_dtype: np.dtype, acc:
     if not in_layout.casts_to(acc_layout):
         raise TypeError(f"operator {op.name}: a scan of records of {in_layout.description} "
                         f"accumulates and writes that layout, not {acc_layout.description}")
-    return f"scan_a{acc.itemsize}_i{in_dtype.itemsize}", False
+    return f"{kind}_a{acc.itemsize}_i{in_dtype.itemsize}", False
 
 
 def sort_spec(key_op: Op | None, descending: bool) -> tuple:
@@ -272,8 +278,10 @@ _generation = 0  # clear_cache's count: an operator's memo of its last libraries
 _ENTRY_POINTS = {
     "transform": ["csj_transform"],
     "transform_indexed": ["csj_transform_indexed"],
-    "reduce": ["csj_reduce", "csj_fold", "csj_segmented_reduce", "csj_segmented_fold"],
+    "reduce": ["csj_reduce", "csj_fold"],
+    "segmented": ["csj_segmented_reduce", "csj_fold", "csj_segmented_fold"],
     "scan": ["csj_reduce", "csj_fold", "csj_scan"],
+    "scan1": ["csj_scan_one_pass"],  # an array with at most one non-empty shard, in one pass
     "merge_sort": ["csj_merge_sort_block", "csj_merge_partition", "csj_merge", "csj_merge_search"],
     "select": ["csj_select_count", "csj_select_scatter", "csj_select_keep", "csj_select_single"],
     "by_key": ["csj_by_key_reduce", "csj_by_key_chunks", "csj_by_key_groups", "csj_by_key_carry", "csj_by_key_sweep_inclusive",
@@ -284,10 +292,6 @@ _ENTRY_POINTS = {
 }
 
 
-# the scan modules that also hold the single pass (4- or 8-byte inputs and accumulators)
-_ONE_PASS_SCANS = frozenset(f"scan_a{acc}_i{size}" for acc in (4, 8) for size in (4, 8))
-
-
 def _entry_points(kernel: CompiledKernel) -> list[str]:
     if kernel.module.startswith("transform_indexed"):
         return _ENTRY_POINTS["transform_indexed"]
@@ -295,8 +299,8 @@ def _entry_points(kernel: CompiledKernel) -> list[str]:
         sizes = kernel.module.rpartition("_i")[2].split("_")
         if len(sizes) == 2 and sizes[0] == sizes[1]:  # two inputs of one size: adjacent_difference's pass too
             return _ENTRY_POINTS["transform"] + ["csj_adjacent"]
-    if kernel.algorithm == "scan" and kernel.module in _ONE_PASS_SCANS:
-        return _ENTRY_POINTS["scan"] + ["csj_scan_one_pass"]  # one place's scan in one pass
+    if kernel.algorithm in _REDUCTION_MODULES:  # the module's kind: scan_one_pass may link two passes
+        return _ENTRY_POINTS[kernel.module.partition("_")[0]]
     return _ENTRY_POINTS[kernel.algorithm]
 
 
@@ -356,7 +360,8 @@ def _stored_kernel(op: Op, key: tuple, map_spec, digest: str, header: dict, body
         raise ValueError(f"sizes {sizes} do not fit the {len(body)}-byte body")
     cubin_end, ltoir_end = sizes[0], sizes[0] + sizes[1]
     map_ltoir = body[ltoir_end:]
-    if body[:4] != b"\x7fELF" or not sizes[1] or bool(map_ltoir) != (algorithm in ("reduce", "scan", "by_key")):
+    mapped = algorithm in _REDUCTION_MODULES or algorithm == "by_key"
+    if body[:4] != b"\x7fELF" or not sizes[1] or bool(map_ltoir) != mapped:
         raise ValueError("the body is not a cubin with its operator LTO-IR")
     return CompiledKernel(algorithm, op.name, arg_kinds, out_dtype, arch, module, body[:cubin_end],
                           body[cubin_end:ltoir_end], digest, True, seconds, map_ltoir)
@@ -426,10 +431,13 @@ def compile(op, algorithm: str, dtypes, arch: str | None = None, *, scalars=(), 
     `scalars` lists the positions that are runtime scalars rather than arrays; `out_dtype`
     fixes the result type (an operator returning a tuple makes a record); `with_index` passes
     each element's global index as a last argument.
-    reduce / scan: `dtypes` is the input dtype; `out_dtype` the accumulator (default: the
-    input's, or `map_op`'s result, the map applied to each element first: `map_op(x)`, or
-    `map_op(x, global_index)` with `with_index`; a map returning a tuple makes a record
-    accumulator, and `op` then takes and returns tuples). A scan of records takes no map.
+    reduce / segmented_reduce / scan / scan_one_pass: `dtypes` is the input dtype; `out_dtype`
+    the accumulator (default: the input's, or `map_op`'s result, the map applied to each
+    element first: `map_op(x)`, or `map_op(x, global_index)` with `with_index`; a map returning
+    a tuple makes a record accumulator, and `op` then takes and returns tuples). A scan of
+    records takes no map. Each is its own module: "scan" is the two passes a scan takes
+    across shards, "scan_one_pass" the single pass it takes where the array has at most one
+    non-empty shard (4- and 8-byte inputs and accumulators; other sizes get the two passes).
     merge_sort: `op` is a comparator, `op(x, y)` True when x goes strictly before y, and
     `dtypes` the element dtype; `map_op` is the sort's key (elements are ordered by
     `op(map_op(x), map_op(y))`) and `descending` reverses the order, stably.

@@ -261,27 +261,47 @@ def test_debug_dump(fresh_cache, tmp_path, monkeypatch):
     assert suffixes == [".cubin", ".ltoir"]
 
 
-@pytest.mark.parametrize("algorithm", ["reduce", "scan"])
+# the kernels each reduction module holds: only those its calls launch
+MODULE_KERNELS = {"reduce": {"csj_reduce", "csj_fold"},
+                  "segmented_reduce": {"csj_segmented_reduce", "csj_fold", "csj_segmented_fold"},
+                  "scan": {"csj_reduce", "csj_fold", "csj_scan"},
+                  "scan_one_pass": {"csj_scan_one_pass"}}
+REDUCTION_KERNELS = set().union(*MODULE_KERNELS.values())
+
+
+def sass_kernels(kernel) -> set:
+    """The kernel functions a cubin's SASS holds (cuobjdump's `Function : name` lines)."""
+    return set(re.findall(r"Function : (\w+)", kernel.sass()))
+
+
+@pytest.mark.parametrize("algorithm", sorted(MODULE_KERNELS))
 @pytest.mark.parametrize("dtype", [np.float32, np.int64])
-def test_reduce_and_scan_operators_are_inlined(fresh_cache, algorithm, dtype):
+def test_reduction_operators_are_inlined(fresh_cache, algorithm, dtype):
     kernel = sharded.compile(lambda a, b: max(abs(a), abs(b)), algorithm, (dtype,), arch=ARCH)
-    sass = kernel.sass()
-    assert "csj_reduce" in sass and "csj_fold" in sass
-    if algorithm == "scan":
-        assert "csj_scan" in sass and "csj_scan_one_pass" in sass
-    assert "CALL" not in sass
+    prefix = {"reduce": "reduce", "segmented_reduce": "segmented", "scan": "scan", "scan_one_pass": "scan1"}
+    assert kernel.module == f"{prefix[algorithm]}_a{np.dtype(dtype).itemsize}_i{np.dtype(dtype).itemsize}"
+    assert sass_kernels(kernel) & REDUCTION_KERNELS == MODULE_KERNELS[algorithm]
+    assert "CALL" not in kernel.sass()
     assert kernel.out_dtype == np.dtype(dtype) and kernel.map_ltoir
 
 
 @pytest.mark.parametrize("in_dtype", [np.int32, np.int64])
 @pytest.mark.parametrize("acc_dtype", [np.int32, np.int64])
 def test_every_one_pass_scan_module_links(fresh_cache, in_dtype, acc_dtype):
-    """Each scan module of 4- and 8-byte inputs and accumulators links with its single pass
-    (whose tile must fit the static shared memory: 8-byte inputs into a 4-byte accumulator
-    once did not)."""
-    kernel = sharded.compile(lambda a, b: a + b, "scan", (in_dtype,), arch=ARCH, out_dtype=acc_dtype)
-    assert kernel.module == f"scan_a{np.dtype(acc_dtype).itemsize}_i{np.dtype(in_dtype).itemsize}"
-    assert "csj_scan_one_pass" in kernel.sass() and "csj_scan" in kernel.sass()
+    """Each single-pass module (4- and 8-byte inputs and accumulators) links, its tile within
+    the static shared memory (8-byte inputs into a 4-byte accumulator once were not)."""
+    kernel = sharded.compile(lambda a, b: a + b, "scan_one_pass", (in_dtype,), arch=ARCH, out_dtype=acc_dtype)
+    assert kernel.module == f"scan1_a{np.dtype(acc_dtype).itemsize}_i{np.dtype(in_dtype).itemsize}"
+    assert sass_kernels(kernel) & REDUCTION_KERNELS == {"csj_scan_one_pass"}
+
+
+def test_a_single_pass_of_wider_values_links_the_two_passes(fresh_cache):
+    """An accumulator over 8 bytes has no single pass: "scan_one_pass" links the two passes'
+    module."""
+    kernel = sharded.compile(lambda p, q: (p[0] + q[0], p[1] + q[1], p[2] + q[2]), "scan_one_pass", (np.float32,),
+                             arch=ARCH, map_op=lambda x: (x, x, x))
+    assert kernel.module == "scan_a12_i4" and len(kernel.out_dtype.names) == 3
+    assert sass_kernels(kernel) & REDUCTION_KERNELS == MODULE_KERNELS["scan"]
 
 
 def test_reduce_with_map_infers_accumulator(fresh_cache):

@@ -99,6 +99,35 @@ def test_a_lone_shard_scans_alike_in_any_group(one_place):
         np.testing.assert_allclose(two, expected, rtol=1e-3, atol=1e-2)
 
 
+def test_a_scan_links_only_the_kernels_it_runs(fresh_cache):
+    """A scan of an array with at most one non-empty shard links the single pass alone; with
+    two non-empty shards, the two passes alone. Each answers as numpy does."""
+    group = sharded.PlaceGroup.by_devices([0, 0])
+    host = sample(np.int64, 100_003, seed=5)
+    for sizes, runs, spared in (([0, host.size], "scan_one_pass", "scan"), (None, "scan", "scan_one_pass")):
+        sharded.clear_cache(memory=True, disk=True)
+        op = sharded.op(lambda x, y: x + y)
+        array = sharded.ShardedArray.from_numpy(group, host, sizes=sizes)
+        np.testing.assert_array_equal(sharded.inclusive_scan(array, op).to_numpy(), np.cumsum(host))
+        assert sharded.compile(op, runs, np.int64, out_dtype=np.int64).cache_hit
+        assert not sharded.compile(op, spared, np.int64, out_dtype=np.int64).cache_hit
+
+
+def test_the_single_pass_alone_refuses_two_non_empty_shards():
+    """The shim checks the libraries against the array before anything runs: the single pass
+    alone cannot scan two non-empty shards, and `out` is left as it was."""
+    from cuda_sharded_jit import _shim, compiler
+
+    group = sharded.PlaceGroup.by_devices([0, 0])
+    a = sharded.ShardedArray.from_numpy(group, np.arange(10, dtype=np.int32))
+    out = sharded.ShardedArray.from_numpy(group, np.full(10, 7, np.int32))
+    _, libraries = compiler.kernel_libraries(sharded.op(lambda x, y: x + y), "scan_one_pass", (("array", a.dtype),),
+                                             a.dtype, group.archs)
+    with pytest.raises(ValueError, match="single-pass scan alone.*2 non-empty shards"):
+        _shim.scan(libraries, a._impl, out._impl, 4, b"", False)
+    np.testing.assert_array_equal(out.to_numpy(), np.full(10, 7, np.int32))
+
+
 @pytest.mark.parametrize("dtype", [np.int32, np.uint64])
 def test_one_pass_at_tile_edges(one_place, dtype):
     """One place's scan in one pass, at sizes around its tiles (8192 elements for 4-byte

@@ -112,11 +112,12 @@ def segmented_reduce(a: ShardedArray, offsets, op, init, *, map_op=None,
         op = _PYTHON_OPS[builtin]
     if map_op is None:
         acc_dtype = _accumulator(dtype, values, init)
-        acc_dtype, libraries = kernel_libraries(op, "reduce", (("array", dtype),), acc_dtype, group.archs)
+        acc_dtype, libraries = kernel_libraries(op, "segmented_reduce", (("array", dtype),), acc_dtype,
+                                                group.archs)
     else:
         try:
-            acc_dtype, libraries = kernel_libraries(op, "reduce", (("array", dtype),), _init_request(init),
-                                                    group.archs,
+            acc_dtype, libraries = kernel_libraries(op, "segmented_reduce", (("array", dtype),),
+                                                    _init_request(init), group.archs,
                                                     ("call_index" if with_index else "call", map_op))
         except TypeError as error:
             if builtin and "tuple" in str(error):

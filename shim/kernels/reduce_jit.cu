@@ -1,8 +1,17 @@
-// Reduce, segmented reduce and (with CSJ_WITH_SCAN) scan kernels with their operators
-// left undefined: built to LTO-IR, one module per (CSJ_IN_SIZE, CSJ_ACC_SIZE), and linked at
-// run time with the operator wrappers numba compiled:
+// Reduce, segmented reduce and scan kernels with their operators left undefined: built to
+// LTO-IR, one module per (CSJ_IN_SIZE, CSJ_ACC_SIZE) and kind, and linked at run time with
+// the operator wrappers numba compiled:
 //   void csj_map(const In* value, long long global_index, Acc* out)
 //   void csj_op(const Acc* a, const Acc* b, Acc* out)
+//
+// A module holds only the kernels one kind of call launches: nvJitLink compiles every kernel
+// of a module for each new operator, so a kernel a call never launches only slows its first
+// call (docs/performance.md, first call):
+//  - reduce_*    (no kind define): csj_reduce, csj_fold
+//  - segmented_* (CSJ_SEGMENTED): csj_segmented_reduce, csj_fold, csj_segmented_fold
+//  - scan_*      (CSJ_WITH_SCAN): csj_reduce, csj_fold, csj_scan, the two passes
+//  - scan1_*     (CSJ_ONE_PASS_SCAN): csj_scan_one_pass, which scans an array with at most one
+//    non-empty shard; 4- and 8-byte inputs and accumulators only
 //
 // Record inputs (ReduceParams::map_value holds the shard's global base, element i at
 // base + global index * itemsize):
@@ -16,7 +25,7 @@
 #include "reduce.cuh"
 
 #if defined(CSJ_INPUT_BY_BASE)
-#if defined(CSJ_IN_SIZE) || defined(CSJ_WITH_SCAN)
+#if defined(CSJ_IN_SIZE) || defined(CSJ_WITH_SCAN) || defined(CSJ_ONE_PASS_SCAN)
 #error "CSJ_INPUT_BY_BASE modules are reductions without CSJ_IN_SIZE"
 #endif
 #elif !defined(CSJ_IN_SIZE)
@@ -24,6 +33,9 @@
 #endif
 #if !defined(CSJ_ACC_SIZE)
 #error "CSJ_ACC_SIZE must be defined"
+#endif
+#if defined(CSJ_SEGMENTED) + defined(CSJ_WITH_SCAN) + defined(CSJ_ONE_PASS_SCAN) > 1
+#error "one module kind at most: CSJ_SEGMENTED, CSJ_WITH_SCAN or CSJ_ONE_PASS_SCAN"
 #endif
 
 extern "C" __device__ void csj_map(const void*, long long, void*);
@@ -78,35 +90,37 @@ constexpr int kReduceInSize = CSJ_IN_SIZE;
 
 }  // namespace
 
-extern "C" __global__ void __launch_bounds__(kReduceBlock)
-    csj_reduce(const __grid_constant__ ReduceParams params) {
-  Reduction<ReduceMap, LinkedOp, kReduceInSize, CSJ_ACC_SIZE>::run(params);
+#if defined(CSJ_ONE_PASS_SCAN)
+extern "C" __global__ void __launch_bounds__(kOnePassBlock)
+    csj_scan_one_pass(const __grid_constant__ OnePassScanParams params) {
+  OnePassScan<LinkedMap, LinkedOp, CSJ_IN_SIZE, CSJ_ACC_SIZE>::run(params);
+}
+#else
+extern "C" __global__ void csj_fold(const __grid_constant__ FoldParams params) {
+  fold<LinkedOp, CSJ_ACC_SIZE>(params);
 }
 
+#if defined(CSJ_SEGMENTED)
 extern "C" __global__ void __launch_bounds__(kReduceBlock)
     csj_segmented_reduce(const __grid_constant__ SegmentedParams params) {
   SegmentedReduction<ReduceMap, LinkedOp, kReduceInSize, CSJ_ACC_SIZE>::run(params);
-}
-
-extern "C" __global__ void csj_fold(const __grid_constant__ FoldParams params) {
-  fold<LinkedOp, CSJ_ACC_SIZE>(params);
 }
 
 extern "C" __global__ void __launch_bounds__(kSegmentedFoldBlock)
     csj_segmented_fold(const __grid_constant__ SegmentedFoldParams params) {
   segmented_fold<LinkedOp, CSJ_ACC_SIZE>(params);
 }
+#else
+extern "C" __global__ void __launch_bounds__(kReduceBlock)
+    csj_reduce(const __grid_constant__ ReduceParams params) {
+  Reduction<ReduceMap, LinkedOp, kReduceInSize, CSJ_ACC_SIZE>::run(params);
+}
+#endif
 
-#ifdef CSJ_WITH_SCAN
+#if defined(CSJ_WITH_SCAN)
 extern "C" __global__ void __launch_bounds__(kScanBlock)
     csj_scan(const __grid_constant__ ScanParams params) {
   Scan<LinkedMap, LinkedOp, CSJ_IN_SIZE, CSJ_ACC_SIZE>::run(params);
-}
-
-#if (CSJ_ACC_SIZE == 4 || CSJ_ACC_SIZE == 8) && (CSJ_IN_SIZE == 4 || CSJ_IN_SIZE == 8)
-extern "C" __global__ void __launch_bounds__(kOnePassBlock)
-    csj_scan_one_pass(const __grid_constant__ OnePassScanParams params) {
-  OnePassScan<LinkedMap, LinkedOp, CSJ_IN_SIZE, CSJ_ACC_SIZE>::run(params);
 }
 #endif
 #endif

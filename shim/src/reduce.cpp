@@ -31,21 +31,28 @@ namespace k = kernels;
 
 struct KernelSet {
   KernelHandle reduce, fold, scan;
-  KernelHandle one_pass;  // OnePassScan: scans with accumulators of 4 or 8 bytes
+  KernelHandle one_pass;  // OnePassScan: scans with inputs and accumulators of 4 or 8 bytes
 };
 
+// Each place's kernels from its library: csj_reduce and csj_fold, and with `with_scan`
+// csj_scan. With `or_one_pass`, a library may hold the single pass instead (csj_scan_one_pass
+// alone, which the Python package links for a scan of an array with at most one non-empty
+// shard).
 std::vector<KernelSet> linked_sets(const std::vector<const KernelLibrary*>& libraries,
-                                   const PlaceGroup& group, bool with_scan, bool with_one_pass = false) {
+                                   const PlaceGroup& group, bool with_scan, bool or_one_pass = false) {
   detail::check_libraries(libraries, group.size());
   std::vector<KernelSet> sets;
   for (std::size_t place = 0; place < libraries.size(); ++place) {
     const KernelLibrary* library = libraries[place];
     const int device = group.device(place);
     KernelSet set;
-    set.reduce = KernelHandle::linked(library->kernel("csj_reduce", device));
-    set.fold = KernelHandle::linked(library->kernel("csj_fold", device));
-    if (with_scan) set.scan = KernelHandle::linked(library->kernel("csj_scan", device));
-    if (with_one_pass) set.one_pass = KernelHandle::linked(library->kernel("csj_scan_one_pass", device));
+    if (or_one_pass && library->has("csj_scan_one_pass")) {
+      set.one_pass = KernelHandle::linked(library->kernel("csj_scan_one_pass", device));
+    } else {
+      set.reduce = KernelHandle::linked(library->kernel("csj_reduce", device));
+      set.fold = KernelHandle::linked(library->kernel("csj_fold", device));
+      if (with_scan) set.scan = KernelHandle::linked(library->kernel("csj_scan", device));
+    }
     sets.push_back(set);
   }
   return sets;
@@ -626,13 +633,19 @@ void scan_impl(const std::vector<KernelSet>& sets, const ShardedArray& in, Shard
   }
   const std::vector<std::size_t> places = non_empty_places(in);
   if (places.empty()) return;
-  if (places.size() == 1 && sets[places[0]].one_pass.function != nullptr) {
+  const KernelSet& first = sets[places[0]];
+  if (places.size() == 1 && first.one_pass.function != nullptr) {
     const long long tile = k::one_pass_tile(static_cast<int>(in.itemsize()), acc_size);
     const long long tiles = (in.shard_size(places[0]) + tile - 1) / tile;
     if (tiles < (1LL << k::kOnePassTileBits)) {
-      scan_one_pass(sets[places[0]].one_pass, in, out, places[0], tiles, acc_size, init, exclusive);
+      scan_one_pass(first.one_pass, in, out, places[0], tiles, acc_size, init, exclusive);
       return;
     }
+  }
+  if (first.scan.function == nullptr) {
+    throw std::invalid_argument("libraries: linked with the single-pass scan alone, which scans at most one non-empty "
+                                "shard of fewer than 2^" + std::to_string(k::kOnePassTileBits) +
+                                " tiles; `a` has " + std::to_string(places.size()) + " non-empty shards");
   }
   const PlaceGroup& group = *in.group();
   const int home = group.device(0);
@@ -906,8 +919,7 @@ long long count(const ShardedArray& in, const std::string& value) {
 
 void scan(const std::vector<const KernelLibrary*>& libraries, const ShardedArray& in,
           ShardedArray& out, int acc_size, const std::string& init, bool exclusive) {
-  scan_impl(linked_sets(libraries, *in.group(), true, k::one_pass_scans(static_cast<int>(in.itemsize()), acc_size)),
-            in, out, acc_size, init, exclusive);
+  scan_impl(linked_sets(libraries, *in.group(), true, true), in, out, acc_size, init, exclusive);
 }
 
 void scan_builtin(BuiltinReduction op, const ShardedArray& in, ShardedArray& out,

@@ -27,6 +27,8 @@ class KernelLibrary {
   // The CUkernel of a resolved entry point, as an opaque handle, for a launch on `device`
   // (noted for the destructor). Thread-safe.
   void* kernel(const std::string& name, int device) const;
+  // Whether `name` is one of the entry points it resolved.
+  bool has(const std::string& name) const { return kernels_.count(name) != 0; }
 
  private:
   void* library_ = nullptr;
