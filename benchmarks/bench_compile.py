@@ -1,8 +1,8 @@
 """Compile latency: first call of a new operator in a warm process, first call in a new
 process with a cold and with a warm disk cache; cuda.compute's first call of the same
-operator, in a new process and in a warm one. Then the first call of a new reduce operator
-and of a new scan operator on one place and on two (each links its own kernel module), in
-the warm process."""
+operator, in a new process and in a warm one. Then the first call of a new reduce operator,
+of a new scan operator on one place and on two, and of a new reduce_by_key operator (each
+links its own kernel module), in the warm process."""
 
 from __future__ import annotations
 
@@ -110,6 +110,11 @@ def _scan_two_places(state: dict, op) -> None:
     state["group2"].sync()
 
 
+def _reduce_by_key(state: dict, op) -> None:
+    keys, reduced = sharded.reduce_by_key(state["keys"], state["x"], op)
+    reduced.to_numpy()
+
+
 def _ours_new_process(state: dict, row: Measure, runs: int, cold: bool) -> Measure:
     if not cold and not state.get("cold_done"):
         raise RuntimeError("the cold-cache run failed, so the disk cache is not warm")
@@ -155,7 +160,8 @@ def blocks(reps: int, cccl: bool) -> list[Block]:
              lambda state: _ours_new_process(state, warm_disk, max(3, reps // 2), False), warm_disk),
     ]
     for variant, call in (("warm process, reduce", _reduce), ("warm process, inclusive_scan", _scan_one_place),
-                          ("warm process, inclusive_scan on two places", _scan_two_places)):
+                          ("warm process, inclusive_scan on two places", _scan_two_places),
+                          ("warm process, reduce_by_key", _reduce_by_key)):
         measure = row("ours", variant, "a new binary operator, 1024 float32 (two places: of one GPU)")
         tasks.append(Task(f"ours, {variant}",
                           lambda state, measure=measure, call=call: _ours_warm_algorithm(state, measure, reps, call),
@@ -177,7 +183,8 @@ def blocks(reps: int, cccl: bool) -> list[Block]:
         group2 = sharded.PlaceGroup.by_devices([0, 0])
         x2 = sharded.ShardedArray.from_numpy(group2, np.arange(1024, dtype=np.float32))
         cache = tempfile.mkdtemp(prefix="csj-bench-cache-")
-        return {"group": group, "x": x, "group2": group2, "x2": x2, "cache": cache,
+        keys = sharded.ShardedArray.from_numpy(group, np.arange(1024, dtype=np.int32) // 8)
+        return {"group": group, "x": x, "keys": keys, "group2": group2, "x2": x2, "cache": cache,
                 "env": dict(os.environ, CUDA_SHARDED_JIT_CACHE_DIR=cache)}
 
     def teardown(state: dict) -> None:

@@ -36,10 +36,13 @@ MERGE_SORT_SIZES = (4, 8, 12, 16, 24, 32)  # element sizes with a merge_sort mod
 # the map specification holds whether the predicates take the index and the second predicate
 # (three_way_partition) or None. Modules exist for the merge sort's element sizes.
 SELECT_KINDS = ("select", "select_index")
-# by_key (internal: the scans by key and reduce_by_key): the op combines values; the keys'
-# equality takes the map's place, ("equal", op). Modules exist per key size (4, 8) and per
-# value size of the merge sort's element sizes.
+# by_key_<call> (internal: the scans by key and reduce_by_key; unique_by_key's run heads): the
+# op combines values; the keys' equality takes the map's place, ("equal", op). Modules exist
+# per call, key size (4, 8) and value size of the merge sort's element sizes (the run heads:
+# per key size, values of the keys' dtype), each with only that call's kernels.
 BY_KEY_MAP = "equal"
+BY_KEY_CALLS = ("inclusive", "exclusive", "reduce", "heads")
+BY_KEY_ALGORITHMS = frozenset(f"by_key_{call}" for call in BY_KEY_CALLS)
 ENV_DUMP = "CUDA_SHARDED_JIT_DUMP"
 
 
@@ -196,11 +199,14 @@ def _select_module(dtype: np.dtype, argument: str = "a") -> str:
     return _element_module("select", "a selection", dtype, argument)
 
 
-def by_key_module(key_dtype: np.dtype, value_dtype: np.dtype, argument: str = "values") -> str:
-    """The module `by_key_k<key size>_v<value size>`; TypeError naming `argument` for values
-    of another size."""
+def by_key_module(call: str, key_dtype: np.dtype, value_dtype: np.dtype, argument: str = "values") -> str:
+    """The module of a by-key call (one of BY_KEY_CALLS): `by_key_<call>_k<key size>_v<value
+    size>`, or `by_key_heads_k<key size>`; TypeError naming `argument` for values of another
+    size."""
     size = _element_size(value_dtype, argument, "the by-key algorithms take values")
-    return f"by_key_k{np.dtype(key_dtype).itemsize}_v{size}"
+    if call == "heads":
+        return f"by_key_heads_k{np.dtype(key_dtype).itemsize}"
+    return f"by_key_{call}_k{np.dtype(key_dtype).itemsize}_v{size}"
 
 
 def _build(op: Op, key: tuple, map_spec) -> CompiledKernel:
@@ -230,9 +236,9 @@ def _build_kernel(op: Op, key: tuple, map_spec) -> CompiledKernel:
         module = _merge_sort_module(out_dtype)
         order, key_op = map_spec
         ltoirs = [_jit.compile_compare(op, key_op, order == "descending", out_dtype, cc)]
-    elif algorithm == "by_key":  # the values' operator, and the keys' equality as the map
+    elif algorithm in BY_KEY_ALGORITHMS:  # the values' operator, and the keys' equality as the map
         key_dtype, out_dtype = arg_kinds[0][1], arg_kinds[1][1]
-        module = by_key_module(key_dtype, out_dtype)
+        module = by_key_module(algorithm[len("by_key_"):], key_dtype, out_dtype)
         ltoirs = [_jit.compile_reduction(op, VALUE_MAP, out_dtype, out_dtype, cc)[0]]
         map_ltoir = _jit.compile_equal(map_spec[1], key_dtype, cc)
     elif algorithm == "transform":
@@ -252,7 +258,7 @@ def _build_kernel(op: Op, key: tuple, map_spec) -> CompiledKernel:
         module, by_base = _reduction_module(op, algorithm, map_spec, in_dtype, out_dtype)
         op_ltoir, map_ltoir = _jit.compile_reduction(op, map_spec, in_dtype, out_dtype, cc, by_base)
         ltoirs = [op_ltoir, map_ltoir]
-    cubin = _link.link(module, ltoirs + ([map_ltoir] if algorithm == "by_key" else []), arch)
+    cubin = _link.link(module, ltoirs + ([map_ltoir] if algorithm in BY_KEY_ALGORITHMS else []), arch)
     seconds = time.perf_counter() - started
     _dump(op, module, arch, ltoirs, cubin)
     return CompiledKernel(algorithm, op.name, arg_kinds, np.dtype(out_dtype), arch, module,
@@ -284,11 +290,10 @@ _ENTRY_POINTS = {
     "scan1": ["csj_scan_one_pass"],  # an array with at most one non-empty shard, in one pass
     "merge_sort": ["csj_merge_sort_block", "csj_merge_partition", "csj_merge", "csj_merge_search"],
     "select": ["csj_select_count", "csj_select_scatter", "csj_select_keep", "csj_select_single"],
-    "by_key": ["csj_by_key_reduce", "csj_by_key_chunks", "csj_by_key_groups", "csj_by_key_carry", "csj_by_key_sweep_inclusive",
-               "csj_by_key_sweep_exclusive", "csj_by_key_sweep_reduce", "csj_by_key_heads_count",
-               "csj_by_key_heads_scatter", "csj_by_key_one_pass_inclusive", "csj_by_key_one_pass_exclusive",
-               "csj_by_key_one_pass_reduce", "csj_by_key_one_pass_fix_inclusive", "csj_by_key_one_pass_fix_exclusive",
-               "csj_by_key_one_pass_fix_reduce", "csj_by_key_one_pass_gather"],
+    **{f"by_key_{mode}": ["csj_by_key_reduce", "csj_by_key_chunks", "csj_by_key_groups", "csj_by_key_carry",
+                          f"csj_by_key_sweep_{mode}", f"csj_by_key_one_pass_{mode}", f"csj_by_key_one_pass_fix_{mode}"]
+       + (["csj_by_key_one_pass_gather"] if mode == "reduce" else []) for mode in ("inclusive", "exclusive", "reduce")},
+    "by_key_heads": ["csj_by_key_heads_count", "csj_by_key_heads_scatter"],
 }
 
 
@@ -317,8 +322,8 @@ def _module_for(op: Op, algorithm: str, arg_kinds: tuple, out_dtype: np.dtype, m
         return _merge_sort_module(out_dtype)
     if algorithm == "select":
         return _select_module(out_dtype)
-    if algorithm == "by_key":
-        return by_key_module(arg_kinds[0][1], out_dtype)
+    if algorithm in BY_KEY_ALGORITHMS:
+        return by_key_module(algorithm[len("by_key_"):], arg_kinds[0][1], out_dtype)
     return _reduction_module(op, algorithm, map_spec, arg_kinds[0][1], out_dtype)[0]
 
 
@@ -326,7 +331,7 @@ def _known_out_dtype(algorithm: str, arg_kinds: tuple, out_request, map_spec) ->
     """The result dtype a call gets without typing the operator, where the call fixes it."""
     if out_request is not None:
         return out_request
-    if algorithm == "by_key":
+    if algorithm in BY_KEY_ALGORITHMS:
         return arg_kinds[1][1]
     if algorithm in ("merge_sort", "select") or (algorithm != "transform" and map_spec[0] == "value"):
         return arg_kinds[0][1]
@@ -360,7 +365,7 @@ def _stored_kernel(op: Op, key: tuple, map_spec, digest: str, header: dict, body
         raise ValueError(f"sizes {sizes} do not fit the {len(body)}-byte body")
     cubin_end, ltoir_end = sizes[0], sizes[0] + sizes[1]
     map_ltoir = body[ltoir_end:]
-    mapped = algorithm in _REDUCTION_MODULES or algorithm == "by_key"
+    mapped = algorithm in _REDUCTION_MODULES or algorithm in BY_KEY_ALGORITHMS
     if body[:4] != b"\x7fELF" or not sizes[1] or bool(map_ltoir) != mapped:
         raise ValueError("the body is not a cubin with its operator LTO-IR")
     return CompiledKernel(algorithm, op.name, arg_kinds, out_dtype, arch, module, body[:cubin_end],

@@ -7,6 +7,7 @@ stand-in arrays (nothing compiles or runs first)."""
 from __future__ import annotations
 
 import collections
+import re
 
 import numpy as np
 import pytest
@@ -491,9 +492,9 @@ def test_equal_must_return_a_bool(shim_untouched):
 
 
 def test_the_by_key_engine_compiles_without_a_gpu():
-    """The by-key engine's module links for sm_90 with the values' operator and the keys'
-    equality (keys of 4 and 8 bytes; numbers and records; a custom equal); and the head
-    flags the selections by key compute."""
+    """The by-key engine's modules link for sm_90 with the values' operator and the keys'
+    equality (keys of 4 and 8 bytes; numbers and records; a custom equal; each call's module,
+    holding that call's kernels alone); and the head flags the selections by key compute."""
     from cuda_sharded_jit import compiler
     from cuda_sharded_jit.algorithms import by_key
 
@@ -505,15 +506,25 @@ def test_the_by_key_engine_compiles_without_a_gpu():
               lambda p, q: (p.x + q.x, p.y, q.z), None),
              (np.int64, np.dtype([(name, np.int64) for name in "abcd"], align=True),
               lambda p, q: (p.a + q.a, p.b, p.c, q.d), None))
-    for key, value, op, equal in cases:
+    calls = [("inclusive", "exclusive", "reduce")[index % 3] for index in range(len(cases))]
+    cases += ((np.int32, np.int32, by_key._first, None), (np.float64, np.float64, by_key._first, None))
+    calls += ["heads", "heads"]
+    for (key, value, op, equal), call in zip(cases, calls):
         key, value = np.dtype(key), np.dtype(value)
         op = sharded.Op(op)
         spec = (compiler.BY_KEY_MAP, by_key._EQUAL if equal is None else sharded.Op(equal))
         kinds = (("array", key), ("array", value))
-        kernel = compiler._lookup(op, ("by_key", op.identity(), compiler._map_identity(spec), kinds, value,
+        kernel = compiler._lookup(op, (f"by_key_{call}", op.identity(), compiler._map_identity(spec), kinds, value,
                                        "sm_90"), spec)
-        assert kernel.module == f"by_key_k{key.itemsize}_v{value.itemsize}"
+        assert kernel.module == (f"by_key_heads_k{key.itemsize}" if call == "heads"
+                                 else f"by_key_{call}_k{key.itemsize}_v{value.itemsize}")
         assert kernel.out_dtype == value and kernel.cubin[:4] == b"\x7fELF" and kernel.map_ltoir
+        functions = set(re.findall(r"Function : (\w+)", kernel.sass()))
+        call_kernels = ({"csj_by_key_heads_count", "csj_by_key_heads_scatter"} if call == "heads" else
+                        {"csj_by_key_reduce", "csj_by_key_chunks", "csj_by_key_groups", "csj_by_key_carry",
+                         f"csj_by_key_sweep_{call}", f"csj_by_key_one_pass_{call}", f"csj_by_key_one_pass_fix_{call}"}
+                        | ({"csj_by_key_one_pass_gather"} if call == "reduce" else set()))
+        assert functions == call_kernels, (call, functions)
     flags = by_key._head_flag(by_key._EQUAL_NAN)
     assert sharded.compile(flags, "transform", (np.float32, np.float32), arch="sm_90",
                            out_dtype=np.int32).out_dtype == np.int32

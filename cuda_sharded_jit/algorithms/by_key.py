@@ -150,11 +150,13 @@ class _RunFlags:
         return flags
 
 
-def _engine(keys: ShardedArray, value_dtype: np.dtype, op: Op, equal: Op, argument: str = "values") -> list:
-    """The by-key engine's kernels for keys, values of `value_dtype`, `op` and `equal`."""
-    by_key_module(keys.dtype, value_dtype, argument)
+def _engine(call: str, keys: ShardedArray, value_dtype: np.dtype, op: Op, equal: Op,
+            argument: str = "values") -> list:
+    """The by-key engine's kernels of `call` ("inclusive", "exclusive", "reduce" or "heads")
+    for keys, values of `value_dtype`, `op` and `equal`."""
+    by_key_module(call, keys.dtype, value_dtype, argument)
     kinds = (("array", keys.dtype), ("array", value_dtype))
-    return kernel_libraries(op, "by_key", kinds, value_dtype, keys.group.archs, (BY_KEY_MAP, equal))[1]
+    return kernel_libraries(op, f"by_key_{call}", kinds, value_dtype, keys.group.archs, (BY_KEY_MAP, equal))[1]
 
 
 _FIRST = Op(_first)
@@ -162,7 +164,7 @@ _FIRST = Op(_first)
 
 def _heads(keys: ShardedArray, equal: Op) -> list:
     """The by-key module of keys' dtype with `equal`: its run-head selection kernels."""
-    return _engine(keys, keys.dtype, _FIRST, equal, "keys")
+    return _engine("heads", keys, keys.dtype, _FIRST, equal, "keys")
 
 
 def _select_heads(libraries: list, keys: ShardedArray, arrays: list) -> list:
@@ -211,7 +213,8 @@ def _scan_by_key(keys, values, op, init, out, equal, exclusive: bool, what: str)
         raise TypeError(f"out: holds {layout.description}, values {layout_of(values.dtype).description}; "
                         f"a scan of records writes values' dtype")
     packed = _init_bytes(layout, init) if exclusive else b""
-    libraries = _engine(keys, out_dtype, op, equal, "values" if out is None else "out")
+    libraries = _engine("exclusive" if exclusive else "inclusive", keys, out_dtype, op, equal,
+                        "values" if out is None else "out")
     source = values if values.dtype == out_dtype else values.astype(out_dtype)
     if out is None:
         out = ShardedArray.allocate(keys.group, list(keys.shard_sizes), out_dtype)
@@ -285,7 +288,7 @@ def reduce_by_key(keys: ShardedArray, values: ShardedArray, op, equal=None):
     _check_values(values, keys)
     op = _check_op(op, values, "reduce_by_key")
     equal = _check_equal(equal, keys)
-    libraries = _engine(keys, values.dtype, op, equal)
+    libraries = _engine("reduce", keys, values.dtype, op, equal)
     if keys.group._distributed:  # the engine is told what lies beyond this rank's shards
         from ..distributed import _runs
 

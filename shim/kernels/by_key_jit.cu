@@ -1,7 +1,11 @@
-// The by-key engine's JIT module (by_key_params.hpp says what each kernel does), and the
+// The by-key engine's JIT modules (by_key_params.hpp says what each kernel does), and the
 // run heads as a selection (unique_by_key; select_params.hpp, bodies in select.cuh): built to
-// LTO-IR, one module per key size (CSJ_KEY_SIZE: 4, 8) and value size (CSJ_VALUE_SIZE: 4 to
-// 32), and linked at run time with the wrappers numba compiled:
+// LTO-IR, one module per key size (CSJ_KEY_SIZE: 4, 8), value size (CSJ_VALUE_SIZE: 4 to 32)
+// and call, and linked at run time with the wrappers numba compiled. A module holds only the
+// kernels of one call, as nvJitLink compiles every kernel of a module for each new operator:
+// CSJ_BY_KEY_INCLUSIVE, _EXCLUSIVE (the scans by key) and _REDUCE (reduce_by_key) each take
+// the two passes' first kernels and their mode's sweep, single pass and fix-up (reduce_by_key
+// also its gather); CSJ_BY_KEY_HEADS the run heads' selection alone. The wrappers:
 //   int  csj_equal(const void* a, const void* b)           nonzero: the keys share a run
 //   void csj_op(const void* a, const void* b, void* out)   the values' operator
 // Keys and values move as opaque words of their sizes; tiles are read and written through
@@ -23,6 +27,10 @@
 
 #if !defined(CSJ_KEY_SIZE) || !defined(CSJ_VALUE_SIZE)
 #error "CSJ_KEY_SIZE and CSJ_VALUE_SIZE must be defined"
+#endif
+#if defined(CSJ_BY_KEY_INCLUSIVE) + defined(CSJ_BY_KEY_EXCLUSIVE) + defined(CSJ_BY_KEY_REDUCE) + \
+        defined(CSJ_BY_KEY_HEADS) != 1
+#error "one of CSJ_BY_KEY_INCLUSIVE, CSJ_BY_KEY_EXCLUSIVE, CSJ_BY_KEY_REDUCE and CSJ_BY_KEY_HEADS must be defined"
 #endif
 
 extern "C" __device__ int csj_equal(const void*, const void*);
@@ -228,6 +236,7 @@ __device__ __forceinline__ void load_keys(const ByKeyParams& p, typename LoadKey
 
 // Each chunk's record. Only the values of each tile's last run are read: the run heads say
 // where it starts, and the pairs before it would be reset by its head.
+#if !defined(CSJ_BY_KEY_HEADS)
 extern "C" __global__ void __launch_bounds__(kByKeyBlock)
     csj_by_key_reduce(const __grid_constant__ ByKeyParams p) {
   __shared__ union {
@@ -277,6 +286,7 @@ extern "C" __global__ void __launch_bounds__(kByKeyBlock)
   }
   if (t == 0) write_record(p.chunks[blockIdx.x], chunk);
 }
+#endif
 
 // Replaces `count` records by their exclusive prefix (each thread of the block folds `per`
 // consecutive ones, the runs are scanned across the block in thread order) and returns the
@@ -301,6 +311,7 @@ __device__ __forceinline__ Tally scan_records(Storage& storage, ByKeyRecord* rec
 
 // One block a group of kByKeyGroup chunks: their records replaced by their exclusive prefix
 // within the group, and the group's fold.
+#if !defined(CSJ_BY_KEY_HEADS)
 extern "C" __global__ void __launch_bounds__(kByKeyGroupThreads)
     csj_by_key_chunks(const __grid_constant__ ByKeyParams p) {
   __shared__ typename cub::BlockScan<Tally, kByKeyGroupThreads>::TempStorage temp;
@@ -309,8 +320,10 @@ extern "C" __global__ void __launch_bounds__(kByKeyGroupThreads)
                                                         kByKeyGroupRun);
   if (threadIdx.x == 0) write_record(p.groups[blockIdx.x], group);
 }
+#endif
 
 // One block: the groups' folds replaced by their exclusive prefix, and the shard's total.
+#if !defined(CSJ_BY_KEY_HEADS)
 extern "C" __global__ void __launch_bounds__(kByKeyGroupThreads)
     csj_by_key_groups(const __grid_constant__ ByKeyParams p) {
   __shared__ typename cub::BlockScan<Tally, kByKeyGroupThreads>::TempStorage temp;
@@ -318,14 +331,17 @@ extern "C" __global__ void __launch_bounds__(kByKeyGroupThreads)
   const Tally total = scan_records<kByKeyGroupThreads>(temp, p.groups, p.num_groups, per);
   if (threadIdx.x == 0) write_record(*p.total, total);
 }
+#endif
 
 // One thread: the fold of the earlier shards' totals, in place order.
+#if !defined(CSJ_BY_KEY_HEADS)
 extern "C" __global__ void csj_by_key_carry(const __grid_constant__ ByKeyParams p) {
   if (threadIdx.x != 0 || blockIdx.x != 0) return;
   Tally acc = {0, empty_pair<Pair>()};
   for (int k = 0; k < p.count; ++k) acc = Join()(acc, read_record(p.sources[k]));
   write_record(*p.carry, acc);
 }
+#endif
 
 // Each chunk again, from its prefix (the carry into the shard, then the chunks before). One
 // kernel per mode, so that each holds only what it needs: the scans carry no keys.
@@ -420,20 +436,26 @@ __device__ __forceinline__ void sweep(const ByKeyParams& p) {
   }
 }
 
+#if defined(CSJ_BY_KEY_INCLUSIVE)
 extern "C" __global__ void __launch_bounds__(kByKeyBlock, kSweepBlocks)
     csj_by_key_sweep_inclusive(const __grid_constant__ ByKeyParams p) {
   sweep<kByKeyInclusive>(p);
 }
+#endif
 
+#if defined(CSJ_BY_KEY_EXCLUSIVE)
 extern "C" __global__ void __launch_bounds__(kByKeyBlock, kSweepBlocks)
     csj_by_key_sweep_exclusive(const __grid_constant__ ByKeyParams p) {
   sweep<kByKeyExclusive>(p);
 }
+#endif
 
+#if defined(CSJ_BY_KEY_REDUCE)
 extern "C" __global__ void __launch_bounds__(kByKeyBlock, kSweepBlocks)
     csj_by_key_sweep_reduce(const __grid_constant__ ByKeyParams p) {
   sweep<kByKeyReduce>(p);
 }
+#endif
 
 // ---- the single pass ----------------------------------------------------------------------
 // One kernel per mode reads each tile once: tiles are taken in order from a counter (so every
@@ -1540,19 +1562,24 @@ __device__ __forceinline__ void fix_first_run(const ByKeyParams& p) {
 
 }  // namespace
 
+#if defined(CSJ_BY_KEY_INCLUSIVE)
 extern "C" __global__ void __launch_bounds__(kByKeyBlock)
     csj_by_key_one_pass_fix_inclusive(const __grid_constant__ ByKeyParams p) {
   fix_first_run<false>(p);
 }
+#endif
 
+#if defined(CSJ_BY_KEY_EXCLUSIVE)
 extern "C" __global__ void __launch_bounds__(kByKeyBlock)
     csj_by_key_one_pass_fix_exclusive(const __grid_constant__ ByKeyParams p) {
   fix_first_run<true>(p);
 }
+#endif
 
 // reduce_by_key's counterpart, one thread: the run that comes in from the shards before and
 // ends here is the shard's first output; it takes the carry's first key and op(carry, its fold
 // here). (A shard where no run ends has no output; its total already passed the run on.)
+#if defined(CSJ_BY_KEY_REDUCE)
 extern "C" __global__ void csj_by_key_one_pass_fix_reduce(const __grid_constant__ ByKeyParams p) {
   if (threadIdx.x != 0 || blockIdx.x != 0 || *p.run_count == 0 || p.prev_key == nullptr) return;
   const Pair carry = read_record(*p.carry).pair;
@@ -1566,6 +1593,7 @@ extern "C" __global__ void csj_by_key_one_pass_fix_reduce(const __grid_constant_
   csj_op(&carry.value, &out_values[0], &fixed);
   out_values[0] = fixed;
 }
+#endif
 
 // reduce_by_key after its single pass and the scan of the tiles' counts: each tile's outputs
 // from its place in the scratch to their place in the result. A warp takes kGatherTiles
@@ -1580,6 +1608,7 @@ constexpr int kGatherTiles = kByKeyGatherTiles;
 static_assert(kGatherTiles > 0 && kGatherTiles <= 32 && (kGatherTiles & (kGatherTiles - 1)) == 0,
               "the gather's binary search takes a power of two of tiles, a lane each at most");
 
+#if defined(CSJ_BY_KEY_REDUCE)
 extern "C" __global__ void __launch_bounds__(kByKeyBlock)
     csj_by_key_one_pass_gather(const __grid_constant__ ByKeyParams p) {
   constexpr int kUnroll = sizeof(Key) + sizeof(Value) <= 16 ? 8 : 4;
@@ -1627,21 +1656,28 @@ extern "C" __global__ void __launch_bounds__(kByKeyBlock)
     }
   }
 }
+#endif
 
+#if defined(CSJ_BY_KEY_INCLUSIVE)
 extern "C" __global__ void __launch_bounds__(kByKeyBlock, kPassBlocks)
     csj_by_key_one_pass_inclusive(const __grid_constant__ ByKeyParams p) {
   one_pass<kByKeyInclusive>(p);
 }
+#endif
 
+#if defined(CSJ_BY_KEY_EXCLUSIVE)
 extern "C" __global__ void __launch_bounds__(kByKeyBlock, kPassBlocks)
     csj_by_key_one_pass_exclusive(const __grid_constant__ ByKeyParams p) {
   one_pass<kByKeyExclusive>(p);
 }
+#endif
 
+#if defined(CSJ_BY_KEY_REDUCE)
 extern "C" __global__ void __launch_bounds__(kByKeyBlock, kPassBlocks)
     csj_by_key_one_pass_reduce(const __grid_constant__ ByKeyParams p) {
   one_pass<kByKeyReduce>(p);
 }
+#endif
 
 // The run heads as a selection: class 0 where an element starts a run of equal keys (the
 // shard's first element unless the key before it, SelectParams::before, shares its run),
@@ -1654,6 +1690,7 @@ __device__ __forceinline__ int head_class(const SelectParams& p, const Key* keys
   return same_run(keys[local - 1], key) ? 1 : 0;
 }
 
+#if defined(CSJ_BY_KEY_HEADS)
 extern "C" __global__ void __launch_bounds__(kSelectBlock)
     csj_by_key_heads_count(const __grid_constant__ SelectParams p) {
   const Key* keys = static_cast<const Key*>(p.in);
@@ -1665,3 +1702,4 @@ extern "C" __global__ void __launch_bounds__(kSelectBlock)
   const Key* keys = static_cast<const Key*>(p.in);
   scatter_payloads(p, [&](long long local) { return head_class(p, keys, local); });
 }
+#endif
