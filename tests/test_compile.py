@@ -281,6 +281,7 @@ def test_reduction_operators_are_inlined(fresh_cache, algorithm, dtype):
     prefix = {"reduce": "reduce", "segmented_reduce": "segmented", "scan": "scan", "scan_one_pass": "scan1"}
     assert kernel.module == f"{prefix[algorithm]}_a{np.dtype(dtype).itemsize}_i{np.dtype(dtype).itemsize}"
     assert sass_kernels(kernel) & REDUCTION_KERNELS == MODULE_KERNELS[algorithm]
+    assert set(compiler._entry_points(kernel)) == MODULE_KERNELS[algorithm]  # what the load resolves
     assert "CALL" not in kernel.sass()
     assert kernel.out_dtype == np.dtype(dtype) and kernel.map_ltoir
 
@@ -292,7 +293,17 @@ def test_every_one_pass_scan_module_links(fresh_cache, in_dtype, acc_dtype):
     the static shared memory (8-byte inputs into a 4-byte accumulator once were not)."""
     kernel = sharded.compile(lambda a, b: a + b, "scan_one_pass", (in_dtype,), arch=ARCH, out_dtype=acc_dtype)
     assert kernel.module == f"scan1_a{np.dtype(acc_dtype).itemsize}_i{np.dtype(in_dtype).itemsize}"
-    assert sass_kernels(kernel) & REDUCTION_KERNELS == {"csj_scan_one_pass"}
+    assert sass_kernels(kernel) & REDUCTION_KERNELS == set(compiler._entry_points(kernel)) == {"csj_scan_one_pass"}
+
+
+def test_a_segmented_reduce_of_records_links_its_own_module(fresh_cache):
+    """Records of any size reach the segmented kernels through their own module per
+    accumulator (the map addresses each record from the shard's base)."""
+    point = np.dtype([("x", np.float32), ("y", np.float32), ("z", np.float32)], align=True)
+    kernel = sharded.compile(lambda a, b: a + b, "segmented_reduce", point, arch=ARCH, map_op=lambda p: p.x)
+    assert kernel.module == "segmented_a4_irec" and kernel.out_dtype == np.float32
+    kernels = sass_kernels(kernel) & REDUCTION_KERNELS
+    assert kernels == set(compiler._entry_points(kernel)) == MODULE_KERNELS["segmented_reduce"]
 
 
 def test_a_single_pass_of_wider_values_links_the_two_passes(fresh_cache):
@@ -301,7 +312,7 @@ def test_a_single_pass_of_wider_values_links_the_two_passes(fresh_cache):
     kernel = sharded.compile(lambda p, q: (p[0] + q[0], p[1] + q[1], p[2] + q[2]), "scan_one_pass", (np.float32,),
                              arch=ARCH, map_op=lambda x: (x, x, x))
     assert kernel.module == "scan_a12_i4" and len(kernel.out_dtype.names) == 3
-    assert sass_kernels(kernel) & REDUCTION_KERNELS == MODULE_KERNELS["scan"]
+    assert sass_kernels(kernel) & REDUCTION_KERNELS == set(compiler._entry_points(kernel)) == MODULE_KERNELS["scan"]
 
 
 def test_reduce_with_map_infers_accumulator(fresh_cache):
