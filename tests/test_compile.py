@@ -451,3 +451,19 @@ def test_header_that_disagrees_with_the_call_is_recompiled(fresh_cache, field, v
     assert not again.cache_hit and again.cubin == kernel.cubin and again.out_dtype == np.float64
     sharded.clear_cache(memory=True, disk=False)
     assert sharded.compile(op, "transform", (np.float64,), arch=ARCH, out_dtype=np.float64).cache_hit
+
+
+def test_a_scan_picks_the_single_pass_for_a_lone_shard_of_its_sizes():
+    """A scan links the single pass where at most one shard holds elements and the input and
+    accumulator are 4 or 8 bytes (an accumulator the operator's typing decides: None), the two
+    passes otherwise."""
+    from types import SimpleNamespace
+
+    from cuda_sharded_jit.algorithms.reduce import _scan_algorithm
+
+    f4, f8 = np.dtype(np.float32), np.dtype(np.float64)
+    rec = np.dtype([("a", np.float32), ("b", np.float32), ("c", np.float32)])
+    cases = [((0, 0), f4, f4, "scan_one_pass"), ((5,), f4, f8, "scan_one_pass"), ((0, 7, 0), f8, None, "scan_one_pass"),
+             ((3, 4), f4, f4, "scan"), ((7,), f4, rec, "scan"), ((7,), rec, rec, "scan"), ((1, 0, 1), f8, None, "scan")]
+    for sizes, in_dtype, acc, expected in cases:
+        assert _scan_algorithm(SimpleNamespace(shard_sizes=sizes), in_dtype, acc) == expected, (sizes, in_dtype, acc)

@@ -106,11 +106,15 @@ def _reduce_call(a: ShardedArray, acc_size: int, init: bytes, libraries=None, bu
     return _shim.reduce(libraries, a._impl, acc_size, init)
 
 
-def _scan_algorithm(a: ShardedArray) -> str:
+def _scan_algorithm(a: ShardedArray, in_dtype: np.dtype, acc: np.dtype | None) -> str:
     """The kernels a scan of `a` links: where at most one shard holds elements, the single
-    pass alone ("scan_one_pass", which the shim then runs), else the two passes ("scan")."""
+    pass alone ("scan_one_pass", which the shim then runs), else the two passes ("scan").
+    The single pass takes 4- and 8-byte inputs and accumulators (`acc`: None where the
+    operator's typing decides it); other sizes get the two passes under one cache key."""
     sizes = a.shard_sizes
-    return "scan_one_pass" if len(sizes) - sizes.count(0) <= 1 else "scan"
+    if len(sizes) - sizes.count(0) > 1 or in_dtype.itemsize not in (4, 8):
+        return "scan"
+    return "scan" if acc is not None and acc.itemsize not in (4, 8) else "scan_one_pass"
 
 
 def _scan_call(a: ShardedArray, out: ShardedArray, acc_size: int, init: bytes, exclusive: bool,
@@ -389,7 +393,7 @@ def _scan(a, op, init, out, exclusive: bool, what: str) -> ShardedArray:
             _scan_call(a, out, acc.itemsize, packed, exclusive, builtin=_BUILTIN[op])
             return out
         op = _PYTHON_OPS[op]
-    _, libraries = kernel_libraries(op, _scan_algorithm(a), (("array", a.dtype),), acc, a.group.archs)
+    _, libraries = kernel_libraries(op, _scan_algorithm(a, a.dtype, acc), (("array", a.dtype),), acc, a.group.archs)
     if out is None:
         out = ShardedArray.allocate(a.group, list(a.shard_sizes), acc)
     _scan_call(a, out, acc.itemsize, packed, exclusive, libraries)
@@ -441,13 +445,13 @@ def _transform_scan(a, map_op, scan_op, init, out, with_index, exclusive: bool, 
         acc = prepared[2]
         acc_layout = layout_of(acc)
         _refuse_tuples(builtin, acc_layout, "scan_op")
-        _, libraries = kernel_libraries(scan_op, _scan_algorithm(a), (("array", acc),), acc, a.group.archs)
+        _, libraries = kernel_libraries(scan_op, _scan_algorithm(a, acc, acc), (("array", acc),), acc, a.group.archs)
         packed = acc_layout.pack_init(init)
         out = run(prepared, out)
         _scan_call(out, out, acc.itemsize, packed, exclusive, libraries)
         return out
     try:
-        acc, libraries = kernel_libraries(scan_op, _scan_algorithm(a), (("array", a.dtype),), request,
+        acc, libraries = kernel_libraries(scan_op, _scan_algorithm(a, a.dtype, request), (("array", a.dtype),), request,
                                           a.group.archs,
                                           ("call_index" if with_index else "call", map_op))
     except TypeError as error:

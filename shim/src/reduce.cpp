@@ -643,9 +643,11 @@ void scan_impl(const std::vector<KernelSet>& sets, const ShardedArray& in, Shard
     }
   }
   if (first.scan.function == nullptr) {
-    throw std::invalid_argument("libraries: linked with the single-pass scan alone, which scans at most one non-empty "
-                                "shard of fewer than 2^" + std::to_string(k::kOnePassTileBits) +
-                                " tiles; `a` has " + std::to_string(places.size()) + " non-empty shards");
+    throw std::invalid_argument(
+        "libraries: linked with the single-pass scan alone, which scans at most one non-empty shard of fewer than 2^" +
+        std::to_string(k::kOnePassTileBits) + " tiles; " +
+        (places.size() > 1 ? "`a` has " + std::to_string(places.size()) + " non-empty shards"
+                           : "`a`'s shard holds " + std::to_string(in.shard_size(places[0])) + " elements"));
   }
   const PlaceGroup& group = *in.group();
   const int home = group.device(0);
