@@ -141,12 +141,18 @@ def _transform_module(arg_kinds, out_dtype, map_spec) -> str:
     return f"transform_o{np.dtype(out_dtype).itemsize}_i{sizes}"
 
 
+def one_pass_scans(in_size: int, acc_size: int | None = None) -> bool:
+    """Whether the single-pass scan takes these sizes (4- and 8-byte inputs and accumulators;
+    an accumulator of None, not yet typed, is not ruled out)."""
+    return in_size in (4, 8) and acc_size in (None, 4, 8)
+
+
 def _reduction_module(op: Op, algorithm: str, map_spec, in_dtype: np.dtype, acc: np.dtype) -> tuple[str, bool]:
     """(LTO module, whether its map addresses the input from the global base)."""
     in_layout = layout_of(in_dtype)
     kind = _REDUCTION_MODULES[algorithm]
-    if kind == "scan1" and not (in_dtype.itemsize in (4, 8) and acc.itemsize in (4, 8)):
-        kind = "scan"  # the single pass takes 4- and 8-byte inputs and accumulators: two passes
+    if kind == "scan1" and not one_pass_scans(in_dtype.itemsize, acc.itemsize):
+        kind = "scan"  # sizes the single pass does not take: the two passes
     if not in_layout.is_record:
         return f"{kind}_a{acc.itemsize}_i{in_dtype.itemsize}", False
     if algorithm in ("reduce", "segmented_reduce"):  # one module per accumulator for records of any size
@@ -292,7 +298,7 @@ _ENTRY_POINTS = {
     "select": ["csj_select_count", "csj_select_scatter", "csj_select_keep", "csj_select_single"],
     **{f"by_key_{mode}": ["csj_by_key_reduce", "csj_by_key_chunks", "csj_by_key_groups", "csj_by_key_carry",
                           f"csj_by_key_sweep_{mode}", f"csj_by_key_one_pass_{mode}", f"csj_by_key_one_pass_fix_{mode}"]
-       + (["csj_by_key_one_pass_gather"] if mode == "reduce" else []) for mode in ("inclusive", "exclusive", "reduce")},
+       + (["csj_by_key_one_pass_gather"] if mode == "reduce" else []) for mode in BY_KEY_CALLS if mode != "heads"},
     "by_key_heads": ["csj_by_key_heads_count", "csj_by_key_heads_scatter"],
 }
 

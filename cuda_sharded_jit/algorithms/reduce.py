@@ -16,7 +16,7 @@ from .._collective import collective
 from .._dtypes import as_dtype, as_flag, is_weak_scalar
 from .._layout import Layout, layout_of
 from ..array import ShardedArray, check_array, check_numbers, check_out
-from ..compiler import kernel_libraries
+from ..compiler import kernel_libraries, one_pass_scans
 from ..op import Op, as_op, identity_or_none
 
 _BUILTIN = {"sum": _shim.BuiltinReduction.sum, "min": _shim.BuiltinReduction.min,
@@ -112,9 +112,9 @@ def _scan_algorithm(a: ShardedArray, in_dtype: np.dtype, acc: np.dtype | None) -
     The single pass takes 4- and 8-byte inputs and accumulators (`acc`: None where the
     operator's typing decides it); other sizes get the two passes under one cache key."""
     sizes = a.shard_sizes
-    if len(sizes) - sizes.count(0) > 1 or in_dtype.itemsize not in (4, 8):
-        return "scan"
-    return "scan" if acc is not None and acc.itemsize not in (4, 8) else "scan_one_pass"
+    lone = len(sizes) - sizes.count(0) <= 1
+    sized = one_pass_scans(in_dtype.itemsize, None if acc is None else acc.itemsize)
+    return "scan_one_pass" if lone and sized else "scan"
 
 
 def _scan_call(a: ShardedArray, out: ShardedArray, acc_size: int, init: bytes, exclusive: bool,
