@@ -30,6 +30,7 @@ using namespace csj::kernels;
 using Element = Word<CSJ_ELEMENT_SIZE>::type;
 constexpr int kItems = select_items(CSJ_ELEMENT_SIZE);
 constexpr int kTile = kSelectBlock * kItems;
+constexpr int kSingleItems = select_single_items(CSJ_ELEMENT_SIZE);
 
 }  // namespace
 
@@ -85,7 +86,7 @@ extern "C" __global__ void __launch_bounds__(kSelectBlock, 4)
 }
 
 // A select's writes (one output, class 0), for its two passes' scatter (csj_select_keep) and
-// its single pass (csj_select_single). Each warp takes its own run of kItems * 32 elements, a
+// its single pass (csj_select_single). Each warp takes its own run of Items * 32 elements, a
 // warp-wide load at a time (coalesced, no transpose), and ranks the kept ones by ballot:
 // load_kept counts them (the count is the same in every lane), write_kept writes each
 // round's kept elements at consecutive positions from the warp's first (a round's stores are
@@ -93,30 +94,33 @@ extern "C" __global__ void __launch_bounds__(kSelectBlock, 4)
 // lanes follow the element order. Against select_scatter's shared staging and packed
 // three-class scan, a few instructions an element: that scatter was bound by instruction issue.
 constexpr int kWarps = kSelectBlock / 32;
-constexpr int kWarpSpan = kItems * 32;
 
+template <int Items>
 struct WarpKept {
-  Element items[kItems];
+  static constexpr int kSpan = Items * 32;  // the warp's run of elements
+  Element items[Items];
   unsigned kept = 0;  // bit i: this lane's item i is kept
   int count = 0;      // the warp's kept elements
 };
 
 // The warp's run from the shard's element `first` (none when first >= n).
-__device__ __forceinline__ void load_kept(const SelectParams& params, long long first, WarpKept& warp) {
+template <int Items>
+__device__ __forceinline__ void load_kept(const SelectParams& params, long long first, WarpKept<Items>& warp) {
+  static_assert(Items <= 32, "a lane's kept items are the bits of one word");
   const int lane = static_cast<int>(threadIdx.x) & 31;
   const long long left = params.n - first;  // may be <= 0 in the last tile
   const Element* in = static_cast<const Element*>(params.in) + first;
-  if (left >= kWarpSpan) {
+  if (left >= WarpKept<Items>::kSpan) {
 #pragma unroll
-    for (int item = 0; item < kItems; ++item) warp.items[item] = in[item * 32 + lane];
+    for (int item = 0; item < Items; ++item) warp.items[item] = in[item * 32 + lane];
 #pragma unroll
-    for (int item = 0; item < kItems; ++item) {
+    for (int item = 0; item < Items; ++item) {
       const long long local = first + item * 32 + lane;
       warp.kept |= static_cast<unsigned>(csj_select_class(&warp.items[item], params.index_base + local) == 0) << item;
     }
   } else {
 #pragma unroll
-    for (int item = 0; item < kItems; ++item) {
+    for (int item = 0; item < Items; ++item) {
       const int offset = item * 32 + lane;
       if (offset < left) {
         warp.items[item] = in[offset];
@@ -127,31 +131,33 @@ __device__ __forceinline__ void load_kept(const SelectParams& params, long long 
     }
   }
 #pragma unroll
-  for (int item = 0; item < kItems; ++item) warp.count += __popc(__ballot_sync(0xffffffffu, (warp.kept >> item) & 1u));
+  for (int item = 0; item < Items; ++item) warp.count += __popc(__ballot_sync(0xffffffffu, (warp.kept >> item) & 1u));
 }
 
-__device__ __forceinline__ void write_kept(const SelectParams& params, long long position, const WarpKept& warp) {
+template <int Items>
+__device__ __forceinline__ void write_kept(const SelectParams& params, long long position, const WarpKept<Items>& warp) {
   if (warp.count == 0) return;
   const int lane = static_cast<int>(threadIdx.x) & 31;
   Element* out = static_cast<Element*>(params.out[0]) + position;
   const unsigned below = (1u << lane) - 1u;
 #pragma unroll
-  for (int item = 0; item < kItems; ++item) {
+  for (int item = 0; item < Items; ++item) {
     const unsigned round = __ballot_sync(0xffffffffu, (warp.kept >> item) & 1u);
     if ((warp.kept >> item) & 1u) out[__popc(round & below)] = warp.items[item];
     out += __popc(round);
   }
 }
 
-// A block's tile: one barrier gives every warp the counts of the warps before it and
-// `tile_base(warp_kept)` the tile's first output position (called by every thread after that
-// barrier, with the warps' counts in shared memory; it returns the same value to all).
-template <class TileBase>
+// A block's tile of Items * kSelectBlock elements: one barrier gives every warp the counts of
+// the warps before it and `tile_base(warp_kept)` the tile's first output position (called by
+// every thread after that barrier, with the warps' counts in shared memory; it returns the
+// same value to all).
+template <int Items, class TileBase>
 __device__ __forceinline__ void select_keep(const SelectParams& params, long long tile, int (&warp_kept)[kWarps],
                                             TileBase tile_base) {
   const int warp_index = static_cast<int>(threadIdx.x) >> 5;
-  WarpKept warp;
-  load_kept(params, tile * kTile + static_cast<long long>(warp_index) * kWarpSpan, warp);
+  WarpKept<Items> warp;
+  load_kept(params, tile * (Items * kSelectBlock) + static_cast<long long>(warp_index) * WarpKept<Items>::kSpan, warp);
   if ((threadIdx.x & 31) == 0) warp_kept[warp_index] = warp.count;
   __syncthreads();
   long long position = tile_base(warp_kept);
@@ -163,18 +169,21 @@ __device__ __forceinline__ void select_keep(const SelectParams& params, long lon
 extern "C" __global__ void __launch_bounds__(kSelectBlock)
     csj_select_keep(const __grid_constant__ SelectParams params) {
   __shared__ int warp_kept[kWarps];
-  select_keep(params, blockIdx.x, warp_kept,
-              [&](const int(&)[kWarps]) { return params.tile_counts[blockIdx.x].count[0]; });
+  select_keep<kItems>(params, blockIdx.x, warp_kept,
+                      [&](const int(&)[kWarps]) { return params.tile_counts[blockIdx.x].count[0]; });
 }
 
 // A select in one pass: tiles taken in order from a counter (every tile before a running one
 // has started, so the look-back ends), the kept elements before a tile found by decoupled
 // look-back over the tiles' counts (integers: the same positions whatever its timing), the
 // shard's count written by the last tile for the host (select.cpp allocates the output at the
-// shard's size and shrinks it to that count). At most 48 registers, 5 blocks a multiprocessor.
+// shard's size and shrinks it to that count). Tiles of 16 4-byte items a thread: at most 48
+// registers, 5 blocks a multiprocessor; 32: 64 registers, 4 blocks.
 // (Tiles by blockIdx.x, as CUB's single passes take them, saved nothing: 695-715 against
 // 695-696 us for 2^28 float32 on an H200.)
-extern "C" __global__ void __launch_bounds__(kSelectBlock, 5)
+constexpr int kSingleBlocks = kSingleItems * CSJ_ELEMENT_SIZE > 64 ? 4 : 5;
+
+extern "C" __global__ void __launch_bounds__(kSelectBlock, kSingleBlocks)
     csj_select_single(const __grid_constant__ SelectParams params) {
   __shared__ int warp_kept[kWarps];
   __shared__ unsigned long long tile_shared;
@@ -183,7 +192,7 @@ extern "C" __global__ void __launch_bounds__(kSelectBlock, 5)
   if (threadIdx.x == 0) tile_shared = atomicAdd(params.next_tile, 1ULL);
   __syncthreads();
   const auto tile = static_cast<long long>(tile_shared);
-  select_keep(params, tile, warp_kept, [&](const int(&counts)[kWarps]) {
+  select_keep<kSingleItems>(params, tile, warp_kept, [&](const int(&counts)[kWarps]) {
     if (threadIdx.x < 32) {
       unsigned long long mine = 0;
 #pragma unroll

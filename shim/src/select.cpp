@@ -223,7 +223,8 @@ ArrayList select(const std::vector<const KernelLibrary*>& libraries, const Shard
     throw std::invalid_argument("a: cannot select elements of " + std::to_string(item) + " bytes");
   }
   const long long tile = k::select_tile(static_cast<int>(item));
-  const bool one_pass = outputs == 1 && single_pass && single_pass_fits(in, tile);
+  const long long single_tile = k::select_single_tile(static_cast<int>(item));
+  const bool one_pass = outputs == 1 && single_pass && single_pass_fits(in, single_tile);
   std::vector<SelectPlace> places = places_of(in);
   for (std::size_t p = 0; p < places.size(); ++p) {  // every kernel found before anything is queued
     if (places[p].params.n == 0) continue;
@@ -239,7 +240,7 @@ ArrayList select(const std::vector<const KernelLibrary*>& libraries, const Shard
     }
   }
   const detail::SyncOnUnwind settle(group);
-  if (one_pass) return select_single_pass(in, places, tile);
+  if (one_pass) return select_single_pass(in, places, single_tile);
   const ClassTotals totals = count_classes(group, places, tile);
   ArrayList result;
   for (int c = 0; c < outputs; ++c) result.push_back(allocate_like(in, class_sizes(totals, c)));
