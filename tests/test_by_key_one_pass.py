@@ -9,16 +9,12 @@ for 16-byte values (shim/kernels/by_key_params.hpp)."""
 
 from __future__ import annotations
 
-import os
-import pathlib
-import re
-import shutil
-import subprocess
-
 import numpy as np
 import pytest
 
 import cuda_sharded_jit as sharded
+
+from helpers.sass import cuobjdump, resource_usage
 
 gpu = pytest.mark.gpu
 
@@ -467,24 +463,12 @@ def test_scan_in_place_over_values():
     np.testing.assert_array_equal(v.to_numpy(), _sum_answers(keys, values)[0])
 
 
-def _cuobjdump() -> str | None:
-    try:
-        import nvidia.cu13
-
-        found = pathlib.Path(next(iter(nvidia.cu13.__path__))) / "bin" / "cuobjdump"
-        if found.exists():
-            return str(found)
-    except (ImportError, StopIteration):
-        pass
-    return shutil.which("cuobjdump")
-
-
 def test_the_single_pass_kernels_fit_the_register_budget():
     """Linked for sm_90 with int32 keys and values and a numba add, the single pass's three
     kernels, their fix-ups and reduce_by_key's gather are in their modules and hold at most 64
     registers a thread (4 blocks of 256 threads a multiprocessor) with no local memory (no
     spills). Needs no GPU; cuobjdump from the nvidia-cuda-cuobjdump wheel or PATH."""
-    tool = _cuobjdump()
+    tool = cuobjdump()
     if tool is None:
         pytest.skip("no cuobjdump")
     from cuda_sharded_jit import compiler
@@ -494,21 +478,14 @@ def test_the_single_pass_kernels_fit_the_register_budget():
     op = sharded.Op(lambda x, y: x + y)
     spec = (compiler.BY_KEY_MAP, by_key._EQUAL)
     kinds = (("array", key), ("array", value))
-    usage = ""
+    found = {}
     for call in ("inclusive", "exclusive", "reduce"):
         kernel = compiler._lookup(op, (f"by_key_{call}", op.identity(), compiler._map_identity(spec), kinds, value,
                                        "sm_90"), spec)
-        path = pathlib.Path(os.environ.get("TMPDIR", "/tmp")) / f"csj_by_key_one_pass_{os.getpid()}.cubin"
-        path.write_bytes(kernel.cubin)
-        try:
-            usage += subprocess.run([tool, "-res-usage", str(path)], capture_output=True, text=True,
-                                    check=True).stdout
-        finally:
-            path.unlink()
-    pattern = r"Function (csj_by_key_one_pass_\w+):\s*\n\s*REG:(\d+) STACK:(\d+)"
-    found = {name: (int(registers), int(stack)) for name, registers, stack in re.findall(pattern, usage)}
+        found.update((name, usage) for name, usage in resource_usage(tool, kernel.cubin).items()
+                     if name.startswith("csj_by_key_one_pass_"))
     modes = ("inclusive", "exclusive", "reduce")
     expected = {f"csj_by_key_one_pass_{fix}{mode}" for mode in modes for fix in ("", "fix_")}
-    assert set(found) == expected | {"csj_by_key_one_pass_gather"}, usage
+    assert set(found) == expected | {"csj_by_key_one_pass_gather"}, found
     for name, (registers, stack) in found.items():
         assert registers <= 64 and stack == 0, (name, registers, stack)

@@ -16,10 +16,12 @@ from cuda_sharded_jit.algorithms import select as select_module
 from cuda_sharded_jit.algorithms.select import select_flagged
 
 from conftest import ALL_DTYPES, sample, uneven
+from helpers.sass import cuobjdump, resource_usage
 from test_errors import shim_untouched, stand_in_array, stand_in_group  # noqa: F401 (fixture)
 from test_records import MIXED, POINT, WIDE, XYZ, random_records
 
-# several tiles of every element size (4096 4-byte elements, 2048 8-byte ones), no multiple
+# several tiles of every element size (4096 4-byte elements, 2048 8-byte ones; twice that in
+# the single pass), no multiple
 LARGE = 100_003
 
 
@@ -185,10 +187,11 @@ def test_select_flagged(places, flag_dtype):
 
 # ---- many tiles: the single pass's look-back, the shrink ------------------------------------
 #
-# A tile is 4096 elements of 4 bytes, 2048 of 8, 1024 records of 16 bytes. MANY_TILES 4-byte
-# elements are 1100 tiles and a piece, more than a wave of blocks on an H200 (132
-# multiprocessors, 5 blocks each), so tiles are taken from the counter by blocks of later
-# waves and look-backs cross many tiles; 8-byte elements make twice as many. The single pass
+# A tile of the two passes is 4096 elements of 4 bytes, 2048 of 8, 1024 records of 16 bytes;
+# of the single pass 8192, 4096 and 1024 (select_params.hpp). MANY_TILES 4-byte elements are
+# 550 single-pass tiles and a piece, more than a wave of its blocks on an H200 (132
+# multiprocessors, 4 blocks each), so tiles are taken from the counter by blocks of later
+# waves and look-backs cross many tiles; 8-byte elements make as many. The single pass
 # keeps an output shard's allocation when it keeps at least a quarter of its elements and
 # copies it to an exact one otherwise: the fractions below take both ways.
 MANY_TILES = 4096 * 1100 + 37
@@ -209,7 +212,7 @@ def test_select_many_tiles(engine, places, threshold):
 
 @pytest.mark.gpu
 def test_select_many_waves_of_tiles(engine, one_place):
-    """A long shard: some 6000 tiles, many waves of blocks, look-backs across them."""
+    """A long shard: some 3000 single-pass tiles, many waves of blocks, look-backs across them."""
     n = 4096 * 6000 + 101
     host = uniform(n, seed=26)
     a = sharded.ShardedArray.from_numpy(one_place, host)
@@ -303,6 +306,24 @@ def test_single_pass_repeats_bitwise(one_place):
     np.testing.assert_array_equal(runs[0], host[host < np.float32(0.5)])
     for run in runs[1:]:
         np.testing.assert_array_equal(run, runs[0])
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_single_pass_fits_its_register_budget(dtype):
+    """Linked for sm_90, the single pass's tiles of 32 4-byte (16 8-byte) items a thread hold
+    at most 64 registers (its launch bounds: 4 blocks of 256 threads a multiprocessor) with no
+    local memory. Needs no GPU; cuobjdump from the nvidia-cuda-cuobjdump wheel or PATH."""
+    tool = cuobjdump()
+    if tool is None:
+        pytest.skip("no cuobjdump")
+    from cuda_sharded_jit import compiler
+
+    op = sharded.Op(lambda x: x < 0.5)
+    spec = compiler.select_spec(None, False)
+    kernel = compiler._lookup(op, ("select", op.identity(), compiler._map_identity(spec),
+                                   (("array", np.dtype(dtype)),), None, "sm_90"), spec)
+    registers, stack = resource_usage(tool, kernel.cubin)["csj_select_single"]
+    assert registers <= 64 and stack == 0, (registers, stack)
 
 
 # ---- argument errors (CPU: stand-ins, nothing reaches the shim) ---------------------------

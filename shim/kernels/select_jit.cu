@@ -177,8 +177,9 @@ extern "C" __global__ void __launch_bounds__(kSelectBlock)
 // has started, so the look-back ends), the kept elements before a tile found by decoupled
 // look-back over the tiles' counts (integers: the same positions whatever its timing), the
 // shard's count written by the last tile for the host (select.cpp allocates the output at the
-// shard's size and shrinks it to that count). Tiles of 16 4-byte items a thread: at most 48
-// registers, 5 blocks a multiprocessor; 32: 64 registers, 4 blocks.
+// shard's size and shrinks it to that count). Tiles of select_single_items a thread: for 4-
+// and 8-byte elements at most 64 registers, 4 blocks a multiprocessor (test_select.py holds
+// it to that); records keep 64 bytes a thread, 48 registers and 5 blocks.
 // (Tiles by blockIdx.x, as CUB's single passes take them, saved nothing: 695-715 against
 // 695-696 us for 2^28 float32 on an H200.)
 constexpr int kSingleBlocks = kSingleItems * CSJ_ELEMENT_SIZE > 64 ? 4 : 5;

@@ -1,0 +1,35 @@
+"""Resource usage of linked kernels, read from their cubins with cuobjdump (the
+nvidia-cuda-cuobjdump wheel or PATH), for the CPU tests that hold a kernel to a register budget:
+its blocks a multiprocessor, with no local memory."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import re
+import shutil
+import subprocess
+
+
+def cuobjdump() -> str | None:
+    try:
+        import nvidia.cu13
+
+        found = pathlib.Path(next(iter(nvidia.cu13.__path__))) / "bin" / "cuobjdump"
+        if found.exists():
+            return str(found)
+    except (ImportError, StopIteration):
+        pass
+    return shutil.which("cuobjdump")
+
+
+def resource_usage(tool: str, cubin: bytes) -> dict[str, tuple[int, int]]:
+    """{kernel name: (registers, stack bytes)} of every function in the cubin."""
+    path = pathlib.Path(os.environ.get("TMPDIR", "/tmp")) / f"csj_usage_{os.getpid()}.cubin"
+    path.write_bytes(cubin)
+    try:
+        usage = subprocess.run([tool, "-res-usage", str(path)], capture_output=True, text=True, check=True).stdout
+    finally:
+        path.unlink()
+    pattern = r"Function (\w+):\s*\n\s*REG:(\d+) STACK:(\d+)"
+    return {name: (int(registers), int(stack)) for name, registers, stack in re.findall(pattern, usage)}
