@@ -478,13 +478,13 @@ def test_the_single_pass_kernels_fit_the_register_budget():
     op = sharded.Op(lambda x, y: x + y)
     spec = (compiler.BY_KEY_MAP, by_key._EQUAL)
     kinds = (("array", key), ("array", value))
+    modes = ("inclusive", "exclusive", "reduce")
     found = {}
-    for call in ("inclusive", "exclusive", "reduce"):
+    for call in modes:
         kernel = compiler._lookup(op, (f"by_key_{call}", op.identity(), compiler._map_identity(spec), kinds, value,
                                        "sm_90"), spec)
         found.update((name, usage) for name, usage in resource_usage(tool, kernel.cubin).items()
                      if name.startswith("csj_by_key_one_pass_"))
-    modes = ("inclusive", "exclusive", "reduce")
     expected = {f"csj_by_key_one_pass_{fix}{mode}" for mode in modes for fix in ("", "fix_")}
     assert set(found) == expected | {"csj_by_key_one_pass_gather"}, found
     for name, (registers, stack) in found.items():

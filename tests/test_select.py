@@ -191,7 +191,7 @@ def test_select_flagged(places, flag_dtype):
 # of the single pass 8192, 4096 and 1024 (select_params.hpp). MANY_TILES 4-byte elements are
 # 550 single-pass tiles and a piece, more than a wave of its blocks on an H200 (132
 # multiprocessors, 4 blocks each), so tiles are taken from the counter by blocks of later
-# waves and look-backs cross many tiles; 8-byte elements make as many. The single pass
+# waves and look-backs cross many tiles; 8-byte elements make twice as many. The single pass
 # keeps an output shard's allocation when it keeps at least a quarter of its elements and
 # copies it to an exact one otherwise: the fractions below take both ways.
 MANY_TILES = 4096 * 1100 + 37
