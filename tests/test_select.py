@@ -16,7 +16,7 @@ from cuda_sharded_jit.algorithms import select as select_module
 from cuda_sharded_jit.algorithms.select import select_flagged
 
 from conftest import ALL_DTYPES, sample, uneven
-from helpers.sass import cuobjdump, resource_usage
+from helpers.sass import cuobjdump, resource_usage, static_shared
 from test_errors import shim_untouched, stand_in_array, stand_in_group  # noqa: F401 (fixture)
 from test_records import MIXED, POINT, WIDE, XYZ, random_records
 
@@ -309,10 +309,12 @@ def test_single_pass_repeats_bitwise(one_place):
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_single_pass_fits_its_register_budget(dtype):
-    """Linked for sm_90, the single pass's tiles of 32 4-byte (16 8-byte) items a thread hold
-    at most 64 registers (its launch bounds: 4 blocks of 256 threads a multiprocessor) with no
-    local memory. Needs no GPU; cuobjdump from the nvidia-cuda-cuobjdump wheel or PATH."""
+def test_single_pass_fits_its_budget(dtype):
+    """Linked for sm_90, the single pass stages its tile of 32 KiB (32 4-byte or 16 8-byte items
+    a thread) in shared memory by a bulk copy (UBLKCP) and holds at most 40 registers with no
+    local memory: its launch bounds, 6 blocks of 256 threads a multiprocessor, which the 228 KiB
+    of shared memory an sm_90 multiprocessor has (1 KiB of it reserved a block) also fit. Needs
+    no GPU; cuobjdump from the nvidia-cuda-cuobjdump wheel or PATH."""
     tool = cuobjdump()
     if tool is None:
         pytest.skip("no cuobjdump")
@@ -323,7 +325,11 @@ def test_single_pass_fits_its_register_budget(dtype):
     kernel = compiler._lookup(op, ("select", op.identity(), compiler._map_identity(spec),
                                    (("array", np.dtype(dtype)),), None, "sm_90"), spec)
     registers, stack = resource_usage(tool, kernel.cubin)["csj_select_single"]
-    assert registers <= 64 and stack == 0, (registers, stack)
+    assert registers <= 40 and stack == 0, (registers, stack)
+    shared = static_shared(tool, kernel.cubin)["csj_select_single"]
+    assert 32 * 1024 < shared and 6 * (shared + 1024) <= 228 * 1024, shared
+    single = kernel.sass().split("Function : csj_select_single")[1].split("Function : ")[0]
+    assert "UBLKCP" in single
 
 
 # ---- argument errors (CPU: stand-ins, nothing reaches the shim) ---------------------------

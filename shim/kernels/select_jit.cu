@@ -9,9 +9,10 @@
 // inlined, the pointer gone. The scatter loads its tile through CUB's warp-transposing block
 // load (coalesced reads into the blocked order the ranks need) and stores it from shared
 // memory, each class's elements in one contiguous run. A select (class 0 kept, nothing else
-// written) takes csj_select_keep or, in one pass, csj_select_single: no shared staging, see
-// select_keep.
+// written) takes csj_select_keep or, in one pass, csj_select_single, which ranks as select_keep
+// does (4- and 8-byte elements read from a tile staged in shared memory by a bulk copy).
 #include <cub/block/block_load.cuh>
+#include <cuda/barrier>
 
 #include "count_lookback.cuh"
 #include "select.cuh"
@@ -177,34 +178,139 @@ extern "C" __global__ void __launch_bounds__(kSelectBlock)
 // has started, so the look-back ends), the kept elements before a tile found by decoupled
 // look-back over the tiles' counts (integers: the same positions whatever its timing), the
 // shard's count written by the last tile for the host (select.cpp allocates the output at the
-// shard's size and shrinks it to that count). Tiles of select_single_items a thread: for 4-
-// and 8-byte elements at most 64 registers, 4 blocks a multiprocessor (test_select.py holds
-// it to that); records keep 64 bytes a thread, 48 registers and 5 blocks.
-// (Tiles by blockIdx.x, as CUB's single passes take them, saved nothing: 695-715 against
-// 695-696 us for 2^28 float32 on an H200.)
-constexpr int kSingleBlocks = kSingleItems * CSJ_ELEMENT_SIZE > 64 ? 4 : 5;
+// shard's size and shrinks it to that count).
+struct SingleShared {
+  int warp_kept[kWarps];
+  unsigned long long tile;
+  long long base;
+  CountPrefix::TempStorage lookback;
+};
+
+// The tile's first output position, called by every thread after the barrier that put the
+// warps' counts in shared memory (the same value to all).
+__device__ __forceinline__ long long single_tile_base(const SelectParams& params, long long tile,
+                                                      SingleShared& shared) {
+  if (threadIdx.x < 32) {
+    unsigned long long mine = 0;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) mine += static_cast<unsigned long long>(shared.warp_kept[w]);
+    const unsigned long long before = count_before_tile(params.tile_state, tile, mine, shared.lookback);
+    if (threadIdx.x == 0) {
+      shared.base = static_cast<long long>(before);
+      if (tile == params.tiles - 1) params.totals->count[0] = static_cast<long long>(before + mine);
+    }
+  }
+  __syncthreads();
+  return shared.base;
+}
+
+#if CSJ_ELEMENT_SIZE <= 8
+// 4- and 8-byte elements: the tile (select_single_items a thread, 32 KiB) is staged in shared
+// memory by one bulk asynchronous copy (cuda::memcpy_async on a block barrier: the tensor
+// memory accelerator on sm_90, cp.async before), so a thread holds a mask of its kept
+// elements, not the elements: at most 40 registers, 6 blocks a multiprocessor and 192 KiB of
+// loads in flight through the look-backs that hold each block between its loads and its
+// stores, against 64 registers, 4 blocks and 128 KiB with the tile in registers (test_select.py
+// holds it to that). For 2^28 float32, half kept, on one H100, 2357-2363 GB/s against
+// 2063-2162 in registers (builds alternated in one call).
+constexpr int kSingleBlocks = 6;
+constexpr int kStagedBytes = kSingleItems * kSelectBlock * CSJ_ELEMENT_SIZE;
+// A contiguous array (ShardedArray::allocate_contiguous) maps each place's chunk at multiples
+// of the driver's granularity (2 MiB): a bulk copy is split where it would cross such a
+// boundary, so no copy spans two mappings (compute-sanitizer reports one that does).
+constexpr unsigned long long kMappingAlign = 2ULL << 20;
+
+using Barrier = cuda::barrier<cuda::thread_scope_block>;
+
+// `bytes` (a multiple of 16, both ends 16-byte aligned) from global to shared memory, counted
+// on `arrived`. Called by one thread.
+__device__ __forceinline__ void stage_bulk(unsigned char* to, const unsigned char* from, unsigned bytes,
+                                           Barrier& arrived) {
+  const auto address = reinterpret_cast<unsigned long long>(from);
+  const unsigned long long boundary = (address / kMappingAlign + 1) * kMappingAlign;
+  const unsigned first = boundary < address + bytes ? static_cast<unsigned>(boundary - address) : bytes;
+  cuda::memcpy_async(to, from, cuda::aligned_size_t<16>(first), arrived);
+  if (first < bytes) cuda::memcpy_async(to + first, from + first, cuda::aligned_size_t<16>(bytes - first), arrived);
+}
 
 extern "C" __global__ void __launch_bounds__(kSelectBlock, kSingleBlocks)
     csj_select_single(const __grid_constant__ SelectParams params) {
-  __shared__ int warp_kept[kWarps];
-  __shared__ unsigned long long tile_shared;
-  __shared__ long long base_shared;
-  __shared__ CountPrefix::TempStorage lookback;
-  if (threadIdx.x == 0) tile_shared = atomicAdd(params.next_tile, 1ULL);
+  constexpr int kTileItems = kSingleItems * kSelectBlock;
+  constexpr int kSpan = kSingleItems * 32;  // a warp's run of elements
+  constexpr int kSize = CSJ_ELEMENT_SIZE;
+  // the tile at the shard's alignment within 16 bytes, so that the bulk copy's ends are aligned
+  __shared__ alignas(128) unsigned char staged_bytes[kStagedBytes + 16];
+#pragma nv_diag_suppress static_var_with_dynamic_init
+  __shared__ Barrier arrived;
+  __shared__ SingleShared shared;
+  if (threadIdx.x == 0) {
+    shared.tile = atomicAdd(params.next_tile, 1ULL);
+    init(&arrived, kSelectBlock);
+#if __CUDA_ARCH__ >= 900
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // the barrier, seen by the bulk copy
+#endif
+  }
   __syncthreads();
-  const auto tile = static_cast<long long>(tile_shared);
-  select_keep<kSingleItems>(params, tile, warp_kept, [&](const int(&counts)[kWarps]) {
-    if (threadIdx.x < 32) {
-      unsigned long long mine = 0;
+  const auto tile = static_cast<long long>(shared.tile);
+  const long long first = tile * kTileItems;
+  const long long left = params.n - first;
+  const int valid = left < kTileItems ? static_cast<int>(left) : kTileItems;
+  const Element* in = static_cast<const Element*>(params.in) + first;
+  const auto shift = static_cast<unsigned>(reinterpret_cast<unsigned long long>(in) % 16);
+  Element* staged = reinterpret_cast<Element*>(staged_bytes + shift);
+  // elements before the tile's 16-byte aligned run, and in it; threads load the rest
+  const int head = min(valid, static_cast<int>((16 - shift) % 16) / kSize);
+  const int bulk = (valid - head) / (16 / kSize) * (16 / kSize);
+  if (threadIdx.x == 0 && bulk > 0) {
+    stage_bulk(reinterpret_cast<unsigned char*>(staged + head), reinterpret_cast<const unsigned char*>(in + head),
+               static_cast<unsigned>(bulk) * kSize, arrived);
+  }
+  if (static_cast<int>(threadIdx.x) < head) staged[threadIdx.x] = in[threadIdx.x];
+  for (int i = head + bulk + static_cast<int>(threadIdx.x); i < valid; i += kSelectBlock) staged[i] = in[i];
+  arrived.arrive_and_wait();
+  // each warp ranks its run as select_keep does, reading the elements from shared memory
+  const int warp_index = static_cast<int>(threadIdx.x) >> 5;
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  const int begin = warp_index * kSpan;
+  unsigned kept = 0;
 #pragma unroll
-      for (int w = 0; w < kWarps; ++w) mine += static_cast<unsigned long long>(counts[w]);
-      const unsigned long long before = count_before_tile(params.tile_state, tile, mine, lookback);
-      if (threadIdx.x == 0) {
-        base_shared = static_cast<long long>(before);
-        if (tile == params.tiles - 1) params.totals->count[0] = static_cast<long long>(before + mine);
-      }
+  for (int item = 0; item < kSingleItems; ++item) {
+    const int offset = begin + item * 32 + lane;
+    if (offset < valid) {
+      const Element element = staged[offset];
+      kept |= static_cast<unsigned>(csj_select_class(&element, params.index_base + first + offset) == 0) << item;
     }
-    __syncthreads();
-    return base_shared;
-  });
+  }
+  int count = 0;
+#pragma unroll
+  for (int item = 0; item < kSingleItems; ++item) count += __popc(__ballot_sync(0xffffffffu, (kept >> item) & 1u));
+  if (lane == 0) shared.warp_kept[warp_index] = count;
+  __syncthreads();
+  long long position = single_tile_base(params, tile, shared);
+  if (count == 0) return;
+  for (int w = 0; w < warp_index; ++w) position += shared.warp_kept[w];
+  Element* out = static_cast<Element*>(params.out[0]) + position;
+  const unsigned below = (1u << lane) - 1u;
+#pragma unroll
+  for (int item = 0; item < kSingleItems; ++item) {
+    const unsigned round = __ballot_sync(0xffffffffu, (kept >> item) & 1u);
+    if ((kept >> item) & 1u) out[__popc(round & below)] = staged[begin + item * 32 + lane];
+    out += __popc(round);
+  }
 }
+#else
+// Records: select_items' 64 bytes a thread in registers, 48 registers and 5 blocks.
+// (Tiles by blockIdx.x, as CUB's single passes take them, saved nothing: 695-715 against
+// 695-696 us for 2^28 float32 on an H200, with the tile in registers.)
+constexpr int kSingleBlocks = 5;
+
+extern "C" __global__ void __launch_bounds__(kSelectBlock, kSingleBlocks)
+    csj_select_single(const __grid_constant__ SelectParams params) {
+  __shared__ SingleShared shared;
+  if (threadIdx.x == 0) shared.tile = atomicAdd(params.next_tile, 1ULL);
+  __syncthreads();
+  const auto tile = static_cast<long long>(shared.tile);
+  select_keep<kSingleItems>(params, tile, shared.warp_kept,
+                            [&](const int(&)[kWarps]) { return single_tile_base(params, tile, shared); });
+}
+#endif

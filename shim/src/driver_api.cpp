@@ -40,6 +40,7 @@ DriverApi load_all() {
   load(api.cuLibraryGetKernel, "cuLibraryGetKernel");
   load(api.cuLaunchKernel, "cuLaunchKernel");
   load(api.cuKernelGetFunction, "cuKernelGetFunction");
+  load(api.cuKernelSetAttribute, "cuKernelSetAttribute");
   load(api.cuOccupancyMaxActiveBlocksPerMultiprocessor, "cuOccupancyMaxActiveBlocksPerMultiprocessor");
   load(api.cuCtxGetCurrent, "cuCtxGetCurrent");
   load(api.cuCtxGetId, "cuCtxGetId");

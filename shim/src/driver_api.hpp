@@ -22,6 +22,7 @@ struct DriverApi {
   decltype(&::cuLibraryGetKernel) cuLibraryGetKernel = nullptr;
   decltype(&::cuLaunchKernel) cuLaunchKernel = nullptr;
   decltype(&::cuKernelGetFunction) cuKernelGetFunction = nullptr;
+  decltype(&::cuKernelSetAttribute) cuKernelSetAttribute = nullptr;
   decltype(&::cuOccupancyMaxActiveBlocksPerMultiprocessor) cuOccupancyMaxActiveBlocksPerMultiprocessor = nullptr;
   decltype(&::cuCtxGetCurrent) cuCtxGetCurrent = nullptr;
   decltype(&::cuCtxGetId) cuCtxGetId = nullptr;

@@ -1,6 +1,6 @@
 """Resource usage of linked kernels, read from their cubins with cuobjdump (the
-nvidia-cuda-cuobjdump wheel or PATH), for the CPU tests that hold a kernel to a register budget:
-its blocks a multiprocessor, with no local memory."""
+nvidia-cuda-cuobjdump wheel or PATH), for the CPU tests that hold a kernel to a budget of
+registers and shared memory: its blocks a multiprocessor, with no local memory."""
 
 from __future__ import annotations
 
@@ -23,13 +23,23 @@ def cuobjdump() -> str | None:
     return shutil.which("cuobjdump")
 
 
-def resource_usage(tool: str, cubin: bytes) -> dict[str, tuple[int, int]]:
-    """{kernel name: (registers, stack bytes)} of every function in the cubin."""
+def _usage(tool: str, cubin: bytes) -> str:
+    """cuobjdump's resource usage of every function in the cubin."""
     path = pathlib.Path(os.environ.get("TMPDIR", "/tmp")) / f"csj_usage_{os.getpid()}.cubin"
     path.write_bytes(cubin)
     try:
-        usage = subprocess.run([tool, "-res-usage", str(path)], capture_output=True, text=True, check=True).stdout
+        return subprocess.run([tool, "-res-usage", str(path)], capture_output=True, text=True, check=True).stdout
     finally:
         path.unlink()
+
+
+def resource_usage(tool: str, cubin: bytes) -> dict[str, tuple[int, int]]:
+    """{kernel name: (registers, stack bytes)} of every function in the cubin."""
     pattern = r"Function (\w+):\s*\n\s*REG:(\d+) STACK:(\d+)"
-    return {name: (int(registers), int(stack)) for name, registers, stack in re.findall(pattern, usage)}
+    return {name: (int(registers), int(stack)) for name, registers, stack in re.findall(pattern, _usage(tool, cubin))}
+
+
+def static_shared(tool: str, cubin: bytes) -> dict[str, int]:
+    """{kernel name: static shared memory bytes} of every function in the cubin."""
+    pattern = r"Function (\w+):\s*\n\s*REG:\d+ STACK:\d+ SHARED:(\d+)"
+    return {name: int(shared) for name, shared in re.findall(pattern, _usage(tool, cubin))}
