@@ -17,6 +17,8 @@ import pytest
 import cuda_sharded_jit as sharded
 from cuda_sharded_jit import _cache, _link, compiler
 
+from helpers.sass import cuobjdump, resource_usage
+
 ARCH = "sm_90"
 
 
@@ -284,6 +286,19 @@ def test_reduction_operators_are_inlined(fresh_cache, algorithm, dtype):
     assert set(compiler._entry_points(kernel)) == MODULE_KERNELS[algorithm]  # what the load resolves
     assert "CALL" not in kernel.sass()
     assert kernel.out_dtype == np.dtype(dtype) and kernel.map_ltoir
+
+
+@pytest.mark.parametrize("dtype, blocks", [(np.float32, 3), (np.int32, 3), (np.float64, 2)])
+def test_one_pass_scan_blocks_a_multiprocessor(dtype, blocks):
+    """Linked with a user add, the single-pass scan's 512 threads a block fit its launch
+    bounds: three blocks a multiprocessor (at most 40 registers) where inputs and accumulators
+    are 4 bytes wide, two (64) otherwise. cuobjdump from the nvidia-cuda-cuobjdump wheel or PATH."""
+    tool = cuobjdump()
+    if tool is None:
+        pytest.skip("no cuobjdump")
+    kernel = sharded.compile(lambda x, y: x + y, "scan_one_pass", (dtype,), arch=ARCH)
+    registers, _ = resource_usage(tool, kernel.cubin)["csj_scan_one_pass"]
+    assert registers * 512 * blocks <= 65536, registers
 
 
 @pytest.mark.parametrize("in_dtype", [np.int32, np.int64])

@@ -205,6 +205,13 @@ constexpr int kOnePassReads = 2;  // tile states a lane of the look-back reads a
 // static shared memory, so 8 where either is 8 bytes wide.
 constexpr int one_pass_items(int in_size, int acc_size) { return in_size == 4 && acc_size == 4 ? 16 : 8; }
 constexpr int one_pass_tile(int in_size, int acc_size) { return kOnePassBlock * one_pass_items(in_size, acc_size); }
+// Blocks a multiprocessor (the launch bounds): 3 for 4-byte inputs and accumulators (at most 40
+// registers, a few bytes spilled), 2 otherwise (the compiler's 52-56 registers). Two blocks
+// keep only two tiles of 32 KiB in flight a multiprocessor; three, for 2^28 float32 on one H100
+// (builds alternated in one call), scanned at 2248 GB/s against 2023-2048 (2151 against 1952 at
+// 2^26, 1811 against 1686 at 2^24, equal at 2^20 and 2^22). 8-byte modules were not measured
+// so: held to 40 registers they spill 24 bytes.
+constexpr int one_pass_blocks(int in_size, int acc_size) { return in_size == 4 && acc_size == 4 ? 3 : 2; }
 struct OnePassScanParams {
   const void* in;
   void* out;
