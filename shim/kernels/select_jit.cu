@@ -207,11 +207,11 @@ __device__ __forceinline__ long long single_tile_base(const SelectParams& params
 #if CSJ_ELEMENT_SIZE <= 8
 // 4- and 8-byte elements: the tile (select_single_items a thread, 32 KiB) is staged in shared
 // memory by one bulk asynchronous copy (cuda::memcpy_async on a block barrier: the tensor
-// memory accelerator on sm_90, cp.async before), so a thread holds a mask of its kept
-// elements, not the elements: at most 40 registers, 6 blocks a multiprocessor and 192 KiB of
-// loads in flight through the look-backs that hold each block between its loads and its
-// stores, against 64 registers, 4 blocks and 128 KiB with the tile in registers (test_select.py
-// holds it to that). For 2^28 float32, half kept, on one H100, 2357-2363 GB/s against
+// memory accelerator on sm_90; before sm_90 the block's threads load it), so a thread holds a
+// mask of its kept elements, not the elements: at most 40 registers, 6 blocks a multiprocessor
+// and 192 KiB of loads in flight through the look-backs that hold each block between its loads
+// and its stores, against 64 registers, 4 blocks and 128 KiB with the tile in registers
+// (test_select.py holds it to that). For 2^28 float32, half kept, on one H100, 2357-2363 GB/s against
 // 2063-2162 in registers (builds alternated in one call).
 constexpr int kSingleBlocks = 6;
 constexpr int kStagedBytes = kSingleItems * kSelectBlock * CSJ_ELEMENT_SIZE;
@@ -237,7 +237,6 @@ extern "C" __global__ void __launch_bounds__(kSelectBlock, kSingleBlocks)
     csj_select_single(const __grid_constant__ SelectParams params) {
   constexpr int kTileItems = kSingleItems * kSelectBlock;
   constexpr int kSpan = kSingleItems * 32;  // a warp's run of elements
-  constexpr int kSize = CSJ_ELEMENT_SIZE;
   // the tile at the shard's alignment within 16 bytes, so that the bulk copy's ends are aligned
   __shared__ alignas(128) unsigned char staged_bytes[kStagedBytes + 16];
 #pragma nv_diag_suppress static_var_with_dynamic_init
@@ -258,6 +257,8 @@ extern "C" __global__ void __launch_bounds__(kSelectBlock, kSingleBlocks)
   const Element* in = static_cast<const Element*>(params.in) + first;
   const auto shift = static_cast<unsigned>(reinterpret_cast<unsigned long long>(in) % 16);
   Element* staged = reinterpret_cast<Element*>(staged_bytes + shift);
+#if __CUDA_ARCH__ >= 900
+  constexpr int kSize = CSJ_ELEMENT_SIZE;
   // elements before the tile's 16-byte aligned run, and in it; threads load the rest
   const int head = min(valid, static_cast<int>((16 - shift) % 16) / kSize);
   const int bulk = (valid - head) / (16 / kSize) * (16 / kSize);
@@ -267,6 +268,11 @@ extern "C" __global__ void __launch_bounds__(kSelectBlock, kSingleBlocks)
   }
   if (static_cast<int>(threadIdx.x) < head) staged[threadIdx.x] = in[threadIdx.x];
   for (int i = head + bulk + static_cast<int>(threadIdx.x); i < valid; i += kSelectBlock) staged[i] = in[i];
+#else
+  // no bulk copy before sm_90 (memcpy_async would issue a thread's copies one by one): the
+  // block's threads load the tile (modules built for sm_80; not measured)
+  for (int i = static_cast<int>(threadIdx.x); i < valid; i += kSelectBlock) staged[i] = in[i];
+#endif
   arrived.arrive_and_wait();
   // each warp ranks its run as select_keep does, reading the elements from shared memory
   const int warp_index = static_cast<int>(threadIdx.x) >> 5;
