@@ -104,6 +104,15 @@ struct WarpKept {
   int count = 0;      // the warp's kept elements
 };
 
+// The warp's kept elements: the set bits of every lane's `kept` (the same in every lane).
+template <int Items>
+__device__ __forceinline__ int kept_count(unsigned kept) {
+  int count = 0;
+#pragma unroll
+  for (int item = 0; item < Items; ++item) count += __popc(__ballot_sync(0xffffffffu, (kept >> item) & 1u));
+  return count;
+}
+
 // The warp's run from the shard's element `first` (none when first >= n).
 template <int Items>
 __device__ __forceinline__ void load_kept(const SelectParams& params, long long first, WarpKept<Items>& warp) {
@@ -131,20 +140,21 @@ __device__ __forceinline__ void load_kept(const SelectParams& params, long long 
       }
     }
   }
-#pragma unroll
-  for (int item = 0; item < Items; ++item) warp.count += __popc(__ballot_sync(0xffffffffu, (warp.kept >> item) & 1u));
+  warp.count = kept_count<Items>(warp.kept);
 }
 
-template <int Items>
-__device__ __forceinline__ void write_kept(const SelectParams& params, long long position, const WarpKept<Items>& warp) {
-  if (warp.count == 0) return;
+// The lanes' kept elements, in order from the warp's output `position`: round `item` writes
+// each lane's item `item` (`item_at(item)`) where its bit of `kept` is set.
+template <int Items, class ItemAt>
+__device__ __forceinline__ void write_kept(const SelectParams& params, long long position, unsigned kept,
+                                           ItemAt item_at) {
   const int lane = static_cast<int>(threadIdx.x) & 31;
   Element* out = static_cast<Element*>(params.out[0]) + position;
   const unsigned below = (1u << lane) - 1u;
 #pragma unroll
   for (int item = 0; item < Items; ++item) {
-    const unsigned round = __ballot_sync(0xffffffffu, (warp.kept >> item) & 1u);
-    if ((warp.kept >> item) & 1u) out[__popc(round & below)] = warp.items[item];
+    const unsigned round = __ballot_sync(0xffffffffu, (kept >> item) & 1u);
+    if ((kept >> item) & 1u) out[__popc(round & below)] = item_at(item);
     out += __popc(round);
   }
 }
@@ -163,7 +173,8 @@ __device__ __forceinline__ void select_keep(const SelectParams& params, long lon
   __syncthreads();
   long long position = tile_base(warp_kept);
   for (int w = 0; w < warp_index; ++w) position += warp_kept[w];
-  write_kept(params, position, warp);
+  if (warp.count == 0) return;
+  write_kept<Items>(params, position, warp.kept, [&](int item) { return warp.items[item]; });
 }
 
 // The two passes' scatter of a select: the tile's position from the scanned counts.
@@ -287,22 +298,13 @@ extern "C" __global__ void __launch_bounds__(kSelectBlock, kSingleBlocks)
       kept |= static_cast<unsigned>(csj_select_class(&element, params.index_base + first + offset) == 0) << item;
     }
   }
-  int count = 0;
-#pragma unroll
-  for (int item = 0; item < kSingleItems; ++item) count += __popc(__ballot_sync(0xffffffffu, (kept >> item) & 1u));
+  const int count = kept_count<kSingleItems>(kept);
   if (lane == 0) shared.warp_kept[warp_index] = count;
   __syncthreads();
   long long position = single_tile_base(params, tile, shared);
   if (count == 0) return;
   for (int w = 0; w < warp_index; ++w) position += shared.warp_kept[w];
-  Element* out = static_cast<Element*>(params.out[0]) + position;
-  const unsigned below = (1u << lane) - 1u;
-#pragma unroll
-  for (int item = 0; item < kSingleItems; ++item) {
-    const unsigned round = __ballot_sync(0xffffffffu, (kept >> item) & 1u);
-    if ((kept >> item) & 1u) out[__popc(round & below)] = staged[begin + item * 32 + lane];
-    out += __popc(round);
-  }
+  write_kept<kSingleItems>(params, position, kept, [&](int item) { return staged[begin + item * 32 + lane]; });
 }
 #else
 // Records: select_items' 64 bytes a thread in registers, 48 registers and 5 blocks.
