@@ -11,7 +11,8 @@
 // reduce to a host value: a launch whose kernel stores a word to mapped host memory and the
 // host's spin until it sees it, the same with a value stored first and a system fence between
 // the two (what a separate value and ticket cost, which the reduce's words carrying both
-// avoid), and the same launch waited for with cudaStreamSynchronize.
+// avoid), and the same launch waited for with cudaStreamSynchronize. Last, the floor under a call
+// on 4 places of one GPU.
 #include <cuda.h>
 #include <cuda_runtime.h>
 
@@ -19,6 +20,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <thread>
 #include <vector>
 
 struct Params {
@@ -52,21 +54,28 @@ static void check(CUresult status, const char* what) {
   }
 }
 
-template <class Launch>
-static void report(const char* label, Launch&& launch, cudaStream_t stream) {
+// `run(calls)` makes `calls` calls and waits for them: µs a call, median and best of 7 batches.
+template <class Run>
+static void report_batches(const char* label, Run&& run) {
   constexpr int kCalls = 20000;
-  for (int i = 0; i < kCalls / 10; ++i) launch();
-  check(cudaStreamSynchronize(stream), "warm-up");
+  run(kCalls / 10);  // warm-up
   std::vector<double> batches;
   for (int batch = 0; batch < 7; ++batch) {
     const auto start = std::chrono::steady_clock::now();
-    for (int i = 0; i < kCalls; ++i) launch();
-    check(cudaStreamSynchronize(stream), "batch");
+    run(kCalls);
     const std::chrono::duration<double, std::micro> spent = std::chrono::steady_clock::now() - start;
     batches.push_back(spent.count() / kCalls);
   }
   std::sort(batches.begin(), batches.end());
   std::printf("%-44s %.2f µs (best %.2f)\n", label, batches[3], batches[0]);
+}
+
+template <class Launch>
+static void report(const char* label, Launch&& launch, cudaStream_t stream) {
+  report_batches(label, [&](int calls) {
+    for (int i = 0; i < calls; ++i) launch();
+    check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+  });
 }
 
 int main() {
@@ -114,6 +123,37 @@ int main() {
     check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
   }, stream);
   check(cudaFreeHost(host_word), "cudaFreeHost");
+  // The floor under a call on 4 places of one GPU, a launch on each place's stream: from one
+  // thread, as the shim launches, and from 4 threads at once (a call = a launch from each),
+  // which the driver largely serialises within the one context.
+  constexpr int kPlaces = 4;
+  cudaStream_t streams[kPlaces];
+  for (auto& place : streams) check(cudaStreamCreateWithFlags(&place, cudaStreamNonBlocking), "cudaStreamCreate");
+  auto launch_on = [&](cudaStream_t place) {
+    check(cuLaunchKernel(reinterpret_cast<CUfunction>(function), 1, 1, 1, 256, 1, 1, 0,
+                         reinterpret_cast<CUstream>(place), args, nullptr),
+          "cuLaunchKernel");
+  };
+  report_batches("4 streams, a launch on each, one thread", [&](int calls) {
+    for (int i = 0; i < calls; ++i) {
+      for (auto place : streams) launch_on(place);
+    }
+    check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+  });
+  CUcontext context = nullptr;
+  check(cuCtxGetCurrent(&context), "cuCtxGetCurrent");
+  report_batches("4 streams, a launch on each, 4 threads", [&](int calls) {
+    std::vector<std::thread> threads;
+    for (auto place : streams) {
+      threads.emplace_back([&, place] {
+        check(cuCtxSetCurrent(context), "cuCtxSetCurrent");
+        for (int i = 0; i < calls; ++i) launch_on(place);
+      });
+    }
+    for (auto& thread : threads) thread.join();
+    check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+  });
+  for (auto place : streams) check(cudaStreamDestroy(place), "cudaStreamDestroy");
   check(cudaStreamDestroy(stream), "cudaStreamDestroy");
   return 0;
 }

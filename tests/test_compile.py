@@ -17,7 +17,7 @@ import pytest
 import cuda_sharded_jit as sharded
 from cuda_sharded_jit import _cache, _link, compiler
 
-from helpers.sass import cuobjdump, resource_usage
+from helpers.sass import cuobjdump, resource_usage, static_shared
 
 ARCH = "sm_90"
 
@@ -288,17 +288,26 @@ def test_reduction_operators_are_inlined(fresh_cache, algorithm, dtype):
     assert kernel.out_dtype == np.dtype(dtype) and kernel.map_ltoir
 
 
-@pytest.mark.parametrize("dtype, blocks", [(np.float32, 3), (np.int32, 3), (np.float64, 2)])
-def test_one_pass_scan_blocks_a_multiprocessor(dtype, blocks):
-    """Linked with a user add, the single-pass scan's 512 threads a block fit its launch
-    bounds: three blocks a multiprocessor (at most 40 registers) where inputs and accumulators
-    are 4 bytes wide, two (64) otherwise. cuobjdump from the nvidia-cuda-cuobjdump wheel or PATH."""
+@pytest.mark.parametrize("dtype, out_dtype", [(np.float32, None), (np.int32, None), (np.float64, None),
+                                              (np.int32, np.int64)])
+def test_one_pass_scan_blocks_a_multiprocessor(dtype, out_dtype):
+    """Linked with a user add, the single pass fits its launch bounds. Inputs and accumulators
+    of one size stage their tile in shared memory: 256 threads at most 40 registers (six
+    blocks a multiprocessor) with six blocks' shared memory in 228 KiB, the tile arriving by
+    asynchronous copies (LDGSTS); otherwise the tile goes through registers, 512 threads and two
+    blocks. cuobjdump from the nvidia-cuda-cuobjdump wheel or PATH."""
     tool = cuobjdump()
     if tool is None:
         pytest.skip("no cuobjdump")
-    kernel = sharded.compile(lambda x, y: x + y, "scan_one_pass", (dtype,), arch=ARCH)
+    options = {} if out_dtype is None else {"out_dtype": out_dtype}
+    kernel = sharded.compile(lambda x, y: x + y, "scan_one_pass", (dtype,), arch=ARCH, **options)
     registers, _ = resource_usage(tool, kernel.cubin)["csj_scan_one_pass"]
-    assert registers * 512 * blocks <= 65536, registers
+    if out_dtype is None:
+        shared = static_shared(tool, kernel.cubin)["csj_scan_one_pass"]
+        assert registers <= 40 and 6 * (shared + 1024) <= 228 * 1024, (registers, shared)
+        assert "LDGSTS" in kernel.sass()
+    else:
+        assert registers * 512 * 2 <= 65536, registers
 
 
 @pytest.mark.parametrize("in_dtype", [np.int32, np.int64])

@@ -156,6 +156,39 @@ def test_one_pass_into_a_narrower_accumulator(one_place):
                                   np.concatenate([[2], running[:-1] + 2]).astype(np.int32))
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.int64])
+def test_one_pass_off_sixteen_byte_alignment(one_place, dtype):
+    """The single pass copies 16-byte chunks where the input and output are 16-byte aligned and
+    moves elements one by one where they are not: views of CuPy buffers one element in (input)
+    and three in (output), over several tiles and a partial one, give the bits of the aligned
+    scan (integers: numpy's sums), inclusive, exclusive and in place."""
+    cp = cupy_or_skip()
+    host = sample(dtype, 3 * 8192 + 77, seed=47)
+    aligned = sharded.ShardedArray.from_numpy(one_place, host)
+    buffer = cp.zeros(host.size + 1, dtype=dtype)
+    buffer[1:] = cp.asarray(host)
+    shifted = sharded.ShardedArray.adopt(one_place, [buffer[1:]])
+    target = cp.zeros(host.size + 3, dtype=dtype)
+    out = sharded.ShardedArray.adopt(one_place, [target[3:]])
+    cp.cuda.runtime.deviceSynchronize()  # CuPy's writes, before our streams read the buffers
+    for scan, args in ((sharded.inclusive_scan, (lambda x, y: x + y,)),
+                       (sharded.exclusive_scan, (lambda x, y: x + y, dtype(2)))):
+        expected = scan(aligned, *args).to_numpy()
+        if dtype == np.int64:
+            running = np.cumsum(host)
+            np.testing.assert_array_equal(
+                expected, running if scan is sharded.inclusive_scan else np.concatenate([[2], running[:-1] + 2]))
+        got = scan(shifted, *args).to_numpy()
+        np.testing.assert_array_equal(got.view(np.uint8), expected.view(np.uint8))
+        scan(aligned, *args, out=out)
+        one_place.sync()  # before CuPy reads what our stream wrote
+        np.testing.assert_array_equal(cp.asnumpy(target[3:]).view(np.uint8), expected.view(np.uint8))
+    sharded.inclusive_scan(shifted, lambda x, y: x + y, out=shifted)
+    one_place.sync()
+    np.testing.assert_array_equal(cp.asnumpy(buffer[1:]).view(np.uint8),
+                                  sharded.inclusive_scan(aligned, lambda x, y: x + y).to_numpy().view(np.uint8))
+
+
 def test_one_pass_float_bits_over_many_tiles(one_place):
     """Over 2049 tiles, where look-backs find their nearest published prefix at whatever
     distance the timing gives, a float32 sum is the same bits on every call (the tiles fold

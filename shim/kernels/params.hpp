@@ -201,17 +201,30 @@ constexpr bool one_pass_scans(int in_size, int acc_size) {  // the modules that 
 constexpr int kOnePassTileBits = 24;
 constexpr int kOnePassBlock = 512;
 constexpr int kOnePassReads = 2;  // tile states a lane of the look-back reads at a time
-// Items a thread: a tile's exchange (inputs) and store (accumulators) each fit the 48 KiB of
-// static shared memory, so 8 where either is 8 bytes wide.
-constexpr int one_pass_items(int in_size, int acc_size) { return in_size == 4 && acc_size == 4 ? 16 : 8; }
-constexpr int one_pass_tile(int in_size, int acc_size) { return kOnePassBlock * one_pass_items(in_size, acc_size); }
-// Blocks a multiprocessor (the launch bounds): 3 for 4-byte inputs and accumulators (at most 40
-// registers, a few bytes spilled), 2 otherwise (the compiler's 52-56 registers). Two blocks
-// keep only two tiles of 32 KiB in flight a multiprocessor; three, for 2^28 float32 on one H100
-// (builds alternated in one call), scanned at 2248 GB/s against 2023-2048 (2151 against 1952 at
-// 2^26, 1811 against 1686 at 2^24, equal at 2^20 and 2^22). 8-byte modules were not measured
-// so: held to 40 registers they spill 24 bytes.
-constexpr int one_pass_blocks(int in_size, int acc_size) { return in_size == 4 && acc_size == 4 ? 3 : 2; }
+// Where inputs and accumulators have one size, a tile of 32 KiB is staged in shared memory
+// (OnePassScan's staged path): 256 threads a block, each folding and then scanning a run of
+// 128 bytes read from there, so the elements are never all in registers and six blocks (six
+// tiles in flight) fit a multiprocessor. Otherwise the tile goes through registers: 512 threads,
+// and a tile's exchange (inputs) and store (accumulators) each fit the 48 KiB of static shared
+// memory, so 8 items a thread where either is 8 bytes wide.
+constexpr bool one_pass_staged(int in_size, int acc_size) { return in_size == acc_size; }
+constexpr int kOnePassStagedBlock = 256;
+constexpr int kOnePassStagedBytes = 32 << 10;  // a staged tile
+constexpr int one_pass_block(int in_size, int acc_size) {
+  return one_pass_staged(in_size, acc_size) ? kOnePassStagedBlock : kOnePassBlock;
+}
+constexpr int one_pass_items(int in_size, int acc_size) {
+  return one_pass_staged(in_size, acc_size) ? kOnePassStagedBytes / kOnePassStagedBlock / in_size : 8;
+}
+constexpr int one_pass_tile(int in_size, int acc_size) {
+  return one_pass_block(in_size, acc_size) * one_pass_items(in_size, acc_size);
+}
+// Blocks a multiprocessor (the launch bounds): six staged (at most 40 registers, 34 KiB of
+// shared memory each: six tiles of 32 KiB in flight), two otherwise (the compiler's 60-62
+// registers). Staged against the tile in registers (three blocks of 512 for 4-byte elements,
+// two for 8-byte), 2^28 elements on one H100, builds alternated in one call: float32 2665-2690
+// GB/s against 2221-2260, int32 2628-2711 against 2131-2151, float64 2529 against 2094.
+constexpr int one_pass_blocks(int in_size, int acc_size) { return one_pass_staged(in_size, acc_size) ? 6 : 2; }
 struct OnePassScanParams {
   const void* in;
   void* out;

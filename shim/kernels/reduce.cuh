@@ -616,8 +616,12 @@ struct Scan {
 // by n alone). The first warp reads the states of a window of 64 tiles at a time (two a lane,
 // one L2 trip a window); lane 0 folds the staged window in order. The tiles' prefixes move
 // forward by about a window per look-back, so the tiles are large (8192 elements of 4 bytes,
-// 4096 where the input or the accumulator is 8 bytes wide) and the windows wide. The association inside a tile is CUB's block scan's, seeded with the
-// tile's exclusive prefix.
+// 4096 where the input or the accumulator is 8 bytes wide) and the windows wide. Inside a tile,
+// each thread folds its run of elements from the left, CUB's block scan (warp scans) joins the
+// threads' folds seeded with the tile's exclusive prefix, and each thread scans its run from its
+// own prefix: the association is fixed by the tile's shape, which the staged path (inputs and
+// accumulators of one size: 256 threads, runs of 128 bytes) and the register path (512 threads,
+// 8 or 16 elements a run) each keep.
 struct alignas(16) TileState {
   unsigned long long value;  // the accumulator's bytes, low-aligned
   unsigned long long tag;    // (epoch + 1) << 1, | 1 once value is the inclusive prefix
@@ -648,9 +652,16 @@ struct OnePassScan {
   static_assert(kWindow <= 64, "a window's tiles fit a 64-bit mask");
   static constexpr Mask kAll = kWindow == 64 ? ~Mask{0} : (Mask{1} << (kWindow % 64)) - 1;
   using Combiner = Combine<Op, Acc>;
-  using Exchange = cub::BlockExchange<In, kOnePassBlock, kItems>;
-  using Store = cub::BlockStore<Acc, kOnePassBlock, kItems, cub::BLOCK_STORE_WARP_TRANSPOSE>;
-  using BlockScanT = cub::BlockScan<Acc, kOnePassBlock, cub::BLOCK_SCAN_WARP_SCANS>;
+  static constexpr bool kStaged = one_pass_staged(InSize, AccSize);
+  static constexpr int kBlock = one_pass_block(InSize, AccSize);
+  using Exchange = cub::BlockExchange<In, kBlock, kItems>;
+  using Store = cub::BlockStore<Acc, kBlock, kItems, cub::BLOCK_STORE_WARP_TRANSPOSE>;
+  using BlockScanT = cub::BlockScan<Acc, kBlock, cub::BLOCK_SCAN_WARP_SCANS>;
+  // The block's tile, drawn in order, and its launch's tag.
+  struct Drawn {
+    long long tile;
+    unsigned long long tag;
+  };
 
   struct TempStorage {
     union {
@@ -659,8 +670,7 @@ struct OnePassScan {
       typename BlockScanT::TempStorage scan;
     } steps;
     Acc stage[kWindow];  // the look-back's window, nearest tile first
-    long long tile;
-    unsigned long long tag;
+    Drawn drawn;
   };
 
   // Whether each tile of the window (bit k: tile end - 1 - k; lane l reads k = l + 32 r)
@@ -760,31 +770,179 @@ struct OnePassScan {
     }
   };
 
-  __device__ static void run(const OnePassScanParams& p) {
-    __shared__ TempStorage temp;
-    TileState* states = static_cast<TileState*>(p.states);
+  // The drawn tile: its index and tag, its first element and its element count (none past the
+  // last tile).
+  struct Tile {
+    long long index;
+    unsigned long long tag;
+    long long base;
+    int valid;
+  };
+
+  // Thread 0 draws the tile into `slot`; every thread returns it.
+  __device__ __forceinline__ static Tile draw(const OnePassScanParams& p, Drawn& slot) {
     if (threadIdx.x == 0) {
       const unsigned long long drawn = atomicAdd(p.draw, 1ULL);
       const unsigned long long epoch = drawn >> kOnePassTileBits;
       const long long tile = static_cast<long long>(drawn & ((1ULL << kOnePassTileBits) - 1));
       // every tile is drawn: the next launch starts the next epoch from none drawn
       if (tile == p.num_tiles - 1) atomicExch(p.draw, (epoch + 1) << kOnePassTileBits);
-      temp.tile = tile;
-      temp.tag = (epoch + 1) << 1;
+      slot = Drawn{tile, (epoch + 1) << 1};
     }
     __syncthreads();
-    const long long tile = temp.tile;
-    const unsigned long long tag = temp.tag;
-    if (tile >= p.num_tiles) return;  // only if another launch shared the draw word: fail without writing
-    const long long base = tile * kTile;
-    const long long remaining = p.n - base;
-    const int valid = remaining >= kTile ? static_cast<int>(kTile) : static_cast<int>(remaining);
+    const Drawn drawn = slot;
+    const long long base = drawn.tile * kTile;
+    const long long remaining = drawn.tile < p.num_tiles ? p.n - base : 0;
+    return Tile{drawn.tile, drawn.tag, base, remaining >= kTile ? static_cast<int>(kTile) : static_cast<int>(remaining)};
+  }
+
+  __device__ static void run(const OnePassScanParams& p) {
+    if constexpr (kStaged) {
+      run_staged(p);
+    } else {
+      run_in_registers(p);
+    }
+  }
+
+  // ---- The staged path: inputs and accumulators of one size --------------------------------
+  // The tile (32 KiB) comes into shared memory by 16-byte asynchronous copies (cp.async: no
+  // register holds the data), thread s's run of 128 bytes (kItems elements) at s * 128, its
+  // eight 16-byte vectors swizzled (vector j at j ^ (s % 8)) so that both the striped copies in
+  // and out and each thread's reads of its run are free of bank conflicts. A thread folds its
+  // run (a left fold), the block scans the threads' folds (with the look-back for the tile's
+  // prefix), and the thread reads its run again to scan it from its prefix, writing the
+  // results over the inputs, which the block then stores striped.
+  static constexpr int kPerVector = 16 / InSize;
+  static constexpr int kVectors = kItems / kPerVector;  // a thread's run: eight vectors
+  static constexpr int kChunks = static_cast<int>(kTile) / kPerVector;
+  using StagedScan = cub::BlockScan<Acc, kBlock, cub::BLOCK_SCAN_WARP_SCANS>;
+
+  struct StagedStorage {
+    alignas(16) unsigned char tile[kTile * InSize];
+    typename StagedScan::TempStorage scan;
+    Acc stage[kWindow];  // the look-back's window, nearest tile first
+    Drawn drawn;
+  };
+
+  // The shared-memory byte offset of 16-byte chunk c of the tile (thread c / 8's vector c % 8).
+  __device__ __forceinline__ static unsigned chunk_offset(unsigned c) {
+    return ((c >> 3) << 7) | ((((c & 7) ^ (c >> 3)) & 7) << 4);
+  }
+
+  __device__ __forceinline__ static void copy_in(unsigned char* to, const void* from) {
+    const auto address = static_cast<unsigned>(__cvta_generic_to_shared(to));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(address), "l"(from) : "memory");
+  }
+
+  __device__ static void run_staged(const OnePassScanParams& p) {
+    __shared__ StagedStorage temp;
+    TileState* states = static_cast<TileState*>(p.states);
+    const auto [tile, tag, base, valid] = draw(p, temp.drawn);
+    if (valid == 0) return;  // only if another launch shared the draw word: fail without writing
+    const In* in = static_cast<const In*>(p.in) + base;
+    // Chunks wholly in the tile travel by cp.async when the input is 16-byte aligned (a tile
+    // keeps the array's alignment); the rest element by element, a partial tile's tail padded
+    // with its first element (scanned, never stored), as the register path pads it.
+    const int whole = reinterpret_cast<unsigned long long>(p.in) % 16 == 0 ? valid / kPerVector : 0;
+#pragma unroll
+    for (int k = 0; k < kChunks / kBlock; ++k) {
+      const int c = static_cast<int>(threadIdx.x) + k * kBlock;
+      unsigned char* to = temp.tile + chunk_offset(c);
+      if (c < whole) {
+        copy_in(to, in + c * kPerVector);
+      } else {
+#pragma unroll
+        for (int w = 0; w < kPerVector; ++w) {
+          const int i = c * kPerVector + w;
+          *reinterpret_cast<In*>(to + w * InSize) = i < valid ? in[i] : in[0];
+        }
+      }
+    }
+    asm volatile("cp.async.wait_all;" ::: "memory");
+    __syncthreads();
+    const unsigned s = threadIdx.x;
+    unsigned char* run = temp.tile + s * 128;
+    const long long first_index = p.index_base + base + static_cast<long long>(s) * kItems;
+    auto vector_at = [&](int j) { return run + (((static_cast<unsigned>(j) ^ s) & 7) << 4); };
+    Acc fold{};
+#pragma unroll
+    for (int j = 0; j < kVectors; ++j) {
+      In items[kPerVector];
+      memcpy(items, vector_at(j), 16);
+#pragma unroll
+      for (int w = 0; w < kPerVector; ++w) {
+        Acc value;
+        Map()(&items[w], first_index + j * kPerVector + w, &value);
+        fold = j == 0 && w == 0 ? value : Combiner()(fold, value);
+      }
+    }
+    StagedScan scan(temp.scan);
+    Acc prefix{};
+    bool seeded = true;  // whether the thread's run follows a prefix
+    if (tile > 0) {
+      LookBack look_back{states, tile, tag, temp.stage};
+      scan.ExclusiveScan(fold, prefix, Combiner(), look_back);
+    } else if (p.has_seed) {
+      FirstTile first{states, tag, *reinterpret_cast<const Acc*>(p.seed_value)};
+      scan.ExclusiveScan(fold, prefix, Combiner(), first);
+    } else {  // an unseeded inclusive scan's first tile: thread 0's run starts the scan
+      Acc aggregate;
+      scan.ExclusiveScan(fold, prefix, Combiner(), aggregate);
+      if (threadIdx.x == 0) store_state(states, aggregate, tag | 1);
+      seeded = threadIdx.x != 0;
+    }
+    Acc running = prefix;
+#pragma unroll
+    for (int j = 0; j < kVectors; ++j) {
+      unsigned char* at = vector_at(j);
+      In items[kPerVector];
+      memcpy(items, at, 16);
+      Acc results[kPerVector];
+#pragma unroll
+      for (int w = 0; w < kPerVector; ++w) {
+        Acc value;
+        Map()(&items[w], first_index + j * kPerVector + w, &value);
+        if (p.exclusive) {
+          results[w] = running;
+          running = Combiner()(running, value);
+        } else {
+          running = j == 0 && w == 0 && !seeded ? value : Combiner()(running, value);
+          results[w] = running;
+        }
+      }
+      memcpy(at, results, 16);
+    }
+    __syncthreads();
+    Acc* out = static_cast<Acc*>(p.out) + base;
+    const int stored = reinterpret_cast<unsigned long long>(p.out) % 16 == 0 ? valid / kPerVector : 0;
+#pragma unroll
+    for (int k = 0; k < kChunks / kBlock; ++k) {
+      const int c = static_cast<int>(threadIdx.x) + k * kBlock;
+      const unsigned char* from = temp.tile + chunk_offset(c);
+      if (c < stored) {
+        *reinterpret_cast<uint4*>(out + c * kPerVector) = *reinterpret_cast<const uint4*>(from);
+      } else {
+#pragma unroll
+        for (int w = 0; w < kPerVector; ++w) {
+          const int i = c * kPerVector + w;
+          if (i < valid) out[i] = *reinterpret_cast<const Acc*>(from + w * AccSize);
+        }
+      }
+    }
+  }
+
+  // ---- The register path: inputs and accumulators of different sizes ------------------------
+  __device__ static void run_in_registers(const OnePassScanParams& p) {
+    __shared__ TempStorage temp;
+    TileState* states = static_cast<TileState*>(p.states);
+    const auto [tile, tag, base, valid] = draw(p, temp.drawn);
+    if (valid == 0) return;  // only if another launch shared the draw word: fail without writing
     const In* in = static_cast<const In*>(p.in) + base;
     In items[kItems];
     if (valid == kTile) {
-      cub::LoadDirectStriped<kOnePassBlock>(threadIdx.x, in, items);
+      cub::LoadDirectStriped<kBlock>(threadIdx.x, in, items);
     } else {
-      cub::LoadDirectStriped<kOnePassBlock>(threadIdx.x, in, items, valid, in[0]);
+      cub::LoadDirectStriped<kBlock>(threadIdx.x, in, items, valid, in[0]);
     }
     Exchange(temp.steps.exchange).StripedToBlocked(items, items);
     __syncthreads();

@@ -71,7 +71,8 @@ __global__ void __launch_bounds__(kScanBlock) scan_kernel(const __grid_constant_
 }
 
 template <template <class> class Op, class T>
-__global__ void __launch_bounds__(kOnePassBlock) scan_one_pass_kernel(const __grid_constant__ OnePassScanParams p) {
+__global__ void __launch_bounds__(one_pass_block(sizeof(T), sizeof(T)), one_pass_blocks(sizeof(T), sizeof(T)))
+    scan_one_pass_kernel(const __grid_constant__ OnePassScanParams p) {
   OnePassScan<Identity<T>, Op<T>, sizeof(T), sizeof(T)>::run(p);
 }
 

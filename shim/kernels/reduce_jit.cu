@@ -91,7 +91,7 @@ constexpr int kReduceInSize = CSJ_IN_SIZE;
 }  // namespace
 
 #if defined(CSJ_ONE_PASS_SCAN)
-extern "C" __global__ void __launch_bounds__(kOnePassBlock, one_pass_blocks(CSJ_IN_SIZE, CSJ_ACC_SIZE))
+extern "C" __global__ void __launch_bounds__(one_pass_block(CSJ_IN_SIZE, CSJ_ACC_SIZE), one_pass_blocks(CSJ_IN_SIZE, CSJ_ACC_SIZE))
     csj_scan_one_pass(const __grid_constant__ OnePassScanParams params) {
   OnePassScan<LinkedMap, LinkedOp, CSJ_IN_SIZE, CSJ_ACC_SIZE>::run(params);
 }
