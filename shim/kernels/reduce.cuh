@@ -811,7 +811,8 @@ struct OnePassScan {
   // and out and each thread's reads of its run are free of bank conflicts. A thread folds its
   // run (a left fold), the block scans the threads' folds (with the look-back for the tile's
   // prefix), and the thread reads its run again to scan it from its prefix, writing the
-  // results over the inputs, which the block then stores striped.
+  // results over the inputs, which the block then stores striped. The map (an element's
+  // conversion to the accumulator) runs in both readings.
   static constexpr int kPerVector = 16 / InSize;
   static constexpr int kVectors = kItems / kPerVector;  // a thread's run: eight vectors
   static constexpr int kChunks = static_cast<int>(kTile) / kPerVector;

@@ -576,25 +576,24 @@ void reduce_into_impl(const std::vector<KernelSet>& sets, const ShardedArray& in
 }
 
 // The staged single pass wants six blocks' shared memory a multiprocessor (34 KiB each): the
-// largest carveout, asked for once per kernel and device (the driver keeps it). It is a hint: a
-// kernel loaded later at an address seen before is not asked again, which costs speed at most.
+// largest carveout, asked for once per kernel and device (the driver keeps it). It is a hint:
+// a refusal is not an error of the scan, and a kernel loaded later at an address seen before
+// is not asked again, which costs speed at most.
 void prefer_shared_memory(const KernelHandle& kernel, int device) {
   static std::mutex mutex;
   static std::set<std::pair<const void*, int>> done;
   const std::lock_guard<std::mutex> hold(mutex);
-  if (done.count({kernel.function, device})) return;
+  if (!done.insert({kernel.function, device}).second) return;
   if (kernel.api == KernelHandle::Api::driver) {
     CUdevice handle = 0;
-    detail::check(detail::driver().cuDeviceGet(&handle, device), "cuDeviceGet");
-    detail::check(detail::driver().cuKernelSetAttribute(CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, 100,
-                                                        static_cast<CUkernel>(const_cast<void*>(kernel.function)),
-                                                        handle),
-                  "setting the scan's shared memory carveout");
-  } else {
-    check(cudaFuncSetAttribute(kernel.function, cudaFuncAttributePreferredSharedMemoryCarveout, 100),
-          "setting the scan's shared memory carveout");
+    if (detail::driver().cuDeviceGet(&handle, device) == CUDA_SUCCESS) {
+      detail::driver().cuKernelSetAttribute(CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, 100,
+                                            static_cast<CUkernel>(const_cast<void*>(kernel.function)), handle);
+    }
+  } else if (cudaFuncSetAttribute(kernel.function, cudaFuncAttributePreferredSharedMemoryCarveout, 100) !=
+             cudaSuccess) {
+    cudaGetLastError();  // the refusal's own error, left for no later call to find
   }
-  done.insert({kernel.function, device});
 }
 
 // A scan of one place in one pass (OnePassScan): the kernel draws its tiles from the place's
