@@ -815,6 +815,7 @@ struct OnePassScan {
   // conversion to the accumulator) runs in both readings.
   static constexpr int kPerVector = 16 / InSize;
   static constexpr int kVectors = kItems / kPerVector;  // a thread's run: eight vectors
+  static_assert(!kStaged || kVectors == 8, "chunk_offset's swizzle spans runs of eight vectors");
   static constexpr int kChunks = static_cast<int>(kTile) / kPerVector;
   using StagedScan = cub::BlockScan<Acc, kBlock, cub::BLOCK_SCAN_WARP_SCANS>;
 
@@ -862,9 +863,8 @@ struct OnePassScan {
     asm volatile("cp.async.wait_all;" ::: "memory");
     __syncthreads();
     const unsigned s = threadIdx.x;
-    unsigned char* run = temp.tile + s * 128;
     const long long first_index = p.index_base + base + static_cast<long long>(s) * kItems;
-    auto vector_at = [&](int j) { return run + (((static_cast<unsigned>(j) ^ s) & 7) << 4); };
+    auto vector_at = [&](int j) { return temp.tile + chunk_offset(s * kVectors + j); };  // the run's vector j
     Acc fold{};
 #pragma unroll
     for (int j = 0; j < kVectors; ++j) {

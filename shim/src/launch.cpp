@@ -2,7 +2,9 @@
 
 #include <map>
 #include <mutex>
+#include <set>
 #include <tuple>
+#include <utility>
 
 namespace csj::detail {
 
@@ -38,6 +40,23 @@ int blocks_per_multiprocessor(const KernelHandle& kernel, int block) {
   std::lock_guard<std::mutex> lock(mutex);
   known.emplace(key, blocks);
   return blocks;
+}
+
+void prefer_shared_memory(const KernelHandle& kernel, int device) {
+  static std::mutex mutex;
+  static std::set<std::pair<const void*, int>> done;
+  const std::lock_guard<std::mutex> hold(mutex);
+  if (!done.insert({kernel.function, device}).second) return;
+  if (kernel.api == KernelHandle::Api::driver) {
+    CUdevice handle = 0;
+    if (driver().cuDeviceGet(&handle, device) == CUDA_SUCCESS) {
+      driver().cuKernelSetAttribute(CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, 100,
+                                    static_cast<CUkernel>(const_cast<void*>(kernel.function)), handle);
+    }
+  } else if (cudaFuncSetAttribute(kernel.function, cudaFuncAttributePreferredSharedMemoryCarveout, 100) !=
+             cudaSuccess) {
+    cudaGetLastError();  // the refusal's own error, left for no later call to find
+  }
 }
 
 }  // namespace csj::detail

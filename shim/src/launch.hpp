@@ -60,4 +60,10 @@ int blocks_per_multiprocessor(const KernelHandle& kernel, int block);
 // Number of multiprocessors of `device`.
 int multiprocessors(int device);
 
+// Asks once per kernel and device for the largest shared-memory carveout, which kernels whose
+// blocks stage tiles in shared memory need to fit their launch bounds' blocks a
+// multiprocessor. It is a hint: a refusal is not an error of the call, and a kernel loaded later
+// at an address seen before is not asked again, which costs speed at most.
+void prefer_shared_memory(const KernelHandle& kernel, int device);
+
 }  // namespace csj::detail

@@ -9,7 +9,6 @@
 #include <memory>
 #include <mutex>
 #include <optional>
-#include <set>
 #include <stdexcept>
 #include <utility>
 
@@ -575,27 +574,6 @@ void reduce_into_impl(const std::vector<KernelSet>& sets, const ShardedArray& in
   staging.free();
 }
 
-// The staged single pass wants six blocks' shared memory a multiprocessor (34 KiB each): the
-// largest carveout, asked for once per kernel and device (the driver keeps it). It is a hint:
-// a refusal is not an error of the scan, and a kernel loaded later at an address seen before
-// is not asked again, which costs speed at most.
-void prefer_shared_memory(const KernelHandle& kernel, int device) {
-  static std::mutex mutex;
-  static std::set<std::pair<const void*, int>> done;
-  const std::lock_guard<std::mutex> hold(mutex);
-  if (!done.insert({kernel.function, device}).second) return;
-  if (kernel.api == KernelHandle::Api::driver) {
-    CUdevice handle = 0;
-    if (detail::driver().cuDeviceGet(&handle, device) == CUDA_SUCCESS) {
-      detail::driver().cuKernelSetAttribute(CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, 100,
-                                            static_cast<CUkernel>(const_cast<void*>(kernel.function)), handle);
-    }
-  } else if (cudaFuncSetAttribute(kernel.function, cudaFuncAttributePreferredSharedMemoryCarveout, 100) !=
-             cudaSuccess) {
-    cudaGetLastError();  // the refusal's own error, left for no later call to find
-  }
-}
-
 // A scan of one place in one pass (OnePassScan): the kernel draws its tiles from the place's
 // draw word and looks back over the place's tile states, which no call clears (each launch
 // tags its states with a new epoch). A scan being captured into a graph gets zeroed states of
@@ -639,7 +617,9 @@ void scan_one_pass(const KernelHandle& kernel, const ShardedArray& in, ShardedAr
     }
     params.states = states.memory;
   }
-  if (k::one_pass_staged(static_cast<int>(in.itemsize()), acc_size)) prefer_shared_memory(kernel, group.device(place));
+  if (k::one_pass_staged(static_cast<int>(in.itemsize()), acc_size)) {
+    detail::prefer_shared_memory(kernel, group.device(place));  // six blocks' tiles a multiprocessor
+  }
   detail::launch(kernel, static_cast<unsigned>(tiles), k::one_pass_block(static_cast<int>(in.itemsize()), acc_size),
                  stream, params, "launching scan");
   own.free();  // after the kernel, in stream order (nothing where the place's states served)

@@ -231,15 +231,9 @@ ArrayList select(const std::vector<const KernelLibrary*>& libraries, const Shard
     const int device = places[p].device;
     const KernelLibrary& library = *libraries[p];
     if (one_pass) {
-      void* kernel = library.kernel("csj_select_single", device);
-      if (item <= 8) {  // its tile staged in shared memory: 6 blocks a multiprocessor want the largest carveout
-        CUdevice handle = 0;
-        detail::check(detail::driver().cuDeviceGet(&handle, device), "cuDeviceGet");
-        detail::check(detail::driver().cuKernelSetAttribute(CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
-                                                            100, static_cast<CUkernel>(kernel), handle),
-                      "setting select's shared memory carveout");
-      }
-      places[p].kernels.single = KernelHandle::linked(kernel);
+      places[p].kernels.single = KernelHandle::linked(library.kernel("csj_select_single", device));
+      // its tile staged in shared memory: 6 blocks a multiprocessor want the largest carveout
+      if (item <= 8) detail::prefer_shared_memory(places[p].kernels.single, device);
     } else {
       // a select writes one class: its scatter needs no staging (select_jit.cu)
       places[p].kernels.count = KernelHandle::linked(library.kernel("csj_select_count", device));

@@ -43,3 +43,9 @@ def static_shared(tool: str, cubin: bytes) -> dict[str, int]:
     """{kernel name: static shared memory bytes} of every function in the cubin."""
     pattern = r"Function (\w+):\s*\n\s*REG:\d+ STACK:\d+ SHARED:(\d+)"
     return {name: int(shared) for name, shared in re.findall(pattern, _usage(tool, cubin))}
+
+
+def shared_fits_sm90(shared: int, blocks: int) -> bool:
+    """Whether `blocks` blocks of `shared` bytes of static shared memory fit an sm_90
+    multiprocessor: 228 KiB, 1 KiB of it reserved a block."""
+    return blocks * (shared + 1024) <= 228 * 1024
