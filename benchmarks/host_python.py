@@ -92,6 +92,7 @@ def stub_shim() -> None:
     _shim.segmented_reduce_device = lambda libraries, a, offsets, out, acc_size, init: None
     _shim.segmented_reduce = lambda libraries, a, positions, count, out, acc_size, init: None
     _shim.check_segment_offsets = lambda positions, count, size: None
+    _shim.histogram_even = lambda a, num_bins, edges, edge_bytes, counts: None
     compiler._lookup = _stored_kernel
 
 
@@ -122,6 +123,7 @@ CALLS = {  # the host suite's calls, and the brief forms of their operators
     "segmented_reduce(a, offsets, f, float32(0))": "sharded.segmented_reduce(a, offsets, f, F32_ZERO)",
     "segmented_reduce(a, offsets, op, float32(0))": "sharded.segmented_reduce(a, offsets, add, F32_ZERO)",
     "segmented_reduce(a, numpy offsets, f, ...)": "sharded.segmented_reduce(a, host_offsets, f, F32_ZERO)",
+    "histogram_even(a, 64, 0.0, 1.0) -> host": "sharded.histogram_even(a, 64, 0.0, 1.0)",
 }
 STEPS = {  # the parts of those calls, each alone
     "a no-op call (what the decorator wraps below)": "noop(a, add, 0.0)",

@@ -282,6 +282,30 @@ def test_histogram_arguments(shim_untouched, group, num_bins, lower, upper, erro
         sharded.histogram_even(stand_in_array(group), num_bins, lower, upper)
 
 
+def test_histogram_repeating_the_last_bins_is_checked_as_the_first(monkeypatch, group):
+    """A call repeating the last call's bins (the very objects) takes the short path to the
+    shim; any other call is checked again, whatever came before it."""
+    calls = []
+
+    def shim_histogram(impl, num_bins, edges, edge_bytes, counts):
+        calls.append((num_bins, edge_bytes, counts.shape, counts.dtype))
+        counts[:] = np.arange(num_bins)
+
+    monkeypatch.setattr(_shim, "histogram_even", shim_histogram)
+    a = stand_in_array(group)
+    bins, lower, upper = 64, 0.0, 1.0
+    for _ in range(3):
+        np.testing.assert_array_equal(sharded.histogram_even(a, bins, lower, upper), np.arange(64))
+    assert calls == [(64, 65 * 4, (64,), np.dtype(np.int64))] * 3
+    with pytest.raises(ValueError, match="expected lower < upper"):
+        sharded.histogram_even(a, bins, upper, lower)
+    sharded.histogram_even(a, bins, lower, upper)
+    records = stand_in_array(group, dtype=np.dtype([("x", np.float32), ("y", np.float32)]))
+    with pytest.raises(TypeError, match="takes arrays of numbers, not records"):
+        sharded.histogram_even(records, bins, lower, upper)
+    assert len(calls) == 4
+
+
 # ---- adopted buffers --------------------------------------------------------------------
 
 class _Buffer:

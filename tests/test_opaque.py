@@ -93,6 +93,21 @@ def test_histogram_calls_in_a_row(three_places):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("num_bins", [64, 1000, 5000])
+def test_histogram_of_few_values(three_places, num_bins):
+    """Every lane of a warp on one counter, then on two, for each kind of sub-histogram the
+    kernel keeps in shared memory: a column per lane (64 bins), a copy per warp (1000) and one
+    per block (5000)."""
+    same = np.full(300_001, 0.3, np.float32)
+    two = same.copy()
+    two[1::2] = 0.7
+    for host in (same, two):
+        array = sharded.ShardedArray.from_numpy(three_places, host, sizes=[100_000, 1, 200_000])
+        expected, _ = np.histogram(host, bins=num_bins, range=(0.0, 1.0))
+        np.testing.assert_array_equal(sharded.histogram_even(array, num_bins, 0.0, 1.0), expected)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("dtype, num_bins, lower, upper", [
     (np.float32, 64, 0.0, 1.0),
     (np.float32, 37, -3.7, 12.9),       # edges that are not exact in binary

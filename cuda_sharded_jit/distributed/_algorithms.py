@@ -91,7 +91,7 @@ def count(a, value: bytes) -> int:
 
 def histogram_even(a, num_bins: int, edges: np.ndarray, counts: np.ndarray) -> np.ndarray:
     """The shim's histogram_even over every rank, into `counts` (int64, num_bins)."""
-    _shim.histogram_even(a._impl, num_bins, edges.ctypes.data, edges.nbytes, counts.ctypes.data, counts.nbytes)
+    _shim.histogram_even(a._impl, num_bins, edges.ctypes.data, edges.nbytes, counts)
     begin(a.group, _signature("histogram_even", a, ("bins", num_bins), ("edges", edges[[0, -1]].tolist())))
     MPI = mpi()
     with moving(a.group):

@@ -56,6 +56,8 @@ BuiltinReduceKernels builtin_count_kernels(int dtype);
 // bin edges; an element is counted when edges[0] <= x <= edges[num_bins] and lands in the
 // bin i with edges[i] <= x < edges[i + 1] (the last bin closed), as numpy does.
 constexpr int kHistogramInlineEdgeBytes = 2048;  // edges carried in the parameters up to this
+constexpr int kHistogramSlotBins = 2048;         // bins a slot hands over (HistogramParams::done)
+constexpr int kHistogramTicketShift = 48;        // a handed-over word: ticket << 48 | count
 struct HistogramParams {
   const void* in;
   long long n;
@@ -63,16 +65,18 @@ struct HistogramParams {
   unsigned long long* counts;
   int num_bins;
   int edges_in_shared;  // copy the edges to the start of dynamic shared memory
-  // 32-bit sub-histograms in shared memory: kHistogramWarps (one per warp), 1, or 0 (atomics
-  // straight on `counts`).
+  // 32-bit sub-histograms in shared memory: `copies` of them (kHistogramWarps, one per warp,
+  // or 1), or 0 (atomics straight on `counts`); each bin of a copy is `columns` counters
+  // (32: one per lane, so that no two lanes of a warp ever meet on a counter or a bank).
   int copies;
+  int columns;
   int bins_offset;      // where they start in dynamic shared memory (16-byte aligned)
-  // Non-null: `counts` and `done` read zero at the start, and the last block to finish copies
-  // the counts to `host_counts` (pinned, mapped), zeroes `counts` and `done`, then stores
-  // `ticket` to `ready`, the word the host waits on: no memset before, no copy after.
+  // Non-null: `counts` and `done` read zero at the start, and the last block to finish zeroes
+  // them and then hands each bin's count to the host in its word of `host_counts` (pinned,
+  // mapped), stored whole as ticket << kHistogramTicketShift | count: no memset before, no
+  // copy after, and a word that shows the call's ticket holds the call's count (n < 2^48).
   unsigned int* done;
   unsigned long long* host_counts;
-  unsigned long long* ready;
   unsigned long long ticket;
   alignas(16) unsigned char inline_edges[kHistogramInlineEdgeBytes];
 };
@@ -83,6 +87,7 @@ constexpr int kHistogramSharedBytes = 48 * 1024;  // dynamic shared memory witho
 // Elements a thread counts at least before the grid grows past a block per this many: each
 // block zeroes, merges and adds its sub-histograms once, which small shards must amortise.
 constexpr int kHistogramThreadItems = 16;
+constexpr int kHistogramBlocksPerSM = 6;  // the grid's most (histogram.cpp, histogram_grid)
 
 // The flagged compaction (select_builtin.cu, SelectParams of select_params.hpp) for flags of
 // `flag_size` bytes (4 or 8): count and scatter __global__ functions.

@@ -49,40 +49,78 @@ __device__ __forceinline__ Bins<T> make_bins(const BinType<T>* edges, int num_bi
   return bins;
 }
 
+// A value's bin as estimated (`keep`: in range and not NaN; `sure`: the estimate is the bin),
+// with no branch, so that a thread estimates a run of values before it settles any.
 template <class T>
-__device__ __forceinline__ int bin_of(T value, const BinType<T>* edges, const Bins<T>& bins, bool& keep) {
+__device__ __forceinline__ int estimate(T value, const Bins<T>& bins, bool& keep, bool& sure) {
   using B = BinType<T>;
   const B x = static_cast<B>(value);
   keep = x >= bins.lower && x <= bins.upper;  // false for NaN
-  if (!keep) return 0;
   const B position = fma(x, bins.scale, bins.offset);
   const B whole = floor(position);
   const B fraction = position - whole;
-  int bin = static_cast<int>(whole);
-  if (fraction >= bins.margin && fraction <= B(1) - bins.margin && bin >= 0 && bin < bins.num_bins) return bin;
-  // near a boundary: settle against the edges
-  bin = min(max(bin, 0), bins.num_bins - 1);
-  while (bin > 0 && x < edges[bin]) --bin;
-  while (bin < bins.num_bins - 1 && x >= edges[bin + 1]) ++bin;
+  const int bin = static_cast<int>(whole);
+  sure = fraction >= bins.margin && fraction <= B(1) - bins.margin &&
+         static_cast<unsigned>(bin) < static_cast<unsigned>(bins.num_bins);
   return bin;
 }
 
-// Where a counted value goes: a shared sub-histogram (per warp or per block) or the
-// global counts; atomics either way.
+// A kept value near a bin boundary: its bin settled against the edges, from the estimate.
+template <class T>
+__device__ __forceinline__ int settle(T value, int bin, const BinType<T>* edges, int num_bins) {
+  using B = BinType<T>;
+  const B x = static_cast<B>(value);
+  bin = min(max(bin, 0), num_bins - 1);
+  while (bin > 0 && x < edges[bin]) --bin;
+  while (bin < num_bins - 1 && x >= edges[bin + 1]) ++bin;
+  return bin;
+}
+
+// Where a counted value goes: a shared sub-histogram (the lane's column of the block's, with
+// kShift = 5, or the warp's copy, or the block's) or the global counts; atomics either way.
+// add_if(bin, keep) counts bin when keep. With a column per lane (kShift = 5) every lane adds,
+// 1 or 0 (to its column of bin 0 when not keeping), so that no branch surrounds the atomic and
+// no two lanes meet on a counter; a copy shared by a warp's lanes adds only what it keeps.
+template <int kShift>
 struct SharedCounters {
-  unsigned int* bins;
-  __device__ __forceinline__ void add(int bin) const { atomicAdd(bins + bin, 1u); }
+  unsigned int* bins;  // this thread's copy, at its column
+  __device__ __forceinline__ void add_if(int bin, bool keep) const {
+    if constexpr (kShift > 0) {
+      atomicAdd(bins + (keep ? bin << kShift : 0), static_cast<unsigned int>(keep));
+    } else if (keep) {
+      atomicAdd(bins + bin, 1u);
+    }
+  }
 };
 struct GlobalCounters {
   unsigned long long* counts;
-  __device__ __forceinline__ void add(int bin) const { atomicAdd(counts + bin, 1ull); }
+  __device__ __forceinline__ void add_if(int bin, bool keep) const {
+    if (keep) atomicAdd(counts + bin, 1ull);
+  }
 };
 
-template <class T, class Sink>
-__device__ __forceinline__ void count_value(T value, const BinType<T>* edges, const Bins<T>& range, const Sink& sink) {
-  bool keep;
-  const int bin = bin_of<T>(value, edges, range, keep);
-  if (keep) sink.add(bin);
+// K values (a vector's): every bin estimated first, the rare unsure ones settled (a branch
+// per vector, not per value), then the kept ones counted.
+template <int K, class T, class Sink>
+__device__ __forceinline__ void count_values(const T* values, const BinType<T>* edges, const Bins<T>& range,
+                                             const Sink& sink) {
+  int bins[K];
+  bool keep[K];
+  bool unsure = false;
+#pragma unroll
+  for (int i = 0; i < K; ++i) {
+    bool sure;
+    bins[i] = estimate<T>(values[i], range, keep[i], sure);
+    unsure |= keep[i] && !sure;
+  }
+  if (unsure) {
+#pragma unroll
+    for (int i = 0; i < K; ++i) {
+      if (keep[i]) bins[i] = settle<T>(values[i], bins[i], edges, range.num_bins);
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < K; ++i) sink.add_if(bins[i], keep[i]);
 }
 
 // Every element of the shard, 16-byte vectors (two in flight per thread) when aligned.
@@ -101,53 +139,64 @@ __device__ __forceinline__ void count_all(const HistogramParams& p, const BinTyp
     for (; v + threads < vectors; v += 2 * threads) {
       const uint4 first = __ldcs(in + v);
       const uint4 second = __ldcs(in + v + threads);
-      const T* a = reinterpret_cast<const T*>(&first);
-      const T* b = reinterpret_cast<const T*>(&second);
-#pragma unroll
-      for (int i = 0; i < kPerVector; ++i) count_value<T>(a[i], edges, range, sink);
-#pragma unroll
-      for (int i = 0; i < kPerVector; ++i) count_value<T>(b[i], edges, range, sink);
+      count_values<kPerVector, T>(reinterpret_cast<const T*>(&first), edges, range, sink);
+      count_values<kPerVector, T>(reinterpret_cast<const T*>(&second), edges, range, sink);
     }
-    if (v < vectors) {
+    for (; v < vectors; v += threads) {
       const uint4 last = __ldcs(in + v);
-      const T* a = reinterpret_cast<const T*>(&last);
-#pragma unroll
-      for (int i = 0; i < kPerVector; ++i) count_value<T>(a[i], edges, range, sink);
+      count_values<kPerVector, T>(reinterpret_cast<const T*>(&last), edges, range, sink);
     }
     done = vectors * kPerVector;
   }
-  for (long long i = done + thread; i < p.n; i += threads) count_value<T>(data[i], edges, range, sink);
+  for (long long i = done + thread; i < p.n; i += threads) count_values<1, T>(data + i, edges, range, sink);
 }
 
 // The last block to finish (HistogramParams::done) hands the counts to the host: every
-// block's atomics are in `counts` once it has counted itself in, so it copies them to
-// host_counts, leaves `counts` and `done` at zero for the next call, and stores the ticket
-// after everything else is visible to the host.
+// block's atomics are in `counts` once it has counted itself in, so it reads them, leaves
+// `counts` and `done` at zero for the next call and stores each count with the ticket in its
+// host word. The host hands the slot on once every word shows the ticket, so the resets (device
+// memory, next read by a kernel on this device) are made visible on the device first; the
+// words need no system-wide fence, each being one 8-byte store.
 // (No static shared memory here: the host plans all 48 KiB as dynamic shared memory.)
 __device__ __forceinline__ void hand_over(const HistogramParams& p) {
-  __threadfence();  // this thread's atomics, before the block counts itself in
+  // The block's atomics precede thread 0's fence through the barrier, so that one fence orders
+  // them all before the block counts itself in (as a grid barrier does), not one a thread.
   __syncthreads();
-  const bool last = __syncthreads_or(threadIdx.x == 0 && atomicAdd(p.done, 1u) == gridDim.x - 1);
+  bool arrived_last = false;
+  if (threadIdx.x == 0) {
+    __threadfence();
+    arrived_last = atomicAdd(p.done, 1u) == gridDim.x - 1;
+  }
+  const bool last = __syncthreads_or(arrived_last);
   if (!last) return;
   __threadfence();
-  for (int bin = threadIdx.x; bin < p.num_bins; bin += blockDim.x) {
-    p.host_counts[bin] = __ldcg(p.counts + bin);
+  constexpr int kBinsPerThread = kHistogramSlotBins / kHistogramBlock;
+  unsigned long long counted[kBinsPerThread];
+#pragma unroll
+  for (int i = 0; i < kBinsPerThread; ++i) {
+    const int bin = threadIdx.x + i * kHistogramBlock;
+    if (bin >= p.num_bins) break;
+    counted[i] = __ldcg(p.counts + bin);
     p.counts[bin] = 0;
   }
-  __threadfence_system();
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    *p.done = 0;
-    __threadfence_system();
-    *static_cast<volatile unsigned long long*>(p.ready) = p.ticket;
+  if (threadIdx.x == 0) *p.done = 0;
+  __threadfence();
+  volatile unsigned long long* words = p.host_counts;
+#pragma unroll
+  for (int i = 0; i < kBinsPerThread; ++i) {
+    const int bin = threadIdx.x + i * kHistogramBlock;
+    if (bin >= p.num_bins) break;
+    words[bin] = p.ticket << kHistogramTicketShift | counted[i];
   }
 }
 
 // Dynamic shared memory: the edges (when edges_in_shared), then `copies` sub-histograms of
-// 32-bit counters. Per-warp copies keep warps from contending for a counter (measured on an
-// H200, 64 bins, when every value was settled against the edges: 0.61 of cupy sum's
-// bandwidth, against 0.49 with a 16-bit counter per thread and bin updated without atomics;
-// with the margin test in bin_of, 0.72-0.83).
+// `columns` 32-bit counters a bin. With a column per lane the lanes of a warp never contend
+// for a counter or meet on a bank, whatever the data (one bin or many); per-warp copies, where
+// 32 columns do not fit, keep warps from contending (measured on an H200, 64 bins, when every
+// value was settled against the edges: 0.61 of cupy sum's bandwidth, against 0.49 with a
+// 16-bit counter per thread and bin updated without atomics; with the margin test in estimate,
+// 0.72-0.83).
 template <class T>
 __global__ void __launch_bounds__(kHistogramBlock) histogram_kernel(const __grid_constant__ HistogramParams p) {
   using B = BinType<T>;
@@ -159,7 +208,7 @@ __global__ void __launch_bounds__(kHistogramBlock) histogram_kernel(const __grid
     edges = shared_edges;
   }
   auto* bins = reinterpret_cast<unsigned int*>(shared + p.bins_offset);
-  for (int slot = threadIdx.x; slot < p.copies * p.num_bins; slot += blockDim.x) bins[slot] = 0;
+  for (int slot = threadIdx.x; slot < p.copies * p.num_bins * p.columns; slot += blockDim.x) bins[slot] = 0;
   __syncthreads();
   const Bins<T> range = make_bins<T>(edges, p.num_bins);
   // one instance per kind of edge memory: with the edges known to be in shared memory the
@@ -175,13 +224,29 @@ __global__ void __launch_bounds__(kHistogramBlock) histogram_kernel(const __grid
   if (p.copies == 0) {
     count_into(GlobalCounters{p.counts});
   } else {
-    count_into(SharedCounters{bins + (p.copies > 1 ? (threadIdx.x / 32) * p.num_bins : 0)});
+    if (p.columns > 1) {
+      count_into(SharedCounters<5>{bins + threadIdx.x % 32});
+    } else {
+      count_into(SharedCounters<0>{bins + (p.copies > 1 ? (threadIdx.x / 32) * p.num_bins : 0)});
+    }
     __syncthreads();
+    // A lone block handing its counts over stores them to the host words itself: `counts` and
+    // `done` are never touched, so they read zero for the next call as they did for this one.
+    const bool alone = p.done && gridDim.x == 1;
+    // a bin's columns read from its own starting bank, so that a warp's 32 bins meet on none
     for (int bin = threadIdx.x; bin < p.num_bins; bin += blockDim.x) {
       unsigned long long total = 0;
-      for (int copy = 0; copy < p.copies; ++copy) total += bins[copy * p.num_bins + bin];
-      if (total) atomicAdd(p.counts + bin, total);
+      for (int c = 0; c < p.copies; ++c) {
+        const unsigned int* counters = bins + (c * p.num_bins + bin) * p.columns;
+        for (int column = 0; column < p.columns; ++column) total += counters[(column + bin) & (p.columns - 1)];
+      }
+      if (alone) {
+        static_cast<volatile unsigned long long*>(p.host_counts)[bin] = p.ticket << kHistogramTicketShift | total;
+      } else if (total) {
+        atomicAdd(p.counts + bin, total);
+      }
     }
+    if (alone) return;
   }
   if (p.done) hand_over(p);
 }

@@ -179,11 +179,10 @@ def check_histogram_memory(impl, num_bins):
     pass
 
 
-def histogram_even(impl, num_bins, edges, edge_bytes, counts, count_bytes):
+def histogram_even(impl, num_bins, edges, edge_bytes, counts):
     edge_dtype = np.float32 if edge_bytes == (num_bins + 1) * 4 else np.float64
     edge_values = np.frombuffer((ctypes.c_char * edge_bytes).from_address(edges), edge_dtype)
-    found = np.histogram(impl.typed(), bins=edge_values)[0].astype(np.int64)
-    ctypes.memmove(counts, found.ctypes.data, count_bytes)
+    counts[:] = np.histogram(impl.typed(), bins=edge_values)[0]
 
 
 def transform_builtin(op, inputs, out, scalars):
