@@ -293,10 +293,11 @@ def test_histogram_repeating_the_last_bins_is_checked_as_the_first(monkeypatch, 
 
     monkeypatch.setattr(_shim, "histogram_even", shim_histogram)
     a = stand_in_array(group)
-    bins, lower, upper = 64, 0.0, 1.0
+    bins, lower, upper = np.int64(64), 0.0, 1.0
     for _ in range(3):
         np.testing.assert_array_equal(sharded.histogram_even(a, bins, lower, upper), np.arange(64))
     assert calls == [(64, 65 * 4, (64,), np.dtype(np.int64))] * 3
+    assert all(type(num_bins) is int for num_bins, *_ in calls)
     with pytest.raises(ValueError, match="expected lower < upper"):
         sharded.histogram_even(a, bins, upper, lower)
     sharded.histogram_even(a, bins, lower, upper)

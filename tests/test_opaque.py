@@ -108,6 +108,18 @@ def test_histogram_of_few_values(three_places, num_bins):
 
 
 @pytest.mark.gpu
+def test_histogram_across_the_ticket_s_wrap(one_place):
+    """More calls than the slot's 16-bit ticket counts (a thread takes back the slot it gave
+    back), on two arrays in turn: each call reads its own counts, never the last call's."""
+    host = np.random.default_rng(9).uniform(0.0, 1.0, 1000).astype(np.float32)
+    arrays = [sharded.ShardedArray.from_numpy(one_place, part) for part in (host, host[:500])]
+    expected = [np.histogram(part, bins=16, range=(0.0, 1.0))[0] for part in (host, host[:500])]
+    wrong = [call for call in range(66_000)
+             if not np.array_equal(sharded.histogram_even(arrays[call % 2], 16, 0.0, 1.0), expected[call % 2])]
+    assert wrong == []
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("dtype, num_bins, lower, upper", [
     (np.float32, 64, 0.0, 1.0),
     (np.float32, 37, -3.7, 12.9),       # edges that are not exact in binary

@@ -104,11 +104,11 @@ _last_edges: tuple = (None, None)
 _KEPT_EDGE_BINS = 2048
 
 # The last checked call of up to _KEPT_EDGE_BINS bins: its num_bins, lower and upper as the
-# very objects passed, the array's dtype, and the edges with their address. A loop calling
-# again with the same objects (the same values, signs included) on an array of that dtype
-# skips the argument checks and the edges' key, which cost more than the rest of the call's
-# Python side.
-_last_call: tuple = (None, None, None, None, None)
+# very objects passed, the array's dtype, then num_bins as an int and the edges with their
+# address. A loop calling again with the same objects (the same values, signs included) on an
+# array of that dtype skips the argument checks and the edges' key, which cost more than the
+# rest of the call's Python side.
+_last_call: tuple = (None, None, None, None, 0, None)
 
 
 def _edges(lower: float, upper: float, num_bins: int, bin_dtype: np.dtype) -> tuple:
@@ -155,12 +155,12 @@ def histogram_even(a: ShardedArray, num_bins: int, lower: float, upper: float) -
     >>> sharded.histogram_even(a, num_bins=64, lower=0.0, upper=1.0)        # doctest: +SKIP
     """
     global _last_call
-    last_bins, last_lower, last_upper, last_dtype, last_edges = _last_call
+    last_bins, last_lower, last_upper, last_dtype, bins, last_edges = _last_call
     if (num_bins is last_bins and lower is last_lower and upper is last_upper and type(a) is ShardedArray
             and a.dtype is last_dtype and not a.group._distributed):
         edges, address = last_edges
-        counts = np.empty(num_bins, dtype=np.int64)
-        _shim.histogram_even(a._impl, num_bins, address, edges.nbytes, counts)
+        counts = np.empty(bins, dtype=np.int64)
+        _shim.histogram_even(a._impl, bins, address, edges.nbytes, counts)
         return counts
     check_numbers(a, "histogram_even")
     if isinstance(num_bins, bool) or not isinstance(num_bins, numbers.Integral):
@@ -195,7 +195,7 @@ def histogram_even(a: ShardedArray, num_bins: int, lower: float, upper: float) -
         return _algorithms.histogram_even(a, num_bins, edges, counts)
     _shim.histogram_even(a._impl, num_bins, address, edges.nbytes, counts)
     if num_bins <= _KEPT_EDGE_BINS and 16 * (num_bins + 2) * len(a.shard_sizes) < _CHECKED_HOST_BYTES:
-        _last_call = (bins_passed, *bounds, a.dtype, (edges, address))  # one assignment, as _last_edges
+        _last_call = (bins_passed, *bounds, a.dtype, num_bins, (edges, address))  # one assignment, as _last_edges
     return counts
 
 

@@ -178,7 +178,8 @@ NB_MODULE(_shim, m) {
       "a"_a, "value"_a);
   // The edges travel as (address, bytes), as in copy_from_host (those of a histogram of 2^31
   // bins are gigabytes, and a copy of them as many again); the counts are the numpy array the
-  // call returns, written in place (its buffer taken without ctypes, which costs a microsecond).
+  // call returns, written in place (its buffer taken without ctypes, which costs a microsecond;
+  // never a converted copy, which the call would fill and drop).
   m.def(
       "histogram_even",
       [](const csj::ShardedArray& in, int num_bins, std::uintptr_t edges, std::size_t edge_bytes,
@@ -186,7 +187,8 @@ NB_MODULE(_shim, m) {
         csj::histogram_even(in, num_bins, reinterpret_cast<const void*>(edges), edge_bytes, counts.data(),
                             counts.size() * sizeof(long long));
       },
-      "a"_a, "num_bins"_a, "edges"_a, "edge_bytes"_a, "counts"_a, nb::call_guard<nb::gil_scoped_release>());
+      "a"_a, "num_bins"_a, "edges"_a, "edge_bytes"_a, "counts"_a.noconvert(),
+      nb::call_guard<nb::gil_scoped_release>());
   m.def("check_histogram_memory", &csj::check_histogram_memory, "a"_a, "num_bins"_a,
         nb::call_guard<nb::gil_scoped_release>());
   m.def("sort", &csj::sort, "a"_a, "out"_a, "descending"_a, nb::call_guard<nb::gil_scoped_release>());

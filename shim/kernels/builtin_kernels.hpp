@@ -51,8 +51,8 @@ const void* builtin_positions_check_kernel();
 // int64 fold for the cross-place combine.
 BuiltinReduceKernels builtin_count_kernels(int dtype);
 
-// histogram_even over one shard: adds each element's bin to `counts` (uint64, zeroed by the
-// caller). `edges` (num_bins + 1 values, float for float32 input, else double) are numpy's
+// histogram_even over one shard: adds each element's bin to `counts` (uint64, zeroed before:
+// by a memset, or in a slot by the previous call's kernel). `edges` (num_bins + 1 values, float for float32 input, else double) are numpy's
 // bin edges; an element is counted when edges[0] <= x <= edges[num_bins] and lands in the
 // bin i with edges[i] <= x < edges[i + 1] (the last bin closed), as numpy does.
 constexpr int kHistogramInlineEdgeBytes = 2048;  // edges carried in the parameters up to this
@@ -74,7 +74,8 @@ struct HistogramParams {
   // Non-null: `counts` and `done` read zero at the start, and the last block to finish zeroes
   // them and then hands each bin's count to the host in its word of `host_counts` (pinned,
   // mapped), stored whole as ticket << kHistogramTicketShift | count: no memset before, no
-  // copy after, and a word that shows the call's ticket holds the call's count (n < 2^48).
+  // copy after, and a word that shows the call's ticket holds the call's count (n < 2^48). A
+  // lone block (a grid of one) stores its counts there itself and leaves both untouched.
   unsigned int* done;
   unsigned long long* host_counts;
   unsigned long long ticket;
@@ -88,6 +89,10 @@ constexpr int kHistogramSharedBytes = 48 * 1024;  // dynamic shared memory witho
 // block zeroes, merges and adds its sub-histograms once, which small shards must amortise.
 constexpr int kHistogramThreadItems = 16;
 constexpr int kHistogramBlocksPerSM = 6;  // the grid's most (histogram.cpp, histogram_grid)
+// The most bins given a column per lane: 16 KiB of counters a block, six blocks a
+// multiprocessor. Measured at 64 bins; more bins take more zeroing and merging per block and,
+// near 48 KiB, fewer blocks a multiprocessor than the grid holds, so they keep the copy per warp.
+constexpr int kHistogramColumnBins = 128;
 
 // The flagged compaction (select_builtin.cu, SelectParams of select_params.hpp) for flags of
 // `flag_size` bytes (4 or 8): count and scatter __global__ functions.

@@ -155,8 +155,11 @@ __device__ __forceinline__ void count_all(const HistogramParams& p, const BinTyp
 // block's atomics are in `counts` once it has counted itself in, so it reads them, leaves
 // `counts` and `done` at zero for the next call and stores each count with the ticket in its
 // host word. The host hands the slot on once every word shows the ticket, so the resets (device
-// memory, next read by a kernel on this device) are made visible on the device first; the
-// words need no system-wide fence, each being one 8-byte store.
+// memory, next read by a kernel on this device) are made visible on the device first: each
+// thread fences between its resets and its words, thread 0 resetting `done` and always storing
+// word 0 (num_bins >= 1). That a device-scope fence orders them for the host's observation as
+// well is the GPU's behaviour (its memory's point of coherence), which the reduce's hand-over
+// relies on too; the words need no system-wide fence, each being one 8-byte store.
 // (No static shared memory here: the host plans all 48 KiB as dynamic shared memory.)
 __device__ __forceinline__ void hand_over(const HistogramParams& p) {
   // The block's atomics precede thread 0's fence through the barrier, so that one fence orders
@@ -170,6 +173,7 @@ __device__ __forceinline__ void hand_over(const HistogramParams& p) {
   const bool last = __syncthreads_or(arrived_last);
   if (!last) return;
   __threadfence();
+  static_assert(kHistogramSlotBins % kHistogramBlock == 0, "a slot's bins are whole rounds of the block");
   constexpr int kBinsPerThread = kHistogramSlotBins / kHistogramBlock;
   unsigned long long counted[kBinsPerThread];
 #pragma unroll

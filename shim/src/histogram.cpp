@@ -82,7 +82,7 @@ class HistogramSlots {
     unsigned long long* counts = nullptr;  // device
     unsigned int* done = nullptr;          // device
     // pinned, mapped (also their device address): ticket << kHistogramTicketShift | count;
-    // word 0 shows the last ticket stored
+    // word 0 shows the last ticket stored, or 0 after a lease whose kernel was never queued
     volatile unsigned long long* words = nullptr;
   };
 
@@ -193,16 +193,17 @@ void histogram_even(const ShardedArray& in, int num_bins, const void* edges, std
   const PlaceGroup& group = *in.group();
   const auto kernel = detail::KernelHandle::builtin(k::builtin_histogram_kernel(static_cast<int>(in.dtype())));
   const std::size_t padded_edges = layout.edge_bytes;
-  // Shared memory: the edges, then the block's sub-histogram with a column per lane when it
-  // fits (no two lanes of a warp contend for a counter), else one per warp (warps never
-  // contend), else one per block, else counts go straight to global memory.
+  // Shared memory: the edges, then the block's sub-histogram with a column per lane up to
+  // kHistogramColumnBins bins (no two lanes of a warp contend for a counter), else one per warp
+  // when it fits (warps never contend), else one per block, else counts go straight to global
+  // memory.
   const std::size_t bins_bytes = static_cast<std::size_t>(num_bins) * sizeof(unsigned int);
   const bool edges_in_shared = padded_edges <= static_cast<std::size_t>(k::kHistogramSharedBytes);
   const bool edges_inline = edges_in_shared && edge_bytes <= sizeof(k::HistogramParams::inline_edges);
   const std::size_t room = edges_in_shared ? k::kHistogramSharedBytes - padded_edges : k::kHistogramSharedBytes;
   int copies = 0;
   int columns = 1;
-  if (bins_bytes * 32 <= room) {
+  if (num_bins <= k::kHistogramColumnBins && bins_bytes * 32 <= room) {
     copies = 1, columns = 32;
   } else if (bins_bytes * k::kHistogramWarps <= room) {
     copies = k::kHistogramWarps;
