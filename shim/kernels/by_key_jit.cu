@@ -21,6 +21,7 @@
 #include <cub/block/block_scan.cuh>
 #include <cub/block/block_store.cuh>
 
+#include "async_copy.cuh"
 #include "by_key_params.hpp"
 #include "select.cuh"
 #include "transform.cuh"
@@ -950,39 +951,9 @@ struct PassShared {
 };
 
 // The persistent reduce_by_key pass's prefetch (one_pass_persistent): a warp's next tile is
-// copied global -> shared with cp.async (LDGSTS, through L2 only: .cg) while the warp works on
-// its current tile, so that a tile's HBM latency is hidden behind the previous tile's fold,
-// scan, look-back and writes; the copies hold no registers while in flight.
-[[maybe_unused]] __device__ __forceinline__ unsigned shared_address(const void* at) {
-  return static_cast<unsigned>(__cvta_generic_to_shared(at));
-}
-// (kOffset: bytes added to both addresses, as the instruction's immediate, so that a lane's
-// copies share one pair of address registers)
-template <int kOffset = 0>
-__device__ __forceinline__ void copy_async_16(void* to, const void* from) {
-  asm volatile("cp.async.cg.shared.global [%0+%2], [%1+%2], 16;" ::"r"(shared_address(to)), "l"(from), "n"(kOffset)
-               : "memory");
-}
-template <int kBytes, int kOffset = 0>
-__device__ __forceinline__ void copy_async(void* to, const void* from) {
-  static_assert(kBytes == 4 || kBytes == 8, "cp.async.ca copies 4, 8 or 16 bytes");
-  asm volatile("cp.async.ca.shared.global [%0+%3], [%1+%3], %2;" ::"r"(shared_address(to)), "l"(from), "n"(kBytes),
-               "n"(kOffset)
-               : "memory");
-}
-template <int kBytes, int kStart, int kCount, int kStride>  // kCount copies at kStart, kStart + kStride, ...
-__device__ __forceinline__ void copies_async(void* to, const void* from) {
-  if constexpr (kCount > 0) {
-    if constexpr (kBytes == 16) {
-      copy_async_16<kStart>(to, from);
-    } else {
-      copy_async<kBytes, kStart>(to, from);
-    }
-    copies_async<kBytes, kStart + kStride, kCount - 1, kStride>(to, from);
-  }
-}
-[[maybe_unused]] __device__ __forceinline__ void copy_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-[[maybe_unused]] __device__ __forceinline__ void copy_async_wait() { asm volatile("cp.async.wait_group 0;" ::: "memory"); }
+// copied global -> shared with cp.async (async_copy.cuh: LDGSTS, through L2 only: .cg) while
+// the warp works on its current tile, so that a tile's HBM latency is hidden behind the
+// previous tile's fold, scan, look-back and writes; the copies hold no registers while in flight.
 
 // A warp's tile of 16-byte-vector elements (WarpTile<T>::kVectors) laid out in its WarpTile's
 // storage as 16-byte chunks, chunk q at q ^ ((q >> 3) & 3): unpadded, so that whole chunks can

@@ -21,6 +21,7 @@
 #include <cub/block/block_scan.cuh>
 #include <cub/block/block_store.cuh>
 
+#include "async_copy.cuh"
 #include "params.hpp"
 #include "transform.cuh"  // Word<>, aligned16
 
@@ -831,11 +832,6 @@ struct OnePassScan {
     return ((c >> 3) << 7) | ((((c & 7) ^ (c >> 3)) & 7) << 4);
   }
 
-  __device__ __forceinline__ static void copy_in(unsigned char* to, const void* from) {
-    const auto address = static_cast<unsigned>(__cvta_generic_to_shared(to));
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(address), "l"(from) : "memory");
-  }
-
   __device__ static void run_staged(const OnePassScanParams& p) {
     __shared__ StagedStorage temp;
     TileState* states = static_cast<TileState*>(p.states);
@@ -851,7 +847,7 @@ struct OnePassScan {
       const int c = static_cast<int>(threadIdx.x) + k * kBlock;
       unsigned char* to = temp.tile + chunk_offset(c);
       if (c < whole) {
-        copy_in(to, in + c * kPerVector);
+        copy_async_16(to, in + c * kPerVector);
       } else {
 #pragma unroll
         for (int w = 0; w < kPerVector; ++w) {
@@ -860,7 +856,7 @@ struct OnePassScan {
         }
       }
     }
-    asm volatile("cp.async.wait_all;" ::: "memory");
+    copy_async_wait_all();
     __syncthreads();
     const unsigned s = threadIdx.x;
     const long long first_index = p.index_base + base + static_cast<long long>(s) * kItems;
