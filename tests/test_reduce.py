@@ -105,6 +105,40 @@ def test_non_commutative_operator_follows_global_order(three_places):
     assert sharded.reduce(array, lambda x, y: x) == host[0]
 
 
+def _affine_packed(a, b):
+    """x -> a1 x + b1, then x -> a2 x + b2 (16-bit coefficients): associative, not commutative."""
+    a1, b1, a2, b2 = a & 0xFFFF, (a >> 16) & 0xFFFF, b & 0xFFFF, (b >> 16) & 0xFFFF
+    return ((a2 * a1) & 0xFFFF) | (((a2 * b1 + b2) & 0xFFFF) << 16)
+
+
+# around the 16-byte vectors, the 32 of a warp step and the warp and block tiles of 4- and 8-byte items
+SMALL_SIZES = [1, 2, 3, 4, 5, 7, 31, 33, 127, 128, 129, 131, 255, 257, 300, 511, 513, 1023, 1024, 1029,
+               2047, 2049, 4095, 4097, 4103, 8199]
+
+
+def test_small_ranges_keep_element_order(one_place, three_places):
+    """Ranges under a warp tile are loaded as vectors: a non-commutative fold of every length,
+    and indices (argmin) at every position class, must still follow the global order."""
+    rng = np.random.default_rng(12)
+    for n in SMALL_SIZES:
+        affine = (rng.integers(0, 1 << 16, n) | (rng.integers(0, 1 << 16, n) << 16)).astype(np.int32)
+        matrices = _matrices(n, seed=n)
+        expected32, expected64 = int(affine[0]) & 0xFFFFFFFF, int(matrices[0])
+        for value in affine[1:]:
+            expected32 = _affine_packed(expected32, int(value) & 0xFFFFFFFF)
+        for value in matrices[1:]:
+            expected64 = _matmul_packed(expected64, int(value))
+        floats = rng.integers(0, 20, n).astype(np.float32)  # ties of the minimum
+        for group in (one_place, three_places):
+            reduced = sharded.reduce(sharded.ShardedArray.from_numpy(group, affine), _affine_packed)
+            assert int(reduced) & 0xFFFFFFFF == expected32, n
+            reduced = sharded.reduce(sharded.ShardedArray.from_numpy(group, matrices), _matmul_packed)
+            assert int(reduced) & 0xFFFFFFFFFFFFFFFF == expected64, n
+            array = sharded.ShardedArray.from_numpy(group, floats)
+            assert sharded.argmin(array) == int(np.argmin(floats)), n
+            assert sharded.argmax(array) == int(np.argmax(floats)), n
+
+
 def test_deterministic(group):
     host = sample(np.float32, 4_000_037, seed=9)
     array = sharded.ShardedArray.from_numpy(group, host)

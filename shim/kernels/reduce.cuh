@@ -157,7 +157,45 @@ struct Reduction {
         }
       }
     }
-    for (; tile < end; tile += 32) {  // the rest (or an unaligned range), one element per lane
+    if (aligned && tile < end) {
+      // The rest, under one warp tile (a small reduce's whole range): its vectors are loaded
+      // at once, then folded a step of 32 vectors at a time, a partial last vector element by
+      // element. One load round trip, not one per 32 elements.
+      const long long rest = end - tile;
+      const uint4* vectors = reinterpret_cast<const uint4*>(data + tile);
+      uint4 loaded[kVectors];
+#pragma unroll
+      for (int j = 0; j < kVectors; ++j) {
+        const long long ends = (static_cast<long long>(j) * 32 + lane + 1) * kVectorItems;  // where it ends
+        if (ends <= rest) loaded[j] = vectors[j * 32 + lane];
+      }
+#pragma unroll
+      for (int j = 0; j < kVectors; ++j) {
+        const long long step = static_cast<long long>(j) * 32 * kVectorItems;
+        if (step >= rest) break;
+        const long long mine = step + static_cast<long long>(lane) * kVectorItems;
+        const long long lanes = (rest - step + kVectorItems - 1) / kVectorItems;  // lanes holding elements
+        const int valid = lanes >= 32 ? 32 : static_cast<int>(lanes);
+        const long long index = p.index_base + tile + mine;
+        Acc value{};
+        if (mine + kVectorItems <= rest) {
+          const In* items = reinterpret_cast<const In*>(&loaded[j]);
+          value = map(p, items[0], index);
+#pragma unroll
+          for (int i = 1; i < kVectorItems; ++i) value = Combine<Op, Acc>()(value, map(p, items[i], index + i));
+        } else if (mine < rest) {
+          value = map(p, data[tile + mine], index);
+          for (long long i = 1; mine + i < rest; ++i) {
+            value = Combine<Op, Acc>()(value, map(p, data[tile + mine + i], index + i));
+          }
+        }
+        const Acc part = warp_fold<Op, Acc>(value, valid);
+        acc = have ? Combine<Op, Acc>()(acc, part) : part;
+        have = true;
+      }
+      tile = end;
+    }
+    for (; tile < end; tile += 32) {  // an unaligned range, one element per lane
       const long long index = tile + lane;
       const int valid = end - tile >= 32 ? 32 : static_cast<int>(end - tile);
       Acc value{};
