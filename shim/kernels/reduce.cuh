@@ -118,6 +118,16 @@ struct Reduction {
     return out;
   }
 
+  // A lane's fold of one 16-byte vector's elements, in order; `index` is its first element's.
+  template <class Params>
+  __device__ __forceinline__ static Acc fold_vector(const Params& p, const uint4& vector, long long index) {
+    const In* items = reinterpret_cast<const In*>(&vector);
+    Acc acc = map(p, items[0], index);
+#pragma unroll
+    for (int i = 1; i < kVectorItems; ++i) acc = Combine<Op, Acc>()(acc, map(p, items[i], index + i));
+    return acc;
+  }
+
   // Fold of [begin, end) by one warp, in order; valid in lane 0 when the range is non-empty.
   // Loads are warp-striped 16-byte vectors (coalesced); each vector's elements are folded by
   // its lane, then the 32 lanes' folds in lane order, so the association is fixed.
@@ -146,12 +156,8 @@ struct Reduction {
         }
 #pragma unroll
         for (int j = 0; j < kVectors; ++j) {
-          const In* items = reinterpret_cast<const In*>(&current[j]);
           const long long index = p.index_base + tile + (static_cast<long long>(j) * 32 + lane) * kVectorItems;
-          Acc lane_acc = map(p, items[0], index);
-#pragma unroll
-          for (int i = 1; i < kVectorItems; ++i) lane_acc = Combine<Op, Acc>()(lane_acc, map(p, items[i], index + i));
-          const Acc part = warp_fold<Op, Acc>(lane_acc, 32);
+          const Acc part = warp_fold<Op, Acc>(fold_vector(p, current[j], index), 32);
           acc = have ? Combine<Op, Acc>()(acc, part) : part;
           have = true;
         }
@@ -178,7 +184,8 @@ struct Reduction {
         const int valid = lanes >= 32 ? 32 : static_cast<int>(lanes);
         const long long index = p.index_base + tile + mine;
         Acc value{};
-        if (mine + kVectorItems <= rest) {
+        if (mine + kVectorItems <= rest) {  // fold_vector written out: called here, it reschedules
+          // the 32-byte record kernels (identical results, other SASS, not measured)
           const In* items = reinterpret_cast<const In*>(&loaded[j]);
           value = map(p, items[0], index);
 #pragma unroll
@@ -238,13 +245,9 @@ struct Reduction {
       Acc acc{};
 #pragma unroll
       for (int j = 0; j < kVectors; ++j) {
-        const In* items = reinterpret_cast<const In*>(&vectors[j]);
         const long long index =
             p.index_base + tile + warp * kWarpTile + (static_cast<long long>(j) * 32 + lane) * kVectorItems;
-        Acc lane_acc = map(p, items[0], index);
-#pragma unroll
-        for (int i = 1; i < kVectorItems; ++i) lane_acc = Combine<Op, Acc>()(lane_acc, map(p, items[i], index + i));
-        const Acc part = warp_fold<Op, Acc>(lane_acc, 32);
+        const Acc part = warp_fold<Op, Acc>(fold_vector(p, vectors[j], index), 32);
         acc = j == 0 ? part : Combine<Op, Acc>()(acc, part);
       }
       return acc;
