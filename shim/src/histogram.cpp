@@ -124,33 +124,16 @@ class HistogramSlots {
 // stored every word (its counters are at zero again); after a kernel that did not finish it
 // is dropped. The call's SyncOnUnwind has drained the streams before this runs on a throw.
 struct LeasedHistogramSlot {
-  // The slot's last use is over (nothing stores to it now): its words are cleared, so that
-  // one left from an older call (fewer bins, or a ticket 2^16 calls ago) never matches.
   LeasedHistogramSlot(const PlaceGroup& group, int device, int num_bins)
-      : slot(HistogramSlots::acquire(group, device)), num_bins(num_bins) {
-    ticket = ((slot.words[0] >> kernels::kHistogramTicketShift) + 1) & 0xffff;
-    if (ticket == 0) ticket = 1;  // 0 marks a cleared word
-    for (int bin = 0; bin < num_bins; ++bin) slot.words[bin] = 0;
-  }
+      : slot(HistogramSlots::acquire(group, device)), words(slot.words, num_bins) {}
   ~LeasedHistogramSlot() {
-    if (!launched || stored()) HistogramSlots::release(slot);
+    if (!launched || words.stored()) HistogramSlots::release(slot);
   }
   LeasedHistogramSlot(const LeasedHistogramSlot&) = delete;
   LeasedHistogramSlot& operator=(const LeasedHistogramSlot&) = delete;
-  // Every word shows the ticket; `checked` words are known to already.
-  bool stored() {
-    for (; checked < num_bins; ++checked) {
-      if (slot.words[checked] >> kernels::kHistogramTicketShift != ticket) return false;
-    }
-    return true;
-  }
-  long long count(int bin) const {
-    return static_cast<long long>(slot.words[bin] & ((1ull << kernels::kHistogramTicketShift) - 1));
-  }
+  long long count(int bin) const { return static_cast<long long>(words.payload(bin)); }
   HistogramSlots::Slot slot;
-  int num_bins;
-  int checked = 0;
-  unsigned long long ticket = 0;
+  detail::TicketedWords<kernels::kHistogramTicketShift, 64 - kernels::kHistogramTicketShift> words;
   bool launched = false;
 };
 
@@ -257,7 +240,7 @@ void histogram_even(const ShardedArray& in, int num_bins, const void* edges, std
       params.counts = slot.counts;
       params.done = slot.done;
       params.host_counts = const_cast<unsigned long long*>(slot.words);
-      params.ticket = slots[place]->ticket;
+      params.ticket = slots[place]->words.ticket();
     }
     params.in = reinterpret_cast<const void*>(in.shard_pointer(place));
     params.n = n;
@@ -276,7 +259,7 @@ void histogram_even(const ShardedArray& in, int num_bins, const void* edges, std
       LeasedHistogramSlot& lease = *slots[place];
       const auto stream = reinterpret_cast<cudaStream_t>(group.stream(place));
       detail::DeviceGuard guard(group.device(place));
-      if (!detail::wait_until_stored([&] { return lease.stored(); }, stream, "waiting for the histogram")) {
+      if (!detail::wait_until_stored([&] { return lease.words.stored(); }, stream, "waiting for the histogram")) {
         throw std::runtime_error("histogram_even: the kernel stored no counts");
       }
       for (int bin = 0; bin < num_bins; ++bin) counts[bin] = (first ? 0LL : counts[bin]) + lease.count(bin);

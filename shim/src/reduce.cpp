@@ -392,11 +392,9 @@ void combine_in_kernel(const std::vector<KernelSet>& sets, const ShardedArray& i
 }
 
 // One place: the kernel applies init and hands the result over in the slot's host words,
-// each with the call's ticket (ReduceParams::handover), which the host spins on: on an H100 a
-// launch and a stream synchronisation took 10.2 us a round trip, a launch and a spin on such a
-// word 8.0. The words are cleared first, so that one left from an older call (a wider
-// accumulator's, a ticket ago or 2^32) never matches. A device set to block on
-// synchronisation is waited for so.
+// each with the call's ticket (ReduceParams::handover, TicketedWords), which the host spins on:
+// on an H100 a launch and a stream synchronisation took 10.2 us a round trip, a launch and a
+// spin on such a word 8.0. A device set to block on synchronisation is waited for so.
 void reduce_one_place(const KernelSet& kernels, const ShardedArray& in, std::size_t place, int acc_size,
                       const std::string& init, const std::string& map_value, ReduceResult& result) {
   const PlaceGroup& group = *in.group();
@@ -409,26 +407,16 @@ void reduce_one_place(const KernelSet& kernels, const ShardedArray& in, std::siz
   if (cut.grid > slot.slot.blocks) throw std::logic_error("reduce: more blocks than a slot holds");
   const detail::SyncOnUnwind settle(group);
   PassScratch pass = slot_pass(slot.slot);
-  // the slot's last use is over: nothing stores to its words now
-  volatile unsigned long long* words = slot.slot.handover;
   const int count = k::handover_words(acc_size);
-  unsigned int ticket = static_cast<unsigned int>(words[0] >> 32) + 1;
-  if (ticket == 0) ticket = 1;  // 0 marks a cleared word
-  for (int w = 0; w < count; ++w) words[w] = 0;
-  pass.handover = const_cast<unsigned long long*>(words);
-  pass.ticket = ticket;
+  detail::TicketedWords<32, 32> words(slot.slot.handover, count);
+  pass.handover = const_cast<unsigned long long*>(slot.slot.handover);
+  pass.ticket = static_cast<unsigned int>(words.ticket());
   reduce_shard(kernels, in, place, cut, pass, init, map_value);
-  const auto landed = [&] {
-    for (int w = 0; w < count; ++w) {
-      if (static_cast<unsigned int>(words[w] >> 32) != ticket) return false;
-    }
-    return true;
-  };
-  if (!detail::wait_until_stored(landed, stream, "waiting for the reduce result")) {
+  if (!detail::wait_until_stored([&] { return words.stored(); }, stream, "waiting for the reduce result")) {
     throw std::runtime_error("reduce: the kernel stored no result");
   }
   unsigned int pieces[k::handover_words(k::kMaxAccSize)];
-  for (int w = 0; w < count; ++w) pieces[w] = static_cast<unsigned int>(words[w]);
+  for (int w = 0; w < count; ++w) pieces[w] = static_cast<unsigned int>(words.payload(w));
   std::memcpy(result.value.data(), pieces, acc_size);
   slot.clean = true;
 }

@@ -76,4 +76,39 @@ class SlotPool {
   std::map<std::pair<int, unsigned long long>, std::vector<Slot>> free_;
 };
 
+// The pinned host words one call's kernel hands its result over in, each stored whole as
+// `ticket << Shift | payload` with the call's ticket (Shift + TicketBits = 64). Taking them
+// (their last use over: nothing stores to them now) draws the next ticket from word 0, which
+// shows the last one stored, and clears `count` words, so that a word left from an older call
+// (more words, or the same ticket 2^TicketBits calls ago) never matches; 0 marks a cleared word.
+template <int Shift, int TicketBits>
+class TicketedWords {
+  static_assert(Shift + TicketBits == 64, "a ticket fills the bits above the payload");
+
+ public:
+  TicketedWords(volatile unsigned long long* words, int count) : words_(words), count_(count) {
+    ticket_ = ((words[0] >> Shift) + 1) & ((1ull << TicketBits) - 1);
+    if (ticket_ == 0) ticket_ = 1;
+    for (int w = 0; w < count; ++w) words[w] = 0;
+  }
+
+  unsigned long long ticket() const { return ticket_; }
+
+  // Every word shows the ticket (those seen to already are not looked at again).
+  bool stored() {
+    for (; checked_ < count_; ++checked_) {
+      if (words_[checked_] >> Shift != ticket_) return false;
+    }
+    return true;
+  }
+
+  unsigned long long payload(int w) const { return words_[w] & ((1ull << Shift) - 1); }
+
+ private:
+  volatile unsigned long long* words_;
+  int count_;
+  int checked_ = 0;
+  unsigned long long ticket_ = 0;
+};
+
 }  // namespace csj::detail
