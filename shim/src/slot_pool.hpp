@@ -83,7 +83,8 @@ class SlotPool {
 // (more words, or the same ticket 2^TicketBits calls ago) never matches; 0 marks a cleared word.
 template <int Shift, int TicketBits>
 class TicketedWords {
-  static_assert(Shift + TicketBits == 64, "a ticket fills the bits above the payload");
+  static_assert(Shift > 0 && TicketBits > 0 && Shift + TicketBits == 64,
+                "a ticket fills the bits above a payload, both of them at least one bit");
 
  public:
   TicketedWords(volatile unsigned long long* words, int count) : words_(words), count_(count) {
