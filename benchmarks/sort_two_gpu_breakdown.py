@@ -1,4 +1,4 @@
-"""Where the two-GPU sort's time goes (docs/performance.md, "What limits each algorithm": of
+"""Where the two-GPU sort's time goes (docs/limits.md, "sort, two GPUs": of
 3.56 ms for 2^28 int32 keys, 2.68 are each GPU's local sort of its half and 0.70 the quarter
 of the keys that crosses NVLink each way at ~380 GB/s per direction; the rest is the splitter
 search, the copies' fixed costs and the last chunk's merge). Needs GPUs 0 and 1 and CuPy.
