@@ -98,6 +98,12 @@ extern "C" __global__ void csj_bench_hold(unsigned long long nanoseconds) {
 _hold_kernels = {}
 HOLD_SECONDS = 300e-6  # longer than any call's host time before its last launch
 
+# After a block's teardown hands gigabytes back to the driver (CuPy's pool, torch's cache), a
+# launch from an idle stream starts 25-40 us later than usual for 2-10 ms (measured on an H100
+# after CuPy freed 1 and 3 GiB). After each teardown the run waits five times the longest of
+# those windows, so that no implementation is timed inside one another left.
+SETTLE_AFTER_TEARDOWN = 0.05
+
 
 def hold_stream(cp, device: int, stream, seconds: float = HOLD_SECONDS) -> None:
     """Queue a kernel that keeps `stream` busy for `seconds`: the calls queued behind it then
@@ -332,6 +338,7 @@ def run_blocks(blocks: list[Block], progress: Progress, deadline: float = math.i
                 block.teardown(data)
             except Exception as error:  # noqa: BLE001
                 print(f"  error: {block.label} teardown: {error_text(error)}", file=sys.stderr, flush=True)
+            time.sleep(SETTLE_AFTER_TEARDOWN)
     return measures
 
 
